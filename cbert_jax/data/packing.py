@@ -1,0 +1,220 @@
+"""Tokenise the corpus and pack it into static-shape rows that carry document ids.
+
+`pack` concatenates documents and cuts the stream into rows of exactly `seq_len` tokens.
+A document that does not fit in the rest of a row continues in the next row as a new
+segment. Per token it records:
+
+  tokens       int32 [N, T]  token ids, 0 = padding (only at the end of the last row)
+  segment_ids  int32 [N, T]  1, 2, 3, ... per document piece within a row; 0 = padding
+  positions    int32 [N, T]  0-based position inside the segment; 0 on padding
+
+so attention can be masked to `segment_ids[q] == segment_ids[k]` and RoPE uses
+`positions`. `prepare` runs corpus -> tokenizer -> pack for train and val and caches the
+packed arrays as one `.npz`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from absl import logging
+import numpy as np
+
+from cbert_jax.data import corpus as corpus_lib
+from cbert_jax.data import tokenizer as tokenizer_lib
+from cbert_jax.errors import ConfigError
+
+KEYS = ("tokens", "segment_ids", "positions")
+MIN_SEQ_LEN = 8
+# Part of the cache key: bump when `pack`'s output for the same input changes.
+PACK_VERSION = 1
+# Docs per sentencepiece call: big enough for its thread pool, small enough that the
+# Python lists of one chunk stay modest.
+_ENCODE_CHUNK = 8192
+
+
+@dataclasses.dataclass
+class PackedData:
+  """Packed train/val rows plus what produced them.
+
+  Attributes:
+    train: {"tokens", "segment_ids", "positions"}, each int32 [N_train, T].
+    val: the same for validation, [N_val, T] (N_val may be 0 if val_fraction is 0).
+    tokenizer: the tokenizer used; the model's vocab size is `tokenizer.vocab_size`.
+    manifest: the corpus manifest plus `tokenizer`, `seq_len`, `rows`, `tokens`,
+      `pack_version`, and `hash` (sha256 of everything else in the manifest).
+    timings: seconds per stage ({"corpus", "tokenizer", "encode_pack" or "cache_load"});
+      not part of the manifest because it is not reproducible.
+  """
+  train: dict[str, np.ndarray]
+  val: dict[str, np.ndarray]
+  tokenizer: tokenizer_lib.Tokenizer
+  manifest: dict[str, Any]
+  timings: dict[str, float] = dataclasses.field(default_factory=dict)
+
+  @property
+  def vocab_size(self) -> int:
+    """Size of the embedding table the model needs."""
+    return self.tokenizer.vocab_size
+
+
+def pack(token_lists: Sequence[Sequence[int]], seq_len: int) -> dict[str, np.ndarray]:
+  """Greedily packs documents, in order, into rows of exactly `seq_len` tokens.
+
+  Args:
+    token_lists: one id sequence per document; empty documents are skipped.
+    seq_len: row length T.
+
+  Returns:
+    {"tokens", "segment_ids", "positions"}, each int32 [N, T] with N = ceil(total / T);
+    see the module docstring. Only the last row has padding.
+  """
+  if seq_len < 1:
+    raise ValueError(f"seq_len must be >= 1, got {seq_len}.")
+  t = int(seq_len)
+  lengths = np.fromiter((len(x) for x in token_lists), dtype=np.int64,
+                        count=len(token_lists))  # [D]
+  total = int(lengths.sum())
+  # One C-level pass over all ids: much faster than concatenating 100k small arrays.
+  flat = np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int32,
+                     count=total)  # [L]
+  n_rows = -(-total // t)
+  size = n_rows * t
+
+  tokens = np.zeros(size, np.int32)  # [N*T], pad id 0
+  tokens[:total] = flat
+  # A segment starts at every document start and at every row start (the continuation
+  # of a split document, or a document that happens to begin the row).
+  doc_starts = np.cumsum(lengths[lengths > 0]) - lengths[lengths > 0]  # [D']
+  is_start = np.zeros(size, bool)  # [N*T]
+  is_start[doc_starts] = True
+  is_start[::t] = True  # every row start is < total because N = ceil(total / T)
+  valid = np.arange(size) < total  # [N*T]; False only in the last row's tail
+
+  segment_ids = np.cumsum(is_start.reshape(n_rows, t), axis=1, dtype=np.int32)  # [N, T]
+  segment_ids[~valid.reshape(n_rows, t)] = 0
+  idx = np.arange(size, dtype=np.int64)  # [N*T]
+  # Index of the latest segment start at or before each token.
+  seg_start = np.maximum.accumulate(np.where(is_start, idx, 0))  # [N*T]
+  positions = (idx - seg_start).astype(np.int32)  # [N*T]
+  positions[~valid] = 0
+  return dict(tokens=tokens.reshape(n_rows, t), segment_ids=segment_ids,
+              positions=positions.reshape(n_rows, t))
+
+
+def encode_docs(tokenizer: tokenizer_lib.Tokenizer, docs: Sequence[str]) -> list[list[int]]:
+  """Tokenises documents in chunks (plain ids, no BOS/EOS)."""
+  ids: list[list[int]] = []
+  for start in range(0, len(docs), _ENCODE_CHUNK):
+    ids.extend(tokenizer.encode_batch(docs[start:start + _ENCODE_CHUNK]))
+  return ids
+
+
+def _manifest(corpus: corpus_lib.Corpus, tok: tokenizer_lib.Tokenizer, seq_len: int,
+              train: dict[str, np.ndarray], val: dict[str, np.ndarray]) -> dict[str, Any]:
+  """The corpus manifest plus tokenizer/packing facts and a hash of the whole."""
+  manifest = dict(corpus.manifest)
+  manifest.update(
+      tokenizer=dict(sha256=tok.sha256, vocab_size=tok.vocab_size, mask_id=tok.mask_id,
+                     special_ids=list(tok.special_ids),
+                     file=os.path.basename(tok.model_path)),
+      seq_len=seq_len,
+      pack_version=PACK_VERSION,
+      rows=dict(train=int(train["tokens"].shape[0]), val=int(val["tokens"].shape[0])),
+      tokens=dict(train=int(np.count_nonzero(train["segment_ids"])),
+                  val=int(np.count_nonzero(val["segment_ids"]))),
+  )
+  manifest["hash"] = hashlib.sha256(
+      json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+  return manifest
+
+
+def _load_cached(path: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+  """Reads a packed cache file; None if absent or unreadable (then it is rebuilt)."""
+  if not os.path.exists(path):
+    return None
+  try:
+    with np.load(path) as z:
+      train = {k: z[f"train_{k}"] for k in KEYS}
+      val = {k: z[f"val_{k}"] for k in KEYS}
+  except (OSError, ValueError, KeyError) as e:
+    logging.warning("Ignoring unreadable packed cache %s (%s); rebuilding.", path, e)
+    return None
+  return train, val
+
+
+def _save_cached(path: str, train: dict[str, np.ndarray], val: dict[str, np.ndarray],
+                 manifest: dict[str, Any]) -> None:
+  """Writes the packed arrays (uncompressed: loading is I/O-bound and fast)."""
+  arrays = {f"train_{k}": v for k, v in train.items()}
+  arrays.update({f"val_{k}": v for k, v in val.items()})
+  # A unicode array, so np.load needs no pickle to read it back.
+  arrays["manifest_json"] = np.array(json.dumps(manifest, sort_keys=True))
+  corpus_lib.atomic_write(path, lambda f: np.savez(f, **arrays))
+
+
+def prepare(cfg: Any, seq_len: int) -> PackedData:
+  """Loads the corpus, gets the tokenizer, and packs train/val rows (cached).
+
+  Args:
+    cfg: the `data` config (see `corpus.load_corpus` and `tokenizer.get_tokenizer` for
+      the fields and defaults).
+    seq_len: row length T, the model's sequence length.
+
+  Returns:
+    The packed data. Packed arrays are cached at
+    `<cache_dir>/packed/packed-<key>.npz`, keyed by (corpus content hash, tokenizer
+    sha256, seq_len, PACK_VERSION); the corpus is still re-read (~1 s) to compute its
+    content hash, but tokenising and packing are skipped on a hit.
+
+  Raises:
+    ConfigError: for bad `data.*` fields or `seq_len`, before any expensive work.
+  """
+  if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or (
+      seq_len < MIN_SEQ_LEN):
+    raise ConfigError(f"data.seq_len must be an int >= {MIN_SEQ_LEN}, got {seq_len!r}.")
+  seq_len = int(seq_len)
+  corpus_lib.check_corpus_config(cfg)
+  tokenizer_lib.check_tokenizer_config(cfg)
+  timings: dict[str, float] = {}
+
+  start = time.perf_counter()
+  corpus = corpus_lib.load_corpus(cfg)
+  timings["corpus"] = time.perf_counter() - start
+
+  start = time.perf_counter()
+  tok = tokenizer_lib.get_tokenizer(cfg, corpus)
+  timings["tokenizer"] = time.perf_counter() - start
+
+  key = hashlib.sha256(json.dumps(dict(
+      content_hash=corpus.manifest["content_hash"], tokenizer_sha256=tok.sha256,
+      seq_len=seq_len, pack_version=PACK_VERSION), sort_keys=True).encode()).hexdigest()
+  path = os.path.join(corpus_lib.resolve_cache_dir(cfg), "packed",
+                      f"packed-{key[:24]}.npz")
+  start = time.perf_counter()
+  cached = _load_cached(path)
+  if cached is not None:
+    train, val = cached
+    timings["cache_load"] = time.perf_counter() - start
+  else:
+    train = pack(encode_docs(tok, corpus.train_docs), seq_len)
+    val = pack(encode_docs(tok, corpus.val_docs), seq_len)
+    timings["encode_pack"] = time.perf_counter() - start
+  manifest = _manifest(corpus, tok, seq_len, train, val)
+  if cached is None:
+    start = time.perf_counter()
+    _save_cached(path, train, val, manifest)
+    timings["cache_save"] = time.perf_counter() - start
+  logging.info("Data: %d train rows, %d val rows of %d tokens; vocab %d; manifest %s; "
+               "timings %s", manifest["rows"]["train"], manifest["rows"]["val"], seq_len,
+               tok.vocab_size, manifest["hash"][:12],
+               {k: round(v, 2) for k, v in timings.items()})
+  return PackedData(train=train, val=val, tokenizer=tok, manifest=manifest,
+                    timings=timings)

@@ -1,0 +1,72 @@
+"""Masking on device, inside the train step, from `fold_in(rng, step)`.
+
+Static shapes everywhere: every row gets exactly K = round(ratio * T) targets (the argsort-of-noise
+trick of MAE), so one compiled step serves the whole run. Padding (segment id 0) and special tokens
+are pushed to the end of the noise order, so they are never targets while a row has K real tokens
+to offer; if a row has fewer (the last, padded row of a corpus), the extra targets get weight 0.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def num_masked(seq_len: int, ratio: float) -> int:
+  """K, the static number of targets per row (at least 1, at most T - 1)."""
+  return int(min(max(round(ratio * seq_len), 1), seq_len - 1))
+
+
+def maskable(tokens: jax.Array, segment_ids: jax.Array, special_ids: tuple[int, ...]) -> jax.Array:
+  """[B, T] bool: real (non-padding), non-special tokens: the only ones that may be targets."""
+  special = jnp.isin(tokens, jnp.asarray(special_ids, dtype=tokens.dtype))
+  return (segment_ids != 0) & ~special
+
+
+def random_split(rng: jax.Array, can_mask: jax.Array, k: int):
+  """Choose K targets per row uniformly among maskable tokens.
+
+  Returns (masked_idx [B, K], visible_idx [B, T - K]), each sorted ascending (original order).
+  """
+  noise = jax.random.uniform(rng, can_mask.shape)                           # [B, T] in [0, 1)
+  noise = jnp.where(can_mask, noise, 2.0)                                   # unmaskable sort last
+  order = jnp.argsort(noise, axis=1)                                        # [B, T]
+  return jnp.sort(order[:, :k], axis=1), jnp.sort(order[:, k:], axis=1)
+
+
+def cms_split(rng: jax.Array, batch: int, seq_len: int):
+  """Complementary Masking: one random split of every row into halves A and B of T/2 tokens each.
+
+  Returns (idx_a [B, T/2], idx_b [B, T/2], view [B, T] int32: 0 for tokens of A, 1 for B).
+  Every position is in exactly one half.
+  """
+  if seq_len % 2:
+    raise ValueError(f"complementary masking needs an even seq_len, got {seq_len}")
+  order = jnp.argsort(jax.random.uniform(rng, (batch, seq_len)), axis=1)   # [B, T]
+  half = seq_len // 2
+  idx_a, idx_b = jnp.sort(order[:, :half], axis=1), jnp.sort(order[:, half:], axis=1)
+  view = jnp.zeros((batch, seq_len), jnp.int32)
+  view = view.at[jnp.arange(batch)[:, None], idx_b].set(1)
+  return idx_a, idx_b, view
+
+
+def bert_corrupt(rng: jax.Array, tokens: jax.Array, masked_idx: jax.Array, *, mask_id: int,
+                 vocab_size: int, special_ids: tuple[int, ...], p_mask: float = 0.8,
+                 p_random: float = 0.1) -> jax.Array:
+  """BERT's 80/10/10 corruption at the target positions: [MASK] / random token / unchanged.
+
+  Random replacements are drawn uniformly from the non-special vocabulary. Returns [B, T].
+  """
+  r_kind, r_tok = jax.random.split(rng)
+  u = jax.random.uniform(r_kind, masked_idx.shape)                          # [B, K]
+  allowed = np.setdiff1d(np.arange(vocab_size), np.asarray(special_ids))    # static, [V - |special|]
+  rand_tok = jnp.asarray(allowed, tokens.dtype)[
+      jax.random.randint(r_tok, masked_idx.shape, 0, len(allowed))]         # [B, K]
+  orig = jnp.take_along_axis(tokens, masked_idx, axis=1)                    # [B, K]
+  new = jnp.where(u < p_mask, mask_id, jnp.where(u < p_mask + p_random, rand_tok, orig))
+  rows = jnp.arange(tokens.shape[0])[:, None]
+  return jnp.asarray(tokens).at[rows, masked_idx].set(new.astype(tokens.dtype))
+
+
+def gather(x: jax.Array, idx: jax.Array) -> jax.Array:
+  """x[b, idx[b, k], ...]: [B, T, ...] x [B, K] -> [B, K, ...]."""
+  idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
+  return jnp.take_along_axis(x, idx, axis=1)

@@ -1,0 +1,47 @@
+"""BERT baseline (SPEC §2): one flat encoder over all tokens, 80/10/10 corruption, head on targets only."""
+import jax
+from flax import nnx
+
+from cbert_jax import masking
+from cbert_jax.models import layers
+from cbert_jax.models.encoder import Encoder, features
+from cbert_jax.models.losses import masked_cross_entropy
+from cbert_jax.models.model_config import MaskConfig, ModelConfig
+
+
+class Bert(nnx.Module):
+  """Masked-language-model encoder; `loss` is the training objective, `features` the probe path."""
+
+  def __init__(self, cfg: ModelConfig, mask_cfg: MaskConfig, rngs: nnx.Rngs):
+    self.cfg, self.mask_cfg = cfg, mask_cfg
+    self.encoder = Encoder(cfg, rngs)
+    self.head = layers.VocabHead(cfg.d_model, cfg, rngs,
+                                 tied=self.encoder.embed if cfg.tie_embeddings else None)
+
+  def features(self, tokens, positions, segment_ids):
+    """Unmasked input -> {"final": [B, T, d], "hidden": [L + 1, B, T, d]}."""
+    return features(self.encoder, tokens, positions, segment_ids)
+
+  def loss(self, batch: dict, rng: jax.Array):
+    """batch: tokens, positions, segment_ids [B, T]. Returns (loss, metrics)."""
+    out = self.forward(batch, rng)
+    return masked_cross_entropy(out["logits"], out["targets"], out["weights"])
+
+  def forward(self, batch: dict, rng: jax.Array) -> dict:
+    """Masking + encoder + head: {"logits" [B, K, V], "targets" [B, K], "weights" [B, K],
+    "masked_idx" [B, K], "encoder_out" [B, T, d]}."""
+    mc = self.mask_cfg
+    tokens, positions, seg = batch["tokens"], batch["positions"], batch["segment_ids"]
+    r_split, r_corrupt = jax.random.split(rng)
+    can_mask = masking.maskable(tokens, seg, mc.special_ids)               # [B, T]
+    k = masking.num_masked(tokens.shape[1], mc.mask_ratio)
+    masked_idx, _ = masking.random_split(r_split, can_mask, k)             # [B, K]
+    corrupted = masking.bert_corrupt(
+        r_corrupt, tokens, masked_idx, mask_id=mc.mask_id, vocab_size=self.cfg.vocab_size,
+        special_ids=mc.special_ids, p_mask=mc.p_mask, p_random=mc.p_random)  # [B, T]
+    out = self.encoder(corrupted, positions, layers.attention_mask(seg, seg))  # [B, T, d]
+    logits = self.head(masking.gather(out, masked_idx))                     # [B, K, V]
+    targets = masking.gather(tokens, masked_idx)                            # [B, K]
+    weights = masking.gather(can_mask, masked_idx).astype(logits.dtype)     # [B, K]
+    return {"logits": logits, "targets": targets, "weights": weights, "masked_idx": masked_idx,
+            "encoder_out": out}

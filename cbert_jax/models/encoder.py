@@ -1,0 +1,41 @@
+"""The flat bidirectional encoder stack shared by BERT and CrossBERT (and the probes' feature path)."""
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from cbert_jax.models import layers
+from cbert_jax.models.model_config import ModelConfig
+
+
+class Encoder(nnx.Module):
+  """Token embedding -> L pre-norm blocks -> final RMSNorm."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.embed = layers.Embedding(cfg, rngs)
+    self.blocks = nnx.List([layers.Block(cfg, i, rngs) for i in range(cfg.num_layers)])
+    self.norm = layers.RMSNorm(cfg.d_model, cfg)
+
+  def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
+               return_hidden: bool = False):
+    """tokens, positions: [B, S] int; mask: [B, S, S] bool.
+
+    Returns the final normalised output [B, S, d]; with `return_hidden`, also every layer's
+    residual stream stacked as [L + 1, B, S, d] (index 0 = embeddings, l = after block l).
+    """
+    x = self.embed(tokens)                                                  # [B, S, d]
+    hidden = [x]
+    for block in self.blocks:
+      x = block(x, positions, mask)
+      hidden.append(x)
+    out = self.norm(x)
+    return (out, jnp.stack(hidden)) if return_hidden else out
+
+
+def features(encoder: Encoder, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array):
+  """The feature path for probes: the encoder on full, unmasked input.
+
+  Returns {"final": [B, S, d] (normalised last layer), "hidden": [L + 1, B, S, d]}.
+  """
+  mask = layers.attention_mask(segment_ids, segment_ids)
+  final, hidden = encoder(tokens, positions, mask, return_hidden=True)
+  return {"final": final, "hidden": hidden}

@@ -1,0 +1,99 @@
+"""Static description of a model: the frozen dataclass every model module is built from.
+
+`config_lib.resolve` turns the user's `config.model` / `config.masking` ConfigDicts (plus the
+tokenizer's vocabulary and special ids) into these dataclasses; models never read ConfigDicts, so a
+model can be built in a test or a notebook without the config machinery.
+"""
+import dataclasses
+import math
+
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shapes and numerics of an encoder (and, for CrossBERT, its predictor)."""
+  vocab_size: int                 # rows of the embedding table and columns of the output head
+  d_model: int                    # residual width of the encoder
+  num_layers: int                 # encoder blocks
+  num_heads: int                  # attention heads (encoder)
+  head_dim: int = 0               # per-head width; 0 = d_model // num_heads
+  ffn_dim: int = 0                # SwiGLU hidden width; 0 = 256 * ceil((8d/3) / 256)  (SPEC §2)
+  norm_eps: float = 1e-5          # RMSNorm epsilon (computed in fp32)
+  rope_theta: float = 10000.0     # RoPE base
+  init_std: float = 0.0           # truncated-normal std of input projections; 0 = d_model ** -0.5
+  init_scale: float = 1.0         # global multiplier on every init std (the paper's large-model fix)
+  depth_init: str = "none"        # output-projection std divisor: none | global (sqrt(2(L+1))) | current (sqrt(2(l+1)))
+  tie_embeddings: bool = False    # head = embedding table transposed
+  compute_dtype: str = "float32"  # matmul/activation dtype (bfloat16 on TPU/GPU); params stay param_dtype
+  param_dtype: str = "float32"    # storage dtype of parameters and optimizer state
+  # CrossBERT predictor (ignored by BERT).
+  predictor_layers: int = 1       # cross-attention blocks
+  predictor_d_model: int = 0      # predictor width; 0 = d_model (a projection is added when it differs)
+  predictor_heads: int = 0        # predictor heads; 0 = num_heads (or d_pred // head_dim when narrower)
+  predictor_self_attn: bool = False  # also let queries attend to each other (an ablation; default off)
+
+  @property
+  def head_size(self) -> int:
+    return self.head_dim or self.d_model // self.num_heads
+
+  @property
+  def ffn_size(self) -> int:
+    return self.ffn_dim or ffn_size_for(self.d_model)
+
+  @property
+  def pred_d(self) -> int:
+    return self.predictor_d_model or self.d_model
+
+  @property
+  def pred_heads(self) -> int:
+    if self.predictor_heads:
+      return self.predictor_heads
+    return self.num_heads if self.pred_d == self.d_model else max(1, self.pred_d // self.head_size)
+
+  @property
+  def pred_head_size(self) -> int:
+    return self.pred_d // self.pred_heads
+
+  @property
+  def pred_ffn_size(self) -> int:
+    return ffn_size_for(self.pred_d) if self.pred_d != self.d_model else self.ffn_size
+
+  @property
+  def dtype(self):
+    return jnp.dtype(self.compute_dtype)
+
+  @property
+  def pdtype(self):
+    return jnp.dtype(self.param_dtype)
+
+  def std(self) -> float:
+    """Base init std of input projections and embeddings."""
+    return (self.init_std or self.d_model ** -0.5) * self.init_scale
+
+  def out_divisor(self, layer: int, num_layers: int) -> float:
+    """Divisor of the output-projection std of block `layer` (0-based) in a stack of `num_layers`."""
+    if self.depth_init == "none":
+      return 1.0
+    if self.depth_init == "global":
+      return math.sqrt(2 * (num_layers + 1))
+    if self.depth_init == "current":
+      return math.sqrt(2 * (layer + 1))
+    raise ValueError(f"model.depth_init must be none|global|current, got {self.depth_init!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskConfig:
+  """How training inputs are corrupted. Ids come from the tokenizer."""
+  mask_ratio: float               # fraction of tokens per row that are targets (static K = round(r*T))
+  mask_id: int                    # id of [MASK] (BERT corruption only; CrossBERT never feeds it)
+  special_ids: tuple[int, ...]    # ids never masked or predicted (pad, bos, eos, mask)
+  p_mask: float = 0.8             # BERT: fraction of targets replaced by [MASK]
+  p_random: float = 0.1           # BERT: fraction replaced by a random (non-special) token; rest unchanged
+  cms: bool = True                # CrossBERT: complementary masking (both halves are targets)
+  cms_form: str = "gather"        # CrossBERT+CMS: gather (two rows of T/2) | inplace (one row, masks)
+
+
+def ffn_size_for(d: int) -> int:
+  """SwiGLU hidden width of SPEC §2 (Lingua's rule): 256 * ceil((8d/3) / 256)."""
+  return 256 * math.ceil((8 * d / 3) / 256)

@@ -1,0 +1,277 @@
+"""`run(config, workdir)`: one linear training function, readable top to bottom.
+
+Sections: setup -> data -> mesh & abstract state -> init or restore -> compile -> loop (log,
+checkpoint, eval) -> finish. Only process 0 writes files; every process runs the same code.
+"""
+import dataclasses
+import json
+import math
+import os
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from flax import nnx
+from jax.experimental import multihost_utils
+
+from cbert_jax import checkpoint as ckpt_lib
+from cbert_jax import config_lib, hardware, metrics as metrics_lib, optim, sharding, steps
+from cbert_jax.data import packing, pipeline
+from cbert_jax.errors import ConfigError
+from cbert_jax.models import FAMILIES
+from cbert_jax.models import flops as flops_lib
+
+
+class NonFiniteError(RuntimeError):
+  """The loss or gradients became NaN/inf; the run stopped and kept its last good checkpoint."""
+
+
+@dataclasses.dataclass
+class Summary:
+  """What `run` returns (tests and the sweep read it)."""
+  final_step: int
+  first_loss: float
+  last_loss: float
+  eval: dict
+  num_traces: int
+  stopped_early: bool
+  workdir: str
+
+
+def _data_config(config) -> ml_collections.ConfigDict:
+  """config.data as the data package reads it (corpus_files as a list)."""
+  return ml_collections.ConfigDict({**config.data.to_dict(),
+                                    "corpus_files": config_lib.corpus_files(config.data)})
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
+  """Train `config.model_name` as configured, in (or resuming from) `workdir`."""
+  # ---------------------------------------------------------------- setup ---
+  config = config_lib.resolve(config)
+  devices = jax.devices()[:config.num_devices] if config.num_devices > 0 else jax.devices()
+  config_lib.validate(config, len(devices))
+  is_primary = jax.process_index() == 0
+  if is_primary:
+    os.makedirs(workdir, exist_ok=True)
+  if config.compilation_cache_dir:
+    jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  timers = metrics_lib.Timers()
+
+  # ----------------------------------------------------------------- data ---
+  with timers.span("data_prep"):
+    data = packing.prepare(_data_config(config), config.data.seq_len)
+  tok = data.tokenizer
+  model_cfg, mask_cfg = config_lib.model_configs(config, tok.vocab_size, tok.mask_id, tok.special_ids)
+  seq_len, batch_size = config.data.seq_len, config.batch_size
+  logging.info("data: %d train rows, %d val rows of %d tokens; vocab %d; manifest %s",
+               len(data.train["tokens"]), len(data.val["tokens"]), seq_len, tok.vocab_size,
+               data.manifest["hash"])
+
+  # ------------------------------------------------ mesh & abstract state ---
+  mesh = sharding.make_mesh(config.mesh, config.mesh_dcn, devices)
+  rules = tuple(tuple(r) for r in config.sharding_rules)
+  total_steps = config.total_steps
+  tx, lr_schedule = optim.make_optimizer(config.optim, total_steps)
+  family = FAMILIES[config.model_name]
+  make_model = lambda key: family(model_cfg, mask_cfg, nnx.Rngs(params=key))
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+    abs_model = nnx.eval_shape(lambda: make_model(jax.random.key(0)))
+    graphdef, abs_params, abs_rest = nnx.split(abs_model, nnx.Param, ...)
+    if jax.tree.leaves(abs_rest):
+      raise ValueError("models must hold only nnx.Param state (found other variables)")
+    p_sh = nnx.get_named_sharding(abs_params, mesh)
+    o_sh = nnx.get_named_sharding(jax.eval_shape(tx.init, abs_params), mesh)
+  rep = sharding.replicated(mesh)
+  batch_sh = sharding.logical_sharding(mesh, rules, ("batch", "seq"))
+  counts = flops_lib.param_counts(config.model_name, model_cfg)
+  flops_per_token = flops_lib.flops_per_token(config.model_name, model_cfg, mask_cfg, seq_len)
+  tokens_per_step = batch_size * seq_len
+
+  # -------------------------------------------------- init or restore -----
+  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints)
+  rng = jax.random.key(config.seed)
+  init_key, mask_key, eval_key = jax.random.split(rng, 3)
+  train_iter = pipeline.train_iterator(
+      data.train, global_batch=batch_size, seed=config.seed,
+      process_index=jax.process_index(), process_count=jax.process_count())
+  start_step = checkpointer.latest_step() or 0
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+    if start_step:
+      with timers.span("checkpoint"):
+        params, opt_state, data_state, _ = checkpointer.restore(
+            start_step, ckpt_lib.abstract_like(abs_params, p_sh),
+            ckpt_lib.abstract_like(jax.eval_shape(tx.init, abs_params), o_sh))
+      train_iter.set_state(data_state)
+      logging.info("resumed from checkpoint at step %d", start_step)
+    else:
+      def init_fn(key):
+        params = nnx.state(make_model(key), nnx.Param)
+        return params, tx.init(params)
+      params, opt_state = jax.jit(init_fn, out_shardings=(p_sh, o_sh))(init_key)
+
+  writer = metrics_lib.MetricWriter(workdir, is_primary=is_primary, resume_step=start_step or None)
+  overview = metrics_lib.parameter_overview(params)
+  logging.info("parameters:\n%s", overview)
+  logging.info("analytic counts: %s; non-embedding N = %d; training FLOPs per data token = %.4g",
+               counts, counts.non_embedding, flops_per_token)
+  peak, peak_source = ((config.peak_flops, "config.peak_flops") if config.peak_flops > 0
+                       else hardware.device_peak(model_cfg.compute_dtype))
+  if devices[0].platform == "cpu" and config.peak_flops <= 0 and len(devices) > 1:
+    # Fake CPU devices (xla_force_host_platform_device_count) share the host's cores.
+    peak, peak_source = peak / len(devices), f"{peak_source} / {len(devices)} fake devices"
+  if is_primary:
+    writer.write_text("parameters", overview)
+    provenance = metrics_lib.provenance({"data_manifest_hash": data.manifest["hash"],
+                                         "data_manifest": data.manifest, "peak_flops": peak,
+                                         "peak_source": peak_source})
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      json.dump({"config": json.loads(config.to_json_best_effort()), "provenance": provenance,
+                 "param_counts": dataclasses.asdict(counts) | {"non_embedding": counts.non_embedding},
+                 "flops_per_token": flops_per_token}, f, indent=2)
+
+  # --------------------------------------------------------------- compile ---
+  traces = []
+  train_step = jax.jit(steps.make_train_step(graphdef, tx, lr_schedule, traces),
+                       in_shardings=(p_sh, o_sh, batch_sh, rep, rep),
+                       out_shardings=(p_sh, o_sh, rep), donate_argnums=(0, 1))
+  eval_step = jax.jit(steps.make_eval_step(graphdef), in_shardings=(p_sh, batch_sh, rep),
+                      out_shardings=rep)
+  abstract_batch = {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=batch_sh)
+                    for k in ("tokens", "positions", "segment_ids")}
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules), timers.span("compile"):
+    compiled = train_step.lower(params, opt_state, abstract_batch, jnp.int32(0), mask_key).compile()
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  xla_flops = float((cost or {}).get("flops", float("nan")))
+  logging.info("compiled train step in %.1fs; XLA FLOPs/step %.4g (analytic %.4g); memory: %s",
+               timers.totals()["compile"], xla_flops, flops_per_token * tokens_per_step, mem)
+  eval_rows = pipeline.eval_batches(data.val, global_batch=batch_size, num_batches=config.eval_batches,
+                                    process_index=jax.process_index(),
+                                    process_count=jax.process_count())
+
+  def evaluate() -> dict:
+    with timers.span("eval"), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+      outs = [eval_step(params, sharding.global_batch(b, batch_sh), jax.random.fold_in(eval_key, i))
+              for i, b in enumerate(eval_rows)]
+      outs = jax.device_get(outs)
+    n = sum(o["num_targets"] for o in outs)
+    return {f"eval/{k}": float(sum(o[k] * o["num_targets"] for o in outs) / max(n, 1))
+            for k in ("loss", "masked_acc")}
+
+  # ------------------------------------------------------------------ loop ---
+  stop = {"signal": False}
+  def on_sigterm(signum, frame):  # preemption: finish the step, checkpoint, exit cleanly
+    del signum, frame
+    stop["signal"] = True
+  previous_handler = signal.signal(signal.SIGTERM, on_sigterm) if _main_thread() else None
+
+  def save(step: int, last_metrics) -> None:
+    if last_metrics is not None and not _finite(jax.device_get(last_metrics)):
+      logging.error("not saving step %d: its metrics are non-finite", step)
+      return
+    with timers.span("checkpoint"):
+      checkpointer.save(step, params, opt_state, train_iter.get_state(),
+                        {"step": step, "tokens_seen": step * tokens_per_step})
+
+  progress = metrics_lib.Progress(total_steps, start_step)
+  first_loss = last_loss = float("nan")
+  last_eval: dict = {}
+  step = start_step
+  metrics = None
+  last_log_time, last_log_step = time.perf_counter(), start_step
+  lost_at_last_log = _lost(timers)
+  stopped_early = False
+  try:
+    while step < total_steps:
+      with timers.span("data_wait"):
+        batch = sharding.global_batch(next(train_iter), batch_sh)
+      with jax.set_mesh(mesh):
+        params, opt_state, metrics = compiled(params, opt_state, batch, jnp.int32(step), mask_key)
+      step += 1
+
+      if step % config.log_every == 0 or step == total_steps or step == start_step + 1:
+        host = jax.device_get(metrics)                                      # the only host sync
+        now = time.perf_counter()
+        lost = _lost(timers)
+        step_time = max(now - last_log_time - (lost - lost_at_last_log), 1e-9)
+        tok_s = (step - last_log_step) * tokens_per_step / step_time
+        out = {f"train/{k}": float(v) for k, v in host.items()}
+        out |= {"tokens_seen": step * tokens_per_step,
+                "flops_seen": step * tokens_per_step * flops_per_token,
+                "perf/tokens_per_sec": tok_s,
+                "perf/steps_per_sec": (step - last_log_step) / step_time,
+                "perf/mfu": hardware.mfu(tok_s * flops_per_token / len(devices), peak),
+                "perf/peak_flops_per_device": peak,
+                "perf/xla_flops_per_step": xla_flops}
+        out |= {f"time/{k}_s": v for k, v in timers.totals().items()}
+        if step == start_step + 1:   # the first step's time includes dispatch warm-up, not the rate
+          out.pop("perf/tokens_per_sec"); out.pop("perf/mfu"); out.pop("perf/steps_per_sec")
+        if not _finite(host):
+          writer.write(step, out)
+          writer.flush()
+          last_good = checkpointer.latest_step()
+          raise NonFiniteError(
+              f"non-finite training metrics at step {step} (loss={host['loss']}, grad_norm="
+              f"{host['grad_norm']}); stopped. The last good checkpoint is step {last_good} in "
+              f"{os.path.join(workdir, 'checkpoints')}; lower optim.lr or model.init_scale and rerun")
+        if config.eval_every and step % config.eval_every == 0 and step < total_steps:
+          last_eval = evaluate()
+          out |= last_eval
+        writer.write(step, out)
+        progress.update(step)
+        logging.info("%s | device %s peak %.3g FLOP/s (%s)", progress.format(step, out), jax.devices()[0].device_kind,
+                     peak, peak_source)
+        if math.isnan(first_loss):
+          first_loss = out["train/loss"]
+        last_loss = out["train/loss"]
+        last_log_time, last_log_step, lost_at_last_log = time.perf_counter(), step, _lost(timers)
+        if jax.process_count() > 1:  # every process must agree to stop at the same step
+          stop["signal"] = bool(multihost_utils.process_allgather(np.array(stop["signal"])).any())
+
+      if stop["signal"] or (config.stop_after_step and step == config.stop_after_step):
+        logging.warning("stopping at step %d (%s); saving a checkpoint", step,
+                        "SIGTERM" if stop["signal"] else "stop_after_step")
+        save(step, metrics)
+        stopped_early = True
+        break
+      if step % config.checkpoint_every == 0 and step < total_steps:
+        save(step, metrics)
+
+    # ------------------------------------------------------------- finish ---
+    if not stopped_early:
+      last_eval = evaluate()
+      writer.write(step, last_eval)
+      logging.info("final eval at step %d: %s", step, last_eval)
+      if checkpointer.latest_step() != step:
+        save(step, metrics)
+  finally:
+    checkpointer.close()
+    writer.close()
+    if previous_handler is not None:
+      signal.signal(signal.SIGTERM, previous_handler)
+  if is_primary and config.plot:
+    metrics_lib.plot_metrics(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "metrics.png"))
+  logging.info("time outside the step: %s", {k: round(v, 2) for k, v in timers.totals().items()})
+  return Summary(final_step=step, first_loss=first_loss, last_loss=last_loss, eval=last_eval,
+                 num_traces=len(traces), stopped_early=stopped_early, workdir=workdir)
+
+
+def _finite(host_metrics: dict) -> bool:
+  return all(np.isfinite(np.asarray(v)).all() for v in host_metrics.values())
+
+
+def _lost(timers) -> float:
+  """Seconds spent outside the train step in the loop (eval, checkpointing)."""
+  t = timers.totals()
+  return t.get("eval", 0.0) + t.get("checkpoint", 0.0)
+
+
+def _main_thread() -> bool:
+  import threading
+  return threading.current_thread() is threading.main_thread()

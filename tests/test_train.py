@@ -1,0 +1,134 @@
+"""The trainer end to end on the tiny committed corpus: resume, sharding, one compile, NaN guard, errors."""
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cbert_jax import config_lib, metrics as metrics_lib, steps, train
+from cbert_jax.errors import ConfigError
+
+TINY = os.path.join(os.path.dirname(__file__), "data", "tiny_corpus.txt")
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("cbert_cache"))
+
+
+def tiny_config(cache_dir, model="crossbert", **overrides):
+  c = config_lib.base_config()
+  c.model_name = model
+  c.model.size = "d32L2"
+  c.total_steps = 8
+  c.batch_size = 8
+  c.log_every = 1
+  c.checkpoint_every = 4
+  c.eval_batches = 1
+  c.data.seq_len = 32
+  c.data.corpus = "files"
+  c.data.corpus_files = TINY
+  c.data.vocab_size = 400
+  c.data.cache_dir = cache_dir
+  c.optim.warmup_steps = 2
+  c.peak_flops = 1e11  # skip the start-up matmul measurement in tests
+  c.plot = False
+  for key, value in overrides.items():
+    node = c
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def losses(workdir):
+  return {r["step"]: r["train/loss"] for r in metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+          if "train/loss" in r}
+
+
+@pytest.mark.parametrize("model", ["crossbert", "bert"])
+def test_resumed_run_logs_the_same_losses(tmp_path, cache_dir, model):
+  full = train.run(tiny_config(cache_dir, model), str(tmp_path / "full"))
+  part = train.run(tiny_config(cache_dir, model, stop_after_step=3), str(tmp_path / "resumed"))
+  assert part.stopped_early and part.final_step == 3
+  resumed = train.run(tiny_config(cache_dir, model), str(tmp_path / "resumed"))
+  assert resumed.final_step == 8 and full.final_step == 8
+  a, b = losses(tmp_path / "full"), losses(tmp_path / "resumed")
+  assert sorted(a) == sorted(b) == list(range(1, 9))    # no step lost or duplicated on resume
+  for s in range(4, 9):
+    assert a[s] == b[s], (s, a[s], b[s])
+  assert full.eval == resumed.eval
+  assert full.num_traces == 1                           # the train step compiled once for 8 steps
+
+
+def test_sharded_step_equals_single_device(tmp_path, cache_dir):
+  mesh_222 = tiny_config(cache_dir, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "total_steps": 4})
+  single = tiny_config(cache_dir, num_devices=1, total_steps=4)
+  a = train.run(mesh_222, str(tmp_path / "sharded"))
+  b = train.run(single, str(tmp_path / "single"))
+  la, lb = losses(tmp_path / "sharded"), losses(tmp_path / "single")
+  np.testing.assert_allclose([la[s] for s in range(1, 5)], [lb[s] for s in range(1, 5)], rtol=2e-5)
+  np.testing.assert_allclose(a.eval["eval/loss"], b.eval["eval/loss"], rtol=2e-5)
+
+
+def test_metrics_and_config_json(tmp_path, cache_dir):
+  train.run(tiny_config(cache_dir, total_steps=4, log_every=2), str(tmp_path))
+  rows = metrics_lib.read_metrics(tmp_path / "metrics.jsonl")
+  logged = [r for r in rows if "train/loss" in r]
+  assert [r["step"] for r in logged] == [1, 2, 4]
+  required = {"step", "train/loss", "train/masked_acc", "train/grad_norm", "train/lr", "tokens_seen",
+              "flops_seen", "perf/tokens_per_sec", "perf/mfu", "time/compile_s", "time/data_wait_s"}
+  assert required <= set(logged[-1])
+  assert logged[-1]["tokens_seen"] == 4 * 8 * 32
+  assert "eval/loss" in rows[-1]
+  saved = json.loads((tmp_path / "config.json").read_text())
+  assert saved["config"]["model"]["vocab_size"] > 0 and saved["config"]["model"]["d_model"] == 32
+  prov = saved["provenance"]
+  assert len(prov["data_manifest_hash"]) >= 16 and "jax" in json.dumps(prov)
+  assert saved["flops_per_token"] > 0
+  assert os.listdir(tmp_path / "tb")
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["4"]
+
+
+def test_nonfinite_guard_stops_and_keeps_last_good_checkpoint(tmp_path, cache_dir, monkeypatch):
+  real = steps.make_train_step
+
+  def poisoned(graphdef, tx, lr, counter=None):
+    step_fn = real(graphdef, tx, lr, counter)
+
+    def wrapped(params, opt_state, batch, step, rng):
+      params, opt_state, m = step_fn(params, opt_state, batch, step, rng)
+      bad = step >= 4                                   # steps are 0-based: the 5th update goes bad
+      params = jax.tree.map(lambda p: jnp.where(bad, p * jnp.nan, p), params)
+      m = dict(m, loss=jnp.where(bad, jnp.nan, m["loss"]))
+      return params, opt_state, m
+    return wrapped
+
+  monkeypatch.setattr(steps, "make_train_step", poisoned)
+  cfg = tiny_config(cache_dir, checkpoint_every=2, log_every=3, total_steps=8)
+  with pytest.raises(train.NonFiniteError, match="step 6.*last good checkpoint is step 4"):
+    train.run(cfg, str(tmp_path))
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "4"]
+
+
+@pytest.mark.parametrize("overrides,field", [
+    ({"model_name": "gpt"}, "model_name"),
+    ({"masking.mask_ratio": 1.5, "masking.cms": False}, "mask_ratio"),
+    ({"masking.mask_ratio": 0.0, "masking.cms": False}, "mask_ratio"),
+    ({"mesh.data": 3}, "mesh"),
+    ({"batch_size": 12}, "batch_size"),
+    ({"data.corpus_files": "/nonexistent/corpus.txt"}, "data.corpus_files"),
+    ({"data.tokenizer_path": "/nonexistent/sp.model"}, "data.tokenizer_path"),
+    ({"model.size": "d7L7"}, "model.size"),
+])
+def test_bad_input_fails_fast_with_the_field_named(tmp_path, cache_dir, overrides, field, monkeypatch):
+  prepared = []
+  import cbert_jax.data.packing as packing
+  monkeypatch.setattr(packing, "prepare", lambda *a, **k: prepared.append(1))
+  with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+    train.run(tiny_config(cache_dir, **overrides), str(tmp_path / "w"))
+  assert not prepared and not os.path.exists(tmp_path / "w")   # nothing expensive, nothing written
