@@ -8,11 +8,10 @@ any expensive work and raises `ConfigError` naming the field. The resolved confi
 """
 import ast
 import dataclasses
-import glob
-import os
 
 import ml_collections
 
+from cbert_jax.data import corpus as corpus_lib, tokenizer as tokenizer_lib
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import FAMILIES, sizes
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
@@ -195,17 +194,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     raise ConfigError(f"data.seq_len must be >= 8, got {d.seq_len}")
   if config.optim.schedule not in ("wsd", "cosine", "constant"):
     raise ConfigError(f"optim.schedule must be wsd|cosine|constant, got {config.optim.schedule!r}")
-  if d.corpus not in ("gutenberg", "files"):
-    raise ConfigError(f"data.corpus must be gutenberg|files, got {d.corpus!r}")
-  if d.corpus == "files":
-    files = corpus_files(d)
-    if not files:
-      raise ConfigError("data.corpus_files is empty; give comma-separated text files or globs")
-    for pattern in files:
-      if not glob.glob(os.path.expanduser(pattern)):
-        raise ConfigError(f"data.corpus_files: no file matches {pattern!r}")
-  if d.tokenizer_path and not os.path.isfile(os.path.expanduser(d.tokenizer_path)):
-    raise ConfigError(f"data.tokenizer_path: file not found: {d.tokenizer_path!r}")
+  data_cfg = data_config(config)
+  corpus_lib.check_corpus_config(data_cfg)      # the data package validates its own fields
+  tokenizer_lib.check_tokenizer_config(data_cfg)
   # Mesh against the devices, and the batch against the data-parallel part of the mesh.
   ici, dcn = sharding.mesh_shape(config.mesh, num_devices, config.mesh_dcn)
   dp = 1
@@ -224,12 +215,12 @@ def _batch_axes(rules) -> tuple[str, ...]:
   return ()
 
 
-def corpus_files(data_cfg) -> list[str]:
-  """data.corpus_files as a list (the config holds a comma-separated string for easy CLI use)."""
-  files = data_cfg.corpus_files
-  if isinstance(files, str):
-    return [f.strip() for f in files.split(",") if f.strip()]
-  return list(files)
+def data_config(config) -> ml_collections.ConfigDict:
+  """config.data as the data package reads it: corpus_files as a list (the config holds a
+  comma-separated string, easy to override from the command line)."""
+  files = config.data.corpus_files
+  files = [f.strip() for f in files.split(",") if f.strip()] if isinstance(files, str) else list(files)
+  return ml_collections.ConfigDict({**config.data.to_dict(), "corpus_files": files})
 
 
 def model_configs(config, vocab_size: int, mask_id: int,

@@ -18,7 +18,15 @@ _MULTIPROCESS = flags.DEFINE_bool("multiprocess", False,
                                   "call jax.distributed.initialize() (auto-detected on TPU pods / SLURM)")
 
 
+class _QuietLibraries:
+  """Drop orbax's per-save INFO chatter from the log; its warnings and errors still show."""
+
+  def filter(self, record) -> bool:
+    return record.levelno >= 30 or "/orbax/" not in record.pathname
+
+
 def main(argv):
+  logging.get_absl_handler().addFilter(_QuietLibraries())
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   import jax  # after flag parsing, so XLA_FLAGS from the environment apply
@@ -42,8 +50,30 @@ def main(argv):
                summary.first_loss, summary.last_loss, summary.eval)
 
 
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing, with an unknown `--config.FIELD` reported in one line (ml_collections
+  raises a bare AttributeError/KeyError there, which absl would print as a traceback)."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    # An experiment file's get_config raised ConfigError: ml_collections wraps it with a traceback.
+    marker = "cbert_jax.errors.ConfigError: "
+    if marker in str(e):
+      print(f"config error: {str(e).split(marker)[-1].strip()}", file=sys.stderr)
+      sys.exit(2)
+    print(f"FATAL Flags parsing error: {e}\nPass --helpshort or --helpfull to see help on flags.",
+          file=sys.stderr)
+    sys.exit(1)
+  except (AttributeError, KeyError) as e:
+    name = str(e).strip("\"'")
+    culprit = next((a for a in argv if a.startswith("--config.") and name in a), name)
+    print(f"config error: {culprit}: unknown config field {name!r} (every field is listed in "
+          f"cbert_jax/config_lib.py:base_config)", file=sys.stderr)
+    sys.exit(2)
+
+
 def run():
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

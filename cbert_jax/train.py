@@ -8,6 +8,7 @@ import json
 import math
 import os
 import signal
+import threading
 import time
 
 import jax
@@ -21,7 +22,6 @@ from jax.experimental import multihost_utils
 from cbert_jax import checkpoint as ckpt_lib
 from cbert_jax import config_lib, hardware, metrics as metrics_lib, optim, sharding, steps
 from cbert_jax.data import packing, pipeline
-from cbert_jax.errors import ConfigError
 from cbert_jax.models import FAMILIES
 from cbert_jax.models import flops as flops_lib
 
@@ -42,15 +42,10 @@ class Summary:
   workdir: str
 
 
-def _data_config(config) -> ml_collections.ConfigDict:
-  """config.data as the data package reads it (corpus_files as a list)."""
-  return ml_collections.ConfigDict({**config.data.to_dict(),
-                                    "corpus_files": config_lib.corpus_files(config.data)})
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
   """Train `config.model_name` as configured, in (or resuming from) `workdir`."""
   # ---------------------------------------------------------------- setup ---
+  workdir = os.path.abspath(workdir)  # orbax needs absolute paths
   config = config_lib.resolve(config)
   devices = jax.devices()[:config.num_devices] if config.num_devices > 0 else jax.devices()
   config_lib.validate(config, len(devices))
@@ -64,7 +59,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
 
   # ----------------------------------------------------------------- data ---
   with timers.span("data_prep"):
-    data = packing.prepare(_data_config(config), config.data.seq_len)
+    data = packing.prepare(config_lib.data_config(config), config.data.seq_len)
   tok = data.tokenizer
   model_cfg, mask_cfg = config_lib.model_configs(config, tok.vocab_size, tok.mask_id, tok.special_ids)
   seq_len, batch_size = config.data.seq_len, config.batch_size
@@ -115,7 +110,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
       params, opt_state = jax.jit(init_fn, out_shardings=(p_sh, o_sh))(init_key)
 
   writer = metrics_lib.MetricWriter(workdir, is_primary=is_primary, resume_step=start_step or None)
-  overview = metrics_lib.parameter_overview(params)
+  overview = metrics_lib.parameter_overview(params, include_stats=counts.total < 100_000_000)
   logging.info("parameters:\n%s", overview)
   logging.info("analytic counts: %s; non-embedding N = %d; training FLOPs per data token = %.4g",
                counts, counts.non_embedding, flops_per_token)
@@ -124,6 +119,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
   if devices[0].platform == "cpu" and config.peak_flops <= 0 and len(devices) > 1:
     # Fake CPU devices (xla_force_host_platform_device_count) share the host's cores.
     peak, peak_source = peak / len(devices), f"{peak_source} / {len(devices)} fake devices"
+  logging.info("MFU is model FLOPs / (%d x %s at %.3g FLOP/s per device; source: %s)", len(devices),
+               devices[0].device_kind, peak, peak_source)
   if is_primary:
     writer.write_text("parameters", overview)
     provenance = metrics_lib.provenance({"data_manifest_hash": data.manifest["hash"],
@@ -208,6 +205,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
                 "perf/steps_per_sec": (step - last_log_step) / step_time,
                 "perf/mfu": hardware.mfu(tok_s * flops_per_token / len(devices), peak),
                 "perf/peak_flops_per_device": peak,
+                "perf/num_devices": len(devices),
                 "perf/xla_flops_per_step": xla_flops}
         out |= {f"time/{k}_s": v for k, v in timers.totals().items()}
         if step == start_step + 1:   # the first step's time includes dispatch warm-up, not the rate
@@ -225,8 +223,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
           out |= last_eval
         writer.write(step, out)
         progress.update(step)
-        logging.info("%s | device %s peak %.3g FLOP/s (%s)", progress.format(step, out), jax.devices()[0].device_kind,
-                     peak, peak_source)
+        logging.info("%s", progress.format(step, out))
         if math.isnan(first_loss):
           first_loss = out["train/loss"]
         last_loss = out["train/loss"]
@@ -273,5 +270,4 @@ def _lost(timers) -> float:
 
 
 def _main_thread() -> bool:
-  import threading
   return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,91 @@
+"""The command line, as a user types it: a short run end to end, one-line errors, SIGTERM, launcher."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launch import local
+from tests.test_train import TINY
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cli(workdir, cache_dir, *extra, config="experiments/smoke.py"):
+  return [sys.executable, "-m", "cbert_jax.main", f"--config={config}", f"--workdir={workdir}",
+          "--config.model.size=d32L2", "--config.batch_size=8", "--config.data.seq_len=32",
+          "--config.data.corpus=files", f"--config.data.corpus_files={TINY}",
+          "--config.data.vocab_size=400", f"--config.data.cache_dir={cache_dir}",
+          "--config.peak_flops=1e11", "--config.plot=false", "--config.eval_batches=1", *extra]
+
+
+def run_cli(args, **kw):
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, **kw)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("cli_cache"))
+
+
+@pytest.mark.parametrize("arg", [":model=bert", ""])
+def test_cli_trains_a_few_steps(tmp_path, cache, arg):
+  r = run_cli(cli(tmp_path, cache, "--config.total_steps=3", "--config.log_every=1",
+                  config=f"experiments/smoke.py{arg}"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [l["step"] for l in lines if "train/loss" in l] == [1, 2, 3]
+  saved = json.loads((tmp_path / "config.json").read_text())["config"]
+  assert saved["model_name"] == ("bert" if arg else "crossbert")
+  assert "step 3/3" in r.stderr                                    # the progress line
+
+
+@pytest.mark.parametrize("flag,expected", [
+    ("--config.model_name=gpt", "config error: model_name: unknown model 'gpt'"),
+    ("--config.batch_size=3", "config error: batch_size=3 is not divisible by the data-parallel size 2"),
+    ("--config.no_such_field=1", "config error: --config.no_such_field=1: unknown config field"),
+    ("--config=experiments/smoke.py:colour=red", "config error: config argument 'colour' is unknown"),
+])
+def test_cli_bad_input_is_one_clear_line(tmp_path, cache, flag, expected):
+  r = run_cli(cli(tmp_path / "w", cache, flag))
+  assert r.returncode != 0
+  assert expected in r.stderr
+  assert "Traceback" not in r.stderr
+  assert not (tmp_path / "w").exists()
+
+
+def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tmp_path, cache):
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  args = cli(tmp_path, cache, "--config.total_steps=2000", "--config.log_every=1",
+             "--config.checkpoint_every=1000")
+  proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  metrics = tmp_path / "metrics.jsonl"
+  deadline = time.time() + 240
+  while time.time() < deadline and (not metrics.exists() or metrics.read_text().count("\n") < 3):
+    time.sleep(0.5)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0, err[-3000:]
+  steps = sorted(int(s) for s in os.listdir(tmp_path / "checkpoints"))
+  assert len(steps) == 1 and 3 <= steps[0] < 2000
+  r = run_cli(cli(tmp_path, cache, f"--config.total_steps={steps[0] + 2}", "--config.log_every=1"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert f"resumed from checkpoint at step {steps[0]}" in r.stderr
+  logged = [json.loads(l)["step"] for l in metrics.read_text().splitlines()]
+  assert logged[-3:] == [steps[0] + 1, steps[0] + 2, steps[0] + 2]   # 2 train lines + final eval
+
+
+def test_local_launcher_commands_are_golden(capsys):
+  cmds = local.commands("experiments/smoke.py", ["model=bert", "model=crossbert,size=d64L2"], "runs/pair",
+                        ["--config.total_steps=50"])
+  assert [c[2:] for c in cmds] == [
+      ["cbert_jax.main", "--config=experiments/smoke.py:model=bert", "--workdir=runs/pair/model-bert",
+       "--config.total_steps=50"],
+      ["cbert_jax.main", "--config=experiments/smoke.py:model=crossbert,size=d64L2",
+       "--workdir=runs/pair/model-crossbert_size-d64L2", "--config.total_steps=50"]]
+  assert local.main(["--config", "experiments/smoke.py", "--args", "model=bert", "--workdir_root", "r"]) == 0
+  assert "[1/1]" in capsys.readouterr().out                          # dry run prints, runs nothing
