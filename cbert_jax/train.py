@@ -207,7 +207,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
                 "perf/peak_flops_per_device": peak,
                 "perf/num_devices": len(devices),
                 "perf/xla_flops_per_step": xla_flops}
-        out |= {f"time/{k}_s": v for k, v in timers.totals().items()}
+        out |= timers.as_metrics()          # time/<name>_s and _frac: compile, data_wait, checkpoint, eval
         if step == start_step + 1:   # the first step's time includes dispatch warm-up, not the rate
           out.pop("perf/tokens_per_sec"); out.pop("perf/mfu"); out.pop("perf/steps_per_sec")
         if not _finite(host):
