@@ -102,13 +102,11 @@ class Corpus:
 
 
 def resolve_cache_dir(cfg: Any) -> str:
-  """Returns the cache directory: `cfg.cache_dir`, else `$CBERT_JAX_CACHE`, else ~/.cache."""
-  path = _get(cfg, "cache_dir", "") or os.environ.get("CBERT_JAX_CACHE", "")
-  if not path:
-    path = os.path.join(os.path.expanduser("~"), ".cache", "cbert_jax")
+  """The cache directory of `cfg.cache_dir` (see `fetch.cache_root` for the fallbacks)."""
+  path = _get(cfg, "cache_dir", "")
   if not isinstance(path, str):
     raise ConfigError(f"data.cache_dir must be a string path, got {path!r}.")
-  return os.path.abspath(os.path.expanduser(path))
+  return fetch.cache_root(path)
 
 
 def atomic_write(path: str, write: bytes | Callable[[BinaryIO], None]) -> None:
@@ -138,13 +136,7 @@ def atomic_write(path: str, write: bytes | Callable[[BinaryIO], None]) -> None:
     raise
 
 
-def sha256_file(path: str) -> str:
-  """Returns the hex sha256 of a file's bytes."""
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 20), b""):
-      h.update(chunk)
-  return h.hexdigest()
+sha256_file = fetch.sha256_file
 
 
 def _get(cfg: Any, name: str, default: Any) -> Any:

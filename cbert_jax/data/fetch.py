@@ -88,7 +88,8 @@ PACKAGES: dict[str, Package] = {p.name: p for p in [
 
 def cache_root(cache_dir: str = "") -> str:
   """`cache_dir`, else $CBERT_JAX_CACHE, else ~/.cache/cbert_jax."""
-  return os.path.expanduser(cache_dir or os.environ.get("CBERT_JAX_CACHE", "") or "~/.cache/cbert_jax")
+  root = cache_dir or os.environ.get("CBERT_JAX_CACHE", "") or "~/.cache/cbert_jax"
+  return os.path.abspath(os.path.expanduser(root))
 
 
 def sha256_file(path: str) -> str:
