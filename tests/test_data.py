@@ -371,3 +371,14 @@ def test_pipeline_errors_and_eval_batches():
     ids = np.stack([np.concatenate([b[s]["tokens"][:, 0] for b in batches])
                     for s in range(3)])  # [3, 10]
     np.testing.assert_array_equal(ids.ravel(), np.arange(30) % N_ROWS)
+
+
+def test_manifest_hash_ignores_build_timings_and_cache_paths():
+  from cbert_jax.data import packing
+  a = {"sources": [{"sha256": "x", "bytes": 3}], "timings": {"total": 1.0},
+       "tfds": {"dir": "/a/b", "write_s": 2.0, "name": "c"}}
+  b = {"sources": [{"sha256": "x", "bytes": 3}], "timings": {"total": 9.0},
+       "tfds": {"dir": "/other", "write_s": 7.0, "name": "c"}}
+  c = {"sources": [{"sha256": "y", "bytes": 3}], "timings": {"total": 1.0},
+       "tfds": {"dir": "/a/b", "write_s": 2.0, "name": "c"}}
+  assert packing._content_only(a) == packing._content_only(b) != packing._content_only(c)

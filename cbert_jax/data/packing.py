@@ -135,8 +135,21 @@ def _manifest(corpus: corpus_lib.Corpus, tok: tokenizer_lib.Tokenizer, seq_len: 
                   val=int(np.count_nonzero(val["segment_ids"]))),
   )
   manifest["hash"] = hashlib.sha256(
-      json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+      json.dumps(_content_only(manifest), sort_keys=True).encode()).hexdigest()
   return manifest
+
+
+# Manifest entries that describe a build (how long it took, where the cache lives), not the data:
+# left out of the hash, so the same data has the same hash on every machine.
+_VOLATILE_KEYS = frozenset({"timings", "dir", "write_s", "documents_s"})
+
+
+def _content_only(tree: Any) -> Any:
+  if isinstance(tree, dict):
+    return {k: _content_only(v) for k, v in tree.items() if k not in _VOLATILE_KEYS}
+  if isinstance(tree, list):
+    return [_content_only(v) for v in tree]
+  return tree
 
 
 def _load_cached(path: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
