@@ -39,6 +39,14 @@ class Checkpointer:
         meta=ocp.args.JsonRestore()))
     return out.state["params"], out.state["opt_state"], out.data, out.meta
 
+  def restore_params(self, step: int, abstract_params):
+    """Only the parameters of checkpoint `step` (evaluation needs no optimizer state)."""
+    target = {"params": abstract_params}
+    out = self._mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=True)))
+    return out.state["params"]
+
   def wait(self) -> None:
     self._mngr.wait_until_finished()
 

@@ -72,14 +72,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
   rules = tuple(tuple(r) for r in config.sharding_rules)
   total_steps = config.total_steps
   tx, lr_schedule = optim.make_optimizer(config.optim, total_steps)
-  family = FAMILIES[config.model_name]
-  make_model = lambda key: family(model_cfg, mask_cfg, nnx.Rngs(params=key))
+  make_model, graphdef, abs_params, p_sh = abstract_model(config.model_name, model_cfg, mask_cfg,
+                                                          mesh, rules)
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    abs_model = nnx.eval_shape(lambda: make_model(jax.random.key(0)))
-    graphdef, abs_params, abs_rest = nnx.split(abs_model, nnx.Param, ...)
-    if jax.tree.leaves(abs_rest):
-      raise ValueError("models must hold only nnx.Param state (found other variables)")
-    p_sh = nnx.get_named_sharding(abs_params, mesh)
     o_sh = nnx.get_named_sharding(jax.eval_shape(tx.init, abs_params), mesh)
   rep = sharding.replicated(mesh)
   batch_sh = sharding.logical_sharding(mesh, rules, ("batch", "seq"))
@@ -257,6 +252,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
   logging.info("time outside the step: %s", {k: round(v, 2) for k, v in timers.totals().items()})
   return Summary(final_step=step, first_loss=first_loss, last_loss=last_loss, eval=last_eval,
                  num_traces=len(traces), stopped_early=stopped_early, workdir=workdir)
+
+
+def abstract_model(model_name: str, model_cfg, mask_cfg, mesh, rules):
+  """(make_model(key), graphdef, abstract params, their NamedShardings), allocating nothing."""
+  family = FAMILIES[model_name]
+  make_model = lambda key: family(model_cfg, mask_cfg, nnx.Rngs(params=key))
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+    abs_model = nnx.eval_shape(lambda: make_model(jax.random.key(0)))
+    graphdef, abs_params, abs_rest = nnx.split(abs_model, nnx.Param, ...)
+    if jax.tree.leaves(abs_rest):
+      raise ValueError("models must hold only nnx.Param state (found other variables)")
+    return make_model, graphdef, abs_params, nnx.get_named_sharding(abs_params, mesh)
 
 
 def _finite(host_metrics: dict) -> bool:
