@@ -77,6 +77,20 @@ def base_config() -> ml_collections.ConfigDict:
   c.compilation_cache_dir = ""     # JAX persistent compilation cache ("" = off)
   c.plot = True                    # write workdir/metrics.png at the end
 
+  c.mode = "train"                 # train | eval (the offline probe suite on the workdir's latest checkpoint)
+
+  c.evals = ml_collections.ConfigDict()  # frozen-feature probes (--config.mode=eval, or during training)
+  c.evals.tasks = ("sentiment,news_topic,tweet_source,genre,graded_sentiment,claim_evidence,"
+                   "question_paragraph,claim_evidence_retrieval")  # task-kit tasks (cbert_jax/data/TASKS.md)
+  c.evals.every = 0                # during training: run the probes every N steps (0 = off)
+  c.evals.probes = "ridge,knn"     # which probes on classification/regression/pair tasks
+  c.evals.layers = "final"         # final | all (layer-wise ridge table)
+  c.evals.seq_len = 64             # tokens per text (longer texts are truncated)
+  c.evals.batch_size = 128         # texts per feature batch
+  c.evals.max_train = 5000         # cap on training examples per task (probe fit cost on CPU)
+  c.evals.max_eval = 2000          # cap on dev/test examples (and retrieval queries) per task
+  c.evals.init = "checkpoint"      # checkpoint | random (a randomly initialised encoder: the floor)
+
   c.model = ml_collections.ConfigDict()
   c.model.size = "d128L4"          # a rung of models/sizes.py; "" = use d_model/num_layers/num_heads
   c.model.d_model = 0              # residual width (set from size when 0)

@@ -39,6 +39,12 @@ def main(argv):
   workdir = _WORKDIR.value or os.path.join("runs", config.get("name", "run"))
   logging.info("workdir: %s", os.path.abspath(workdir))
   try:
+    if config.get("mode", "train") == "eval":
+      from cbert_jax import evaluate
+      evaluate.run(config, workdir)
+      return
+    if config.get("mode", "train") != "train":
+      raise ConfigError(f"mode must be train|eval, got {config.mode!r}")
     summary = train.run(config, workdir)
   except ConfigError as e:
     print(f"config error: {e}", file=sys.stderr)

@@ -1,0 +1,70 @@
+"""`run(config, workdir)` for `--config.mode=eval`: the offline probe suite on a workdir's latest
+checkpoint (or, with `evals.init=random`, on a randomly initialised encoder: the floor).
+
+Writes `workdir/eval/<tag>.json` and `<tag>.md` (tag = step_<N> or random_init) and prints the table.
+The predictor of CrossBERT is never used: probes read the encoder alone on unmasked input.
+"""
+import json
+import os
+
+import jax
+import ml_collections
+from absl import logging
+from flax import nnx
+
+from cbert_jax import checkpoint as ckpt_lib
+from cbert_jax import config_lib, sharding
+from cbert_jax.data import packing
+from cbert_jax.errors import ConfigError
+from cbert_jax.evaluators import suite
+from cbert_jax.train import abstract_model
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  workdir = os.path.abspath(workdir)
+  config = config_lib.resolve(config)
+  devices = jax.devices()[:config.num_devices] if config.num_devices > 0 else jax.devices()
+  config_lib.validate(config, len(devices))
+  if config.evals.init not in ("checkpoint", "random"):
+    raise ConfigError(f"evals.init must be checkpoint|random, got {config.evals.init!r}")
+  suite.task_names(config.evals)
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  checkpointer = (ckpt_lib.Checkpointer(ckpt_dir, config.keep_checkpoints)
+                  if config.evals.init == "checkpoint" and os.path.isdir(ckpt_dir) else None)
+  step = checkpointer.latest_step() if checkpointer else None
+  if config.evals.init == "checkpoint" and step is None:
+    raise ConfigError(f"mode=eval: no checkpoint in {workdir}/checkpoints; train first, or set "
+                      "evals.init=random to probe a randomly initialised encoder")
+
+  data = packing.prepare(config_lib.data_config(config), config.data.seq_len)  # the tokenizer
+  tok = data.tokenizer
+  model_cfg, mask_cfg = config_lib.model_configs(config, tok.vocab_size, tok.mask_id, tok.special_ids)
+  mesh = sharding.make_mesh(config.mesh, config.mesh_dcn, devices)
+  rules = tuple(tuple(r) for r in config.sharding_rules)
+  make_model, graphdef, abs_params, p_sh = abstract_model(config.model_name, model_cfg, mask_cfg,
+                                                          mesh, rules)
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+    if config.evals.init == "random":
+      params = jax.jit(lambda k: nnx.state(make_model(k), nnx.Param), out_shardings=p_sh)(
+          jax.random.key(config.seed))
+      tag = "random_init"
+    else:
+      params = checkpointer.restore_params(step, ckpt_lib.abstract_like(abs_params, p_sh))
+      tag = f"step_{step}"
+      checkpointer.close()
+
+  results = suite.run(graphdef, params, tok, config.evals, cache_dir=config.data.cache_dir,
+                      mesh=mesh, rules=rules)
+  title = f"{config.model_name} {config.model.size or ''} {tag} ({workdir})"
+  table = suite.markdown(results, title)
+  if jax.process_index() == 0:
+    out_dir = os.path.join(workdir, "eval")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{tag}.json"), "w") as f:
+      json.dump({"tag": tag, "step": step, "model_name": config.model_name,
+                 "evals": config.evals.to_dict(), "results": results}, f, indent=2)
+    with open(os.path.join(out_dir, f"{tag}.md"), "w") as f:
+      f.write(table + "\n")
+  print(table, flush=True)
+  logging.info("eval results written to %s", os.path.join(workdir, "eval", f"{tag}.json"))
+  return results

@@ -1,0 +1,403 @@
+"""Ridge and kNN probes on frozen features, and the layer-wise table (SPEC §6).
+
+Protocol, the same for both probes:
+  1. split train into a fit part and a held-out part (seeded; `holdout_fraction`);
+  2. choose the hyper-parameter (ridge λ, kNN k) by the task metric on the held-out part;
+  3. refit on *all* of train with the chosen value;
+  4. score every evaluation set (dev, test) with the task metric.
+
+Selection can never see evaluation data, by construction: `select_ridge_lambda` and
+`select_knn_k` take only training arrays, and `ridge_probe` / `knn_probe` hand the eval sets
+to the final scoring alone (tests/test_probes.py checks this with a spy and garbage labels).
+
+Kinds: "classification" and "pair" (labels are class ids; pair features come from
+`features.combine_pair`) and "regression" (float targets).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import scipy.stats
+from sklearn import metrics as sk_metrics
+
+from cbert_jax.errors import ConfigError
+
+KINDS = ("classification", "pair", "regression")
+DEFAULT_LAMBDAS = np.logspace(-3, 4, 15)
+DEFAULT_KS = (1, 3, 5, 10, 20, 50)
+# kNN similarities are computed for this many queries at a time: [chunk, N_train] floats, never
+# an [N, N] matrix.
+_KNN_CHUNK = 1024
+
+
+# ----------------------------------------------------------------------------------- metrics ---
+def _spearman(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+  # Constant predictions make the correlation undefined (nan); score them as 0 (no signal) so
+  # selection never prefers them and tables stay numeric.
+  if np.ptp(y_pred) == 0 or np.ptp(y_true) == 0:
+    return 0.0
+  return float(scipy.stats.spearmanr(y_true, y_pred).statistic)
+
+
+METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
+    "accuracy": lambda t, p: float(np.mean(np.asarray(t) == np.asarray(p))),
+    "mcc": lambda t, p: float(sk_metrics.matthews_corrcoef(t, p)),
+    "macro_f1": lambda t, p: float(sk_metrics.f1_score(t, p, average="macro")),
+    # GLUE's F1 (MRPC, QQP): binary F1 of the positive class 1.
+    "f1": lambda t, p: float(sk_metrics.f1_score(t, p, average="binary", pos_label=1)),
+    "spearman": _spearman,
+}
+
+
+def score(metric: str, y_true: np.ndarray, y_pred: np.ndarray) -> float:
+  """The metric `metric` (a key of METRICS) of predictions against targets; higher is better."""
+  if metric not in METRICS:
+    raise ConfigError(f"metric: expected one of {sorted(METRICS)}, got {metric!r}.")
+  return METRICS[metric](np.asarray(y_true), np.asarray(y_pred))
+
+
+# ------------------------------------------------------------------------------ common parts ---
+@dataclasses.dataclass(frozen=True)
+class Selection:
+  """The outcome of hyper-parameter selection on the held-out part of train.
+
+  Attributes:
+    value: the chosen λ or k.
+    scores: held-out metric per candidate value, in sweep order.
+  """
+  value: float
+  scores: dict[float, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResult:
+  """A probe's report.
+
+  Attributes:
+    probe: "ridge" or "knn".
+    metric: the task metric.
+    param: "lambda" or "k".
+    selection: the chosen value and the held-out scores that chose it.
+    scores: the metric on each evaluation set, by name.
+  """
+  probe: str
+  metric: str
+  param: str
+  selection: Selection
+  scores: dict[str, float]
+
+
+def _check(x: np.ndarray, y: np.ndarray, kind: str, metric: str, field: str):
+  """Validates one (x, y) set and returns float x [N, d] and y [N]."""
+  if kind not in KINDS:
+    raise ConfigError(f"kind: expected one of {KINDS}, got {kind!r}.")
+  if metric not in METRICS:
+    raise ConfigError(f"metric: expected one of {sorted(METRICS)}, got {metric!r}.")
+  x, y = np.asarray(x), np.asarray(y)
+  if x.ndim != 2 or y.ndim != 1 or x.shape[0] != y.shape[0] or x.shape[0] == 0:
+    raise ConfigError(f"{field}: expected features [N, d] and labels [N] with N > 0, got "
+                      f"{x.shape} and {y.shape}.")
+  return x, y
+
+
+def holdout_split(n: int, holdout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """Seeded (fit_idx, heldout_idx) of range(n); both non-empty.
+
+  Raises:
+    ConfigError: if the fraction is not in (0, 1) or n < 2.
+  """
+  if not 0.0 < holdout_fraction < 1.0:
+    raise ConfigError(f"holdout_fraction: must be in (0, 1), got {holdout_fraction}.")
+  if n < 2:
+    raise ConfigError(f"train: need at least 2 examples to hold some out, got {n}.")
+  perm = np.random.RandomState(seed).permutation(n)
+  m = min(max(int(round(n * holdout_fraction)), 1), n - 1)
+  return np.sort(perm[m:]), np.sort(perm[:m])
+
+
+def _choose(scores: dict[float, float]) -> float:
+  """The best candidate; ties go to the first in sweep order."""
+  vals = list(scores)
+  best = np.argmax([scores[v] for v in vals])
+  return vals[best]
+
+
+# ---------------------------------------------------------------------------------- ridge ------
+class _RidgePath:
+  """Ridge regression with intercept for many λ from ONE eigendecomposition.
+
+  With X centred (Xc) and targets centred (Yc), W(λ) = (Xc^T Xc + λ I)^-1 Xc^T Yc. We
+  eigendecompose the smaller of the covariance Xc^T Xc = V S V^T ([d, d]) or the Gram
+  Xc Xc^T = U S U^T ([n, n]) once (as big_vision's fewshot evaluator does); every λ is then
+  a diagonal rescale: W(λ) = V diag(1 / (s + λ)) V^T Xc^T Yc, or in the dual
+  W(λ) = Xc^T U diag(1 / (s + λ)) U^T Yc. Same objective as sklearn's Ridge(alpha=λ).
+  """
+
+  def __init__(self, x: np.ndarray, y: np.ndarray):
+    x = np.asarray(x, np.float64)                                             # [n, d]
+    y = np.asarray(y, np.float64)                                             # [n, c]
+    self.x_mean, self.y_mean = x.mean(0), y.mean(0)                           # [d], [c]
+    xc, yc = x - self.x_mean, y - self.y_mean
+    n, d = xc.shape
+    self.primal = d <= n
+    if self.primal:
+      s, v = np.linalg.eigh(xc.T @ xc)                                        # [d], [d, d]
+      self.basis = v                                                          # [d, k]
+      self.coef_in = v.T @ (xc.T @ yc)                                        # [d, c]
+    else:
+      s, u = np.linalg.eigh(xc @ xc.T)                                        # [n], [n, n]
+      self.basis = xc.T @ u                                                   # [d, n]
+      self.coef_in = u.T @ yc                                                 # [n, c]
+    # Round-off can make zero eigenvalues slightly negative; they are 0 by construction.
+    self.s = np.maximum(s, 0.0)
+
+  def weights(self, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """(W [d, c], b [c]) for one λ: predictions are x @ W + b."""
+    w = self.basis @ (self.coef_in / (self.s + lam)[:, None])                 # [d, c]
+    return w, self.y_mean - self.x_mean @ w
+
+  def predict_path(self, x: np.ndarray, lambdas: Sequence[float]) -> list[np.ndarray]:
+    """Predictions [m, c] on x for each λ; the projection of x onto the basis is done once."""
+    z = (np.asarray(x, np.float64) - self.x_mean) @ self.basis                # [m, k]
+    return [z @ (self.coef_in / (self.s + lam)[:, None]) + self.y_mean for lam in lambdas]
+
+
+class _Standardizer:
+  """Feature (and regression target) standardisation with *train* statistics only."""
+
+  def __init__(self, x: np.ndarray):
+    self.mean = x.mean(0)                                                     # [d]
+    # Constant features (e.g. a dead unit) would divide by 0; leave them at 0 instead.
+    self.std = np.where(x.std(0) > 0, x.std(0), 1.0)                          # [d]
+
+  def __call__(self, x: np.ndarray) -> np.ndarray:
+    return (np.asarray(x, np.float64) - self.mean) / self.std
+
+
+class _RidgeTask:
+  """Targets for ridge and the map from ridge outputs back to predictions."""
+
+  def __init__(self, y: np.ndarray, kind: str):
+    self.kind = kind
+    if kind == "regression":
+      y = y.astype(np.float64)
+      self.mean, self.std = y.mean(), (y.std() if y.std() > 0 else 1.0)
+    else:
+      self.classes = np.unique(y)
+
+  def targets(self, y: np.ndarray) -> np.ndarray:
+    """[n, c]: the standardised target (c = 1), or one-vs-rest ±1 columns (c = classes)."""
+    if self.kind == "regression":
+      return ((y.astype(np.float64) - self.mean) / self.std)[:, None]
+    return np.where(y[:, None] == self.classes[None, :], 1.0, -1.0)
+
+  def predict(self, out: np.ndarray) -> np.ndarray:
+    """Ridge outputs [m, c] -> predictions [m]: the target, or the argmax class."""
+    if self.kind == "regression":
+      return out[:, 0] * self.std + self.mean
+    return self.classes[np.argmax(out, axis=1)]
+
+
+def fit_ridge(x: np.ndarray, y: np.ndarray, lam: float, kind: str) -> Callable[[np.ndarray], np.ndarray]:
+  """Ridge on (standardised) x, y; returns predict(x_new) -> predictions [m].
+
+  Classification/pair: one-vs-rest ridge regression on ±1 targets, argmax. Regression: ridge
+  on the standardised target, mapped back to the target's scale.
+  """
+  std, task = _Standardizer(np.asarray(x, np.float64)), _RidgeTask(np.asarray(y), kind)
+  w, b = _RidgePath(std(x), task.targets(np.asarray(y))).weights(lam)
+  return lambda x_new: task.predict(std(x_new) @ w + b)
+
+
+def select_ridge_lambda(train_x: np.ndarray, train_y: np.ndarray, *, kind: str, metric: str,
+                        lambdas: Sequence[float] = DEFAULT_LAMBDAS, holdout_fraction: float = 0.2,
+                        seed: int = 0) -> Selection:
+  """Chooses λ on a held-out part of train. Receives training arrays only, by design.
+
+  Standardisation statistics come from all of train (both parts are training data); ridge is
+  fitted on the fit part for every λ from one eigendecomposition, scored on the held-out part.
+  """
+  x, y = _check(train_x, train_y, kind, metric, "train")
+  lambdas = [float(l) for l in lambdas]
+  if not lambdas or min(lambdas) <= 0:
+    raise ConfigError(f"lambdas: need at least one value, all > 0, got {lambdas}.")
+  fit, held = holdout_split(len(y), holdout_fraction, seed)
+  std = _Standardizer(np.asarray(x, np.float64))
+  task = _RidgeTask(y[fit], kind)
+  path = _RidgePath(std(x[fit]), task.targets(y[fit]))
+  outs = path.predict_path(std(x[held]), lambdas)                            # each [m, c]
+  scores = {l: score(metric, y[held], task.predict(o)) for l, o in zip(lambdas, outs)}
+  return Selection(_choose(scores), scores)
+
+
+def _eval_scores(predict, eval_sets: Mapping[str, tuple], kind: str, metric: str,
+                 dim: int) -> dict[str, float]:
+  """The final scoring: the only place evaluation arrays are used."""
+  out = {}
+  for name, (x, y) in eval_sets.items():
+    x, y = _check(x, y, kind, metric, f"eval_sets[{name!r}]")
+    if x.shape[1] != dim:
+      raise ConfigError(f"eval_sets[{name!r}]: features have dim {x.shape[1]}, train has {dim}.")
+    out[name] = score(metric, y, predict(x))
+  return out
+
+
+def ridge_probe(train_x: np.ndarray, train_y: np.ndarray, eval_sets: Mapping[str, tuple], *,
+                kind: str, metric: str, lambdas: Sequence[float] = DEFAULT_LAMBDAS,
+                holdout_fraction: float = 0.2, seed: int = 0) -> ProbeResult:
+  """Ridge probe: λ chosen on held-out train, refit on all of train, scored on `eval_sets`.
+
+  Args:
+    train_x: [N, d] train features. train_y: [N] labels (class ids) or float targets.
+    eval_sets: name -> (x [M, d], y [M]); used only for the final scores.
+    kind: "classification", "pair" or "regression".
+    metric: a key of METRICS (the task's metric), used for selection and for the report.
+    lambdas: the λ sweep. holdout_fraction, seed: the held-out split of train.
+
+  Returns:
+    ProbeResult with the chosen λ, its held-out scores and the eval-set scores.
+  """
+  sel = select_ridge_lambda(train_x, train_y, kind=kind, metric=metric, lambdas=lambdas,
+                            holdout_fraction=holdout_fraction, seed=seed)
+  predict = fit_ridge(np.asarray(train_x), np.asarray(train_y), sel.value, kind)
+  return ProbeResult("ridge", metric, "lambda", sel,
+                     _eval_scores(predict, eval_sets, kind, metric, np.shape(train_x)[1]))
+
+
+# ------------------------------------------------------------------------------------ kNN ------
+def _normalize(x: np.ndarray) -> np.ndarray:
+  """Rows scaled to unit L2 norm (zero rows stay zero), float32."""
+  x = np.asarray(x, np.float32)
+  return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def nearest(train_x: np.ndarray, query_x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+  """The k most cosine-similar train rows of each query, most similar first.
+
+  Computed in chunks of queries ([chunk, N_train] similarities at a time), never [N, N].
+
+  Returns:
+    (idx [M, k] int, sim [M, k] float32).
+  """
+  tr, q = _normalize(train_x), _normalize(query_x)                            # [N, d], [M, d]
+  k = min(int(k), tr.shape[0])
+  idx_out, sim_out = [], []
+  for start in range(0, q.shape[0], _KNN_CHUNK):
+    sim = q[start:start + _KNN_CHUNK] @ tr.T                                  # [c, N]
+    top = np.argpartition(-sim, k - 1, axis=1)[:, :k]                         # [c, k] unordered
+    top_sim = np.take_along_axis(sim, top, axis=1)
+    order = np.argsort(-top_sim, axis=1, kind="stable")
+    idx_out.append(np.take_along_axis(top, order, axis=1))
+    sim_out.append(np.take_along_axis(top_sim, order, axis=1))
+  return np.concatenate(idx_out), np.concatenate(sim_out)
+
+
+def _knn_predict(idx: np.ndarray, sim: np.ndarray, train_y: np.ndarray, k: int, kind: str,
+                 classes: np.ndarray | None = None) -> np.ndarray:
+  """Predictions [M] from the first k of precomputed neighbours (idx, sim [M, >=k]).
+
+  Regression: the plain mean of the neighbours' targets. Classification: a plain majority
+  vote; ties between classes go to the larger summed similarity (then the smaller class id).
+  """
+  idx, sim = idx[:, :k], sim[:, :k].astype(np.float64)                      # [M, k]
+  ny = train_y[idx]                                                           # [M, k]
+  if kind == "regression":
+    return ny.astype(np.float64).mean(1)
+  classes = np.unique(train_y) if classes is None else classes
+  onehot = ny[:, :, None] == classes[None, None, :]                          # [M, k, C]
+  counts = onehot.sum(1)                                                      # [M, C]
+  sims = (onehot * sim[:, :, None]).sum(1)                                    # [M, C] in [-k, k]
+  # Tie-break term in (-1/2, 1/2): never outweighs a difference of one vote.
+  return classes[np.argmax(counts + sims / (2 * k + 2), axis=1)]
+
+
+def select_knn_k(train_x: np.ndarray, train_y: np.ndarray, *, kind: str, metric: str,
+                 ks: Sequence[int] = DEFAULT_KS, holdout_fraction: float = 0.2,
+                 seed: int = 0) -> Selection:
+  """Chooses k on a held-out part of train (neighbours from the fit part). Training arrays only.
+
+  Neighbours are found once for the largest k; smaller k reuse the prefix. k larger than the
+  fit part is clipped to it.
+  """
+  x, y = _check(train_x, train_y, kind, metric, "train")
+  ks = [int(k) for k in ks]
+  if not ks or min(ks) < 1:
+    raise ConfigError(f"ks: need at least one value, all >= 1, got {ks}.")
+  fit, held = holdout_split(len(y), holdout_fraction, seed)
+  idx, sim = nearest(x[fit], x[held], max(ks))
+  classes = None if kind == "regression" else np.unique(y[fit])
+  scores = {k: score(metric, y[held], _knn_predict(idx, sim, y[fit], min(k, len(fit)), kind, classes))
+            for k in ks}
+  return Selection(_choose(scores), scores)
+
+
+def knn_probe(train_x: np.ndarray, train_y: np.ndarray, eval_sets: Mapping[str, tuple], *,
+              kind: str, metric: str, ks: Sequence[int] = DEFAULT_KS,
+              holdout_fraction: float = 0.2, seed: int = 0) -> ProbeResult:
+  """Cosine kNN probe: k chosen on held-out train; eval sets' neighbours come from all of train.
+
+  Features are L2-normalised (cosine similarity), not standardised. Classification: majority
+  vote (ties -> larger summed similarity); regression: mean of the neighbours' targets.
+  Arguments as `ridge_probe`, with `ks` the k sweep.
+  """
+  sel = select_knn_k(train_x, train_y, kind=kind, metric=metric, ks=ks,
+                     holdout_fraction=holdout_fraction, seed=seed)
+  x, y = np.asarray(train_x), np.asarray(train_y)
+  k = min(int(sel.value), len(y))
+  classes = None if kind == "regression" else np.unique(y)
+
+  def predict(q):
+    idx, sim = nearest(x, q, k)
+    return _knn_predict(idx, sim, y, k, kind, classes)
+
+  return ProbeResult("knn", metric, "k", sel,
+                     _eval_scores(predict, eval_sets, kind, metric, np.shape(train_x)[1]))
+
+
+# ------------------------------------------------------------------------------- layer-wise ---
+PROBES = {"ridge": ridge_probe, "knn": knn_probe}
+
+
+def layerwise(train_x: np.ndarray, train_y: np.ndarray, eval_sets: Mapping[str, tuple], *,
+              kind: str, metric: str, probe: str = "ridge", **probe_kw) -> list[dict]:
+  """The same probe on every layer's features.
+
+  Args:
+    train_x: [L + 1, N, d] (Featurizer with layers="all"); train_y: [N].
+    eval_sets: name -> (x [L + 1, M, d], y [M]).
+    kind, metric, probe_kw: as `ridge_probe` / `knn_probe`. probe: "ridge" or "knn".
+
+  Returns:
+    One row per layer: {"layer", <param> (chosen λ or k), "heldout" (its held-out score),
+    <eval name>: score, ...}; layer 0 is the embeddings.
+  """
+  if probe not in PROBES:
+    raise ConfigError(f"probe: expected one of {sorted(PROBES)}, got {probe!r}.")
+  train_x = np.asarray(train_x)
+  if train_x.ndim != 3:
+    raise ConfigError(f"train_x: expected [L + 1, N, d] per-layer features, got {train_x.shape}.")
+  for name, (x, _) in eval_sets.items():
+    if np.ndim(x) != 3 or np.shape(x)[0] != train_x.shape[0]:
+      raise ConfigError(f"eval_sets[{name!r}]: expected [{train_x.shape[0]}, M, d], got {np.shape(x)}.")
+  rows = []
+  for layer in range(train_x.shape[0]):
+    res = PROBES[probe](train_x[layer], train_y, {n: (x[layer], y) for n, (x, y) in eval_sets.items()},
+                        kind=kind, metric=metric, **probe_kw)
+    rows.append({"layer": layer, res.param: res.selection.value,
+                 "heldout": res.selection.scores[res.selection.value], **res.scores})
+  return rows
+
+
+def markdown_table(rows: Sequence[Mapping], columns: Sequence[str] | None = None,
+                   floatfmt: str = ".4g") -> str:
+  """A GitHub markdown table of dict rows (columns default to the first row's keys)."""
+  if not rows:
+    return ""
+  columns = list(columns or rows[0].keys())
+  fmt = lambda v: format(v, floatfmt) if isinstance(v, (float, np.floating)) else str(v)
+  lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+  lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+  return "\n".join(lines)

@@ -1,0 +1,159 @@
+"""The offline probe suite: every task of the task kit, frozen features, ridge and kNN probes.
+
+For each task (cbert_jax/data/TASKS.md):
+  * classification / regression / pair: mean-pooled frozen features of train, dev and test; the
+    ridge and kNN probes choose their regularisation / k on a held-out part of *train* only and
+    report the task's metric on dev and test (pairs: SentEval features [u, v, |u - v|, u * v]);
+    with `layers="all"`, the ridge probe on every layer (the paper's Table 1 shape);
+  * retrieval: queries and corpus embedded with the same mean-pooled features, cosine search,
+    nDCG@10 / MRR@10 / recall@k on dev and test.
+Results are one dict: {task: {...}, "average": {...}}, written as JSON and a markdown table.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+from absl import logging
+
+from cbert_jax.data import tfds_tasks
+from cbert_jax.errors import ConfigError
+from cbert_jax.evaluators import features as features_lib
+from cbert_jax.evaluators import probes, retrieval
+
+
+def _cap(split: dict, n: int, seed: int) -> dict:
+  """At most n examples of a split, a fixed random subset (documented in the results)."""
+  size = len(next(iter(split.values())))
+  if size <= n:
+    return split
+  keep = np.sort(np.random.RandomState(seed).permutation(size)[:n])
+  return {k: [v[i] for i in keep] if isinstance(v, list) else np.asarray(v)[keep] for k, v in split.items()}
+
+
+def _probe_task(task, featurizer, tokenizer, seq_len: int, ecfg) -> dict:
+  enc = lambda texts: features_lib.encode_texts(list(texts), tokenizer, seq_len)
+  splits = {name: _cap(task.splits[name], ecfg.max_train if name == "train" else ecfg.max_eval, i)
+            for i, name in enumerate(("train", "dev", "test"))}
+  feats, labels = {}, {}
+  for name, split in splits.items():
+    if task.kind == "pair":
+      feats[name] = featurizer.pair(enc(split["texts_a"]), enc(split["texts_b"]))
+    else:
+      feats[name] = featurizer(enc(split["texts"]))
+    labels[name] = np.asarray(split["labels"])
+  kind = "regression" if task.kind == "regression" else "classification"
+  out = {"kind": task.kind, "metric": task.metric, "sizes": {k: int(len(v)) for k, v in labels.items()}}
+  layered = np.ndim(feats["train"]) == 3                                      # [L + 1, N, d]
+  last = (lambda x: x[-1]) if layered else (lambda x: x)
+  evals = {name: (last(feats[name]), labels[name]) for name in ("dev", "test")}
+  for probe in [p.strip() for p in ecfg.probes.split(",") if p.strip()]:
+    fn = {"ridge": probes.ridge_probe, "knn": probes.knn_probe}[probe]
+    res = fn(last(feats["train"]), labels["train"], evals, kind=kind, metric=task.metric)
+    out[probe] = {"dev": float(res.scores["dev"]), "test": float(res.scores["test"]),
+                  res.param: float(res.selection.value),
+                  "heldout": float(res.selection.scores[res.selection.value])}
+  if layered:
+    rows = probes.layerwise(feats["train"], labels["train"],
+                            {n: (feats[n], labels[n]) for n in ("dev", "test")},
+                            kind=kind, metric=task.metric, probe="ridge")
+    out["layerwise"] = [{k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in r.items()}
+                        for r in rows]
+  return out
+
+
+def _retrieval_task(task, featurizer, tokenizer, seq_len: int, ecfg) -> dict:
+  enc = lambda texts: features_lib.encode_texts(list(texts), tokenizer, seq_len)
+  last = lambda x: x[-1] if np.ndim(x) == 3 else x
+  doc_emb = last(featurizer(enc(task.corpus["texts"])))                       # [D, d]
+  out = {"kind": "retrieval", "metric": task.metric, "sizes": {"corpus": len(task.corpus["ids"])}}
+  for i, split in enumerate(("dev", "test")):
+    queries = _cap(task.queries[split], ecfg.max_eval, 10 + i)
+    q_emb = last(featurizer(enc(queries["texts"])))                          # [Q, d]
+    scores = retrieval.evaluate(q_emb, doc_emb, list(queries["ids"]), list(task.corpus["ids"]),
+                                task.qrels[split], ks=(1, 10, 100))
+    out[split] = {k: float(v) for k, v in scores.items()}
+    out["sizes"][f"queries_{split}"] = len(queries["ids"])
+  return out
+
+
+def task_names(ecfg) -> list[str]:
+  """The tasks of `evals.tasks`, checked against the task kit (ConfigError naming the field)."""
+  names = [t.strip() for t in ecfg.tasks.split(",") if t.strip()]
+  known = tfds_tasks.list_tasks()
+  for name in names:
+    if name not in known:
+      raise ConfigError(f"evals.tasks: unknown task {name!r}; known: {', '.join(known)}")
+  for probe in [p.strip() for p in ecfg.probes.split(",") if p.strip()]:
+    if probe not in ("ridge", "knn"):
+      raise ConfigError(f"evals.probes: unknown probe {probe!r}; expected ridge and/or knn")
+  if ecfg.layers not in ("final", "all"):
+    raise ConfigError(f"evals.layers must be final|all, got {ecfg.layers!r}")
+  return names
+
+
+def run(graphdef, params, tokenizer, ecfg, *, cache_dir: str = "", mesh=None, rules=None,
+        tasks: Sequence[str] | None = None) -> dict:
+  """The probe suite over `ecfg.tasks` (config.evals) for one set of parameters."""
+  names = list(tasks) if tasks is not None else task_names(ecfg)
+  featurizer = features_lib.Featurizer(graphdef, params, batch_size=ecfg.batch_size,
+                                       seq_len=ecfg.seq_len, layers=ecfg.layers, mesh=mesh, rules=rules)
+  results: dict = {}
+  for name in names:
+    start = time.perf_counter()
+    task = tfds_tasks.load_task(name, cache_dir=cache_dir)
+    if task.kind == "retrieval":
+      results[name] = _retrieval_task(task, featurizer, tokenizer, ecfg.seq_len, ecfg)
+    else:
+      results[name] = _probe_task(task, featurizer, tokenizer, ecfg.seq_len, ecfg)
+    results[name]["seconds"] = round(time.perf_counter() - start, 1)
+    logging.info("eval %s: %s", name, {k: v for k, v in results[name].items() if k != "layerwise"})
+  results["average"] = average(results)
+  return results
+
+
+def headline(task_result: dict) -> float:
+  """The task's one number on test: ridge metric (probe tasks) or the metric (retrieval)."""
+  if task_result["kind"] == "retrieval":
+    return task_result["test"][task_result["metric"]]
+  return task_result["ridge"]["test"] if "ridge" in task_result else task_result["knn"]["test"]
+
+
+def average(results: dict) -> dict:
+  """Mean test score per probe over probe tasks, and the mean headline over all tasks."""
+  tasks = {k: v for k, v in results.items() if k != "average"}
+  out = {}
+  for probe in ("ridge", "knn"):
+    vals = [v[probe]["test"] for v in tasks.values() if probe in v]
+    if vals:
+      out[probe] = float(np.mean(vals))
+  retr = [headline(v) for v in tasks.values() if v["kind"] == "retrieval"]
+  if retr:
+    out["retrieval"] = float(np.mean(retr))
+  out["all"] = float(np.mean([headline(v) for v in tasks.values()])) if tasks else float("nan")
+  return out
+
+
+def markdown(results: dict, title: str = "") -> str:
+  """One row per task: metric, ridge dev/test, kNN dev/test (or retrieval nDCG/MRR/recall)."""
+  lines = [f"### {title}", ""] if title else []
+  lines += ["| task | kind | metric | ridge dev | ridge test | kNN dev | kNN test |",
+            "|---|---|---|---|---|---|---|"]
+  fmt = lambda x: f"{x:.4f}" if isinstance(x, float) else "-"
+  for name, r in results.items():
+    if name == "average":
+      continue
+    if r["kind"] == "retrieval":
+      key = r["metric"]                                                    # e.g. ndcg@10
+      lines.append(f"| {name} | retrieval | {r['metric']} | {fmt(r['dev'][key])} | {fmt(r['test'][key])} | - | - |")
+    else:
+      g = lambda p, s: r[p][s] if p in r else None
+      lines.append(f"| {name} | {r['kind']} | {r['metric']} | {fmt(g('ridge', 'dev'))} | "
+                   f"{fmt(g('ridge', 'test'))} | {fmt(g('knn', 'dev'))} | {fmt(g('knn', 'test'))} |")
+  avg = results.get("average", {})
+  lines += ["", "average (test): " + ", ".join(f"{k} {v:.4f}" for k, v in avg.items())]
+  for name, r in results.items():
+    if name != "average" and "layerwise" in r:
+      lines += ["", f"layer-wise ridge, {name}:", "", probes.markdown_table(r["layerwise"])]
+  return "\n".join(lines)

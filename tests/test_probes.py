@@ -1,0 +1,286 @@
+"""Frozen-feature probes: features from a tiny model, ridge/kNN probes, selection hygiene."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from sklearn.linear_model import Ridge
+
+from cbert_jax import config_lib, sharding
+from cbert_jax.errors import ConfigError
+from cbert_jax.evaluators import features as features_lib
+from cbert_jax.evaluators import probes
+from tests import helpers
+
+
+# ------------------------------------------------------------------------------ synthetic data ---
+def _blobs(n, d=16, classes=3, seed=0, sep=6.0):
+  """Linearly separable classes: well-separated Gaussian blobs. Returns x [n, d], y [n]."""
+  rs = np.random.RandomState(seed)
+  centres = np.random.RandomState(123).randn(classes, d) * sep
+  y = rs.randint(0, classes, n)
+  return centres[y] + rs.randn(n, d), y
+
+
+def _linear(n, d=12, seed=0):
+  """A noiseless linear regression target. Returns x [n, d], y [n]."""
+  rs = np.random.RandomState(seed)
+  x = rs.randn(n, d)
+  return x, x @ np.random.RandomState(7).randn(d) + 3.0
+
+
+@pytest.mark.parametrize("probe", [probes.ridge_probe, probes.knn_probe])
+def test_separable_classes_are_solved(probe):
+  x, y = _blobs(600)
+  xd, yd = _blobs(300, seed=1)
+  res = probe(x, y, {"dev": (xd, yd)}, kind="classification", metric="accuracy")
+  assert res.scores["dev"] >= 0.99
+  assert res.selection.value in res.selection.scores
+
+
+def test_shuffled_labels_score_at_chance():
+  x, y = _blobs(1500, classes=4)
+  xd, yd = _blobs(1000, classes=4, seed=1)
+  rs = np.random.RandomState(0)
+  res = probes.ridge_probe(x, rs.permutation(y), {"dev": (xd, rs.permutation(yd))},
+                           kind="classification", metric="accuracy")
+  assert abs(res.scores["dev"] - 0.25) < 0.06
+  mcc = probes.ridge_probe(x, rs.permutation(y), {"dev": (xd, rs.permutation(yd))},
+                           kind="classification", metric="mcc")
+  assert abs(mcc.scores["dev"]) < 0.08
+
+
+def test_linear_regression_target_gives_spearman_one():
+  x, y = _linear(400)
+  xd, yd = _linear(200, seed=1)
+  res = probes.ridge_probe(x, y, {"dev": (xd, yd)}, kind="regression", metric="spearman")
+  assert res.scores["dev"] > 0.999
+  assert probes.knn_probe(x, y, {"dev": (xd, yd)}, kind="regression",
+                          metric="spearman").scores["dev"] > 0.5
+
+
+@pytest.mark.parametrize("n,d", [(80, 10), (15, 40)])   # primal (covariance) and dual (Gram)
+def test_closed_form_ridge_equals_sklearn(n, d):
+  rs = np.random.RandomState(0)
+  x, y = rs.randn(n, d) + 2.0, rs.randn(n, 3)
+  path = probes._RidgePath(x, y)
+  x_new = rs.randn(7, d)
+  preds = path.predict_path(x_new, [1e-2, 1.0, 30.0, 1e3])
+  for lam, p in zip([1e-2, 1.0, 30.0, 1e3], preds):
+    ref = Ridge(alpha=lam, fit_intercept=True, solver="cholesky").fit(x, y)
+    w, b = path.weights(lam)
+    np.testing.assert_allclose(w, ref.coef_.T, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(b, ref.intercept_, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(p, ref.predict(x_new), rtol=1e-6, atol=1e-8)
+
+
+def test_classification_ridge_is_one_vs_rest_sklearn_on_standardised_features():
+  x, y = _blobs(120, classes=3, sep=0.5)
+  xq = _blobs(50, classes=3, seed=2, sep=0.5)[0]
+  mean, std = x.mean(0), x.std(0)
+  targets = np.where(y[:, None] == np.arange(3)[None], 1.0, -1.0)
+  ref = Ridge(alpha=5.0).fit((x - mean) / std, targets).predict((xq - mean) / std).argmax(1)
+  np.testing.assert_array_equal(probes.fit_ridge(x, y, 5.0, "classification")(xq), ref)
+
+
+def _brute_knn(train_x, train_y, query_x, k, kind):
+  """Reference: full similarity matrix, explicit per-query loops."""
+  nrm = lambda a: a / np.linalg.norm(a, axis=1, keepdims=True)
+  sim = nrm(query_x) @ nrm(train_x).T                                        # [M, N]
+  out = []
+  for row in sim:
+    nb = np.argsort(-row)[:k]
+    if kind == "regression":
+      out.append(train_y[nb].mean())
+      continue
+    best = None
+    for c in np.unique(train_y):
+      key = ((train_y[nb] == c).sum(), row[nb][train_y[nb] == c].sum(), -c)
+      best = (key, c) if best is None or key > best[0] else best
+    out.append(best[1])
+  return np.array(out)
+
+
+@pytest.mark.parametrize("kind", ["classification", "regression"])
+def test_knn_equals_brute_force(kind, monkeypatch):
+  monkeypatch.setattr(probes, "_KNN_CHUNK", 7)   # several query chunks, and a partial one
+  rs = np.random.RandomState(0)
+  x, xq = rs.randn(90, 8), rs.randn(40, 8)
+  y = rs.randint(0, 4, 90) if kind == "classification" else rs.randn(90)
+  for k in (1, 4, 10):
+    idx, sim = probes.nearest(x, xq, k)
+    got = probes._knn_predict(idx, sim, y, k, kind)
+    ref = _brute_knn(x, y, xq, k, kind)
+    if kind == "regression":
+      np.testing.assert_allclose(got, ref, rtol=1e-6)
+    else:
+      np.testing.assert_array_equal(got, ref)
+
+
+# -------------------------------------------------------------------- selection hygiene -----
+@pytest.mark.parametrize("probe", ["ridge", "knn"])
+def test_selection_ignores_the_eval_split(probe):
+  x, y = _blobs(300, sep=0.7)
+  xd, yd = _blobs(200, seed=1, sep=0.7)
+  run = lambda ev: probes.PROBES[probe](x, y, ev, kind="classification", metric="accuracy")
+  clean = run({"dev": (xd, yd)})
+  rs = np.random.RandomState(5)
+  garbage = run({"dev": (rs.randn(*xd.shape) * 100, rs.randint(0, 3, len(yd)))})
+  assert clean.selection == garbage.selection          # same chosen value, same held-out scores
+  assert len(set(clean.selection.scores.values())) > 1  # the sweep actually discriminates
+
+
+@pytest.mark.parametrize("probe,selector", [("ridge", "select_ridge_lambda"), ("knn", "select_knn_k")])
+def test_selection_code_never_receives_eval_arrays(probe, selector, monkeypatch):
+  x, y = _blobs(200)
+  xd, yd = _blobs(100, seed=1)
+  xt, yt = _blobs(100, seed=2)
+  evals = [xd, yd, xt, yt]
+  seen = []
+  real = getattr(probes, selector)
+
+  def spy(*args, **kwargs):
+    seen.extend(a for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray))
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(probes, selector, spy)
+  probes.PROBES[probe](x, y, {"dev": (xd, yd), "test": (xt, yt)}, kind="classification",
+                       metric="accuracy")
+  assert len(seen) >= 2                                          # it ran, on train
+  for a in seen:
+    for e in evals:
+      assert not np.shares_memory(a, e)
+      assert a.shape != e.shape or not np.array_equal(a, e)
+
+
+def test_layerwise_and_markdown_table():
+  x, y = _blobs(200)
+  xd, yd = _blobs(100, seed=1)
+  noise = np.random.RandomState(0).randn(*x.shape)
+  stack = lambda a, b: np.stack([np.random.RandomState(1).randn(*a.shape), a, b])  # [3, N, d]
+  rows = probes.layerwise(stack(x, noise[:200] + x), y,
+                          {"dev": (stack(xd, noise[:100] + xd), yd)},
+                          kind="classification", metric="accuracy")
+  assert [r["layer"] for r in rows] == [0, 1, 2]
+  assert rows[0]["dev"] < 0.6 and rows[1]["dev"] > 0.95       # noise layer vs. signal layer
+  table = probes.markdown_table(rows)
+  assert table.splitlines()[0] == "| layer | lambda | heldout | dev |"
+  assert len(table.splitlines()) == 5
+
+
+def test_bad_input_names_the_field():
+  x, y = _blobs(50)
+  with pytest.raises(ConfigError, match="kind"):
+    probes.ridge_probe(x, y, {}, kind="ranking", metric="accuracy")
+  with pytest.raises(ConfigError, match="metric"):
+    probes.knn_probe(x, y, {}, kind="classification", metric="bleu")
+  with pytest.raises(ConfigError, match="holdout_fraction"):
+    probes.ridge_probe(x, y, {}, kind="classification", metric="accuracy", holdout_fraction=1.0)
+  with pytest.raises(ConfigError, match="eval_sets"):
+    probes.ridge_probe(x, y, {"dev": (x[:, :3], y)}, kind="classification", metric="accuracy")
+
+
+def test_metrics_by_name():
+  t, p = np.array([0, 1, 1, 0]), np.array([0, 1, 0, 0])
+  assert probes.score("accuracy", t, p) == 0.75
+  assert probes.score("macro_f1", t, p) == pytest.approx((0.8 + 2 / 3) / 2)
+  assert probes.score("f1", t, p) == pytest.approx(2 / 3)
+  assert probes.score("mcc", t, t) == 1.0
+  assert probes.score("spearman", np.arange(5.0), np.arange(5.0) ** 3) == pytest.approx(1.0)
+  assert probes.score("spearman", np.arange(5.0), np.zeros(5)) == 0.0
+
+
+# ------------------------------------------------------------------------------ featurizer ---
+class _FakeTokenizer:
+  """encode_batch: one id per character (ids 10..), enough to test padding and truncation."""
+
+  def encode_batch(self, texts):
+    return [[10 + (ord(c) % 50) for c in t] for t in texts]
+
+
+def test_encode_texts_pads_and_truncates():
+  rows = features_lib.encode_texts(["abc", "", "abcdefgh"], _FakeTokenizer(), 5)
+  assert all(v.shape == (3, 5) and v.dtype == np.int32 for v in rows.values())
+  np.testing.assert_array_equal(rows["segment_ids"], [[1, 1, 1, 0, 0], [0] * 5, [1] * 5])
+  np.testing.assert_array_equal(rows["positions"], [[0, 1, 2, 0, 0], [0] * 5, [0, 1, 2, 3, 4]])
+  np.testing.assert_array_equal(rows["tokens"][0], [10 + ord(c) % 50 for c in "abc"] + [0, 0])
+  np.testing.assert_array_equal(rows["tokens"][2], [10 + ord(c) % 50 for c in "abcde"])
+  with pytest.raises(ConfigError, match="seq_len"):
+    features_lib.encode_texts(["a"], _FakeTokenizer(), 0)
+
+
+def _rows(n, t=12, seed=0):
+  """n rows of random length (1..t) padded to t."""
+  rs = np.random.RandomState(seed)
+  texts = ["".join(chr(97 + c) for c in rs.randint(0, 26, rs.randint(1, t + 4))) for _ in range(n)]
+  return features_lib.encode_texts(texts, _FakeTokenizer(), t)
+
+
+@functools.lru_cache(maxsize=None)
+def _model(model_name):
+  """One tiny model per family for the whole module (features never mutate it; builds are slow)."""
+  return helpers.build(model_name)
+
+
+def _by_hand(model, rows):
+  """model.features + mean over real tokens, in numpy. Returns final [N, d], hidden [L+1, N, d]."""
+  out = model.features(jnp.asarray(rows["tokens"]), jnp.asarray(rows["positions"]),
+                       jnp.asarray(rows["segment_ids"]))
+  w = (rows["segment_ids"] != 0).astype(np.float32)                           # [N, T]
+  pool = lambda h: (np.asarray(h, np.float32) * w[..., None]).sum(-2) / w.sum(-1)[:, None]
+  return pool(out["final"]), pool(out["hidden"])
+
+
+@pytest.mark.parametrize("model_name", ["bert", "crossbert"])
+def test_featurizer_matches_model_features(model_name):
+  model = _model(model_name)
+  graphdef, params = nnx.split(model, nnx.Param)
+  rows = _rows(11)
+  final, hidden = _by_hand(model, rows)
+  feat = features_lib.Featurizer(graphdef, params, batch_size=4, seq_len=12)
+  got = feat(rows)                                     # 3 batches, the last one 3/4 full
+  assert got.shape == final.shape == (11, 32)
+  np.testing.assert_allclose(got, final, rtol=1e-4, atol=1e-5)
+  assert feat.num_traces == 1
+  feat(_rows(2, seed=1))                               # another size: still no retrace
+  assert feat.num_traces == 1
+  # Params as a checkpoint restore hands them over (host arrays) work the same way.
+  host = jax.tree.map(np.asarray, params)
+  all_layers = features_lib.Featurizer(graphdef, host, batch_size=8, seq_len=12, layers="all")(rows)
+  assert all_layers.shape == (3, 11, 32)               # L + 1 = 3
+  np.testing.assert_allclose(all_layers, hidden, rtol=1e-4, atol=1e-5)
+
+
+def test_featurizer_pairs_and_edge_cases():
+  model = _model("bert")
+  graphdef, params = nnx.split(model, nnx.Param)
+  feat = features_lib.Featurizer(graphdef, params, batch_size=4, seq_len=12)
+  a, b = _rows(5, seed=2), _rows(5, seed=3)
+  u, v = feat(a), feat(b)
+  np.testing.assert_allclose(feat.pair(a, b), np.concatenate([u, v, np.abs(u - v), u * v], -1),
+                             rtol=1e-6)
+  assert features_lib.combine_pair(u, v, "concat").shape == (5, 64)
+  assert feat({k: x[:0] for k, x in a.items()}).shape == (0, 32)
+  with pytest.raises(ConfigError, match="seq_len"):
+    feat(_rows(3, t=8))
+  with pytest.raises(ConfigError, match="layers"):
+    features_lib.Featurizer(graphdef, params, batch_size=4, seq_len=12, layers="last")
+  with pytest.raises(ConfigError, match="pair_mode"):
+    features_lib.Featurizer(graphdef, params, batch_size=4, seq_len=12, pair_mode="diff")
+
+
+def test_featurizer_on_a_mesh():
+  model = _model("bert")
+  graphdef, params = nnx.split(model, nnx.Param)
+  rows = _rows(10)
+  mesh = sharding.make_mesh({"data": -1})
+  params = jax.device_put(params, sharding.replicated(mesh))
+  feat = features_lib.Featurizer(graphdef, params, batch_size=8, seq_len=12, mesh=mesh,
+                                 rules=config_lib.DEFAULT_RULES)
+  np.testing.assert_allclose(feat(rows), _by_hand(model, rows)[0], rtol=1e-4, atol=1e-5)
+  assert feat.num_traces == 1
+  with pytest.raises(ConfigError, match="batch_size"):
+    features_lib.Featurizer(graphdef, params, batch_size=6, seq_len=12, mesh=mesh,
+                            rules=config_lib.DEFAULT_RULES)
