@@ -90,6 +90,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.evals.max_train = 5000         # cap on training examples per task (probe fit cost on CPU)
   c.evals.max_eval = 2000          # cap on dev/test examples (and retrieval queries) per task
   c.evals.init = "checkpoint"      # checkpoint | random (a randomly initialised encoder: the floor)
+  c.evals.pooler = "none"          # retrieval with a contrastive pooler trained on dev pairs:
+                                   # none | frozen | unfrozen | frozen,unfrozen
+  c.evals.pooler_steps = 200       # pooler training steps (InfoNCE, in-batch negatives)
+  c.evals.pooler_lr = 1e-3         # pooler learning rate
+  c.evals.pooler_backbone_lr = 2e-5  # backbone learning rate when unfrozen
+  c.evals.pooler_temperature = 0.05  # InfoNCE temperature
 
   c.model = ml_collections.ConfigDict()
   c.model.size = "d128L4"          # a rung of models/sizes.py; "" = use d_model/num_layers/num_heads

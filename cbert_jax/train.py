@@ -57,6 +57,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   timers = metrics_lib.Timers()
 
+  if config.evals.every > 0:  # online probing: check the task list now, not after hours of training
+    from cbert_jax.evaluators import online, suite as eval_suite
+    eval_suite.task_names(config.evals)
+
   # ----------------------------------------------------------------- data ---
   with timers.span("data_prep"):
     data = packing.prepare(config_lib.data_config(config), config.data.seq_len)
@@ -156,6 +160,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
     return {f"eval/{k}": float(sum(o[k] * o["num_targets"] for o in outs) / max(n, 1))
             for k in ("loss", "masked_acc")}
 
+  def probe() -> dict:
+    """The frozen-feature probe suite on the current parameters (config.evals), as metrics."""
+    with timers.span("eval"), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+      res = eval_suite.run(graphdef, params, tok, config.evals, cache_dir=config.data.cache_dir,
+                           mesh=mesh, rules=rules)
+    return online.flatten(res)
+
   # ------------------------------------------------------------------ loop ---
   stop = {"signal": False}
   def on_sigterm(signum, frame):  # preemption: finish the step, checkpoint, exit cleanly
@@ -225,6 +236,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
         last_log_time, last_log_step, lost_at_last_log = time.perf_counter(), step, _lost(timers)
         if jax.process_count() > 1:  # every process must agree to stop at the same step
           stop["signal"] = bool(multihost_utils.process_allgather(np.array(stop["signal"])).any())
+
+      if config.evals.every and step % config.evals.every == 0:
+        writer.write(step, probe())
 
       if stop["signal"] or (config.stop_after_step and step == config.stop_after_step):
         logging.warning("stopping at step %d (%s); saving a checkpoint", step,
