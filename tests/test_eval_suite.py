@@ -2,12 +2,17 @@
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
+from flax import nnx
 
-from cbert_jax import evaluate, train
+from cbert_jax import config_lib, evaluate, train
 from cbert_jax.data import tfds_tasks
 from cbert_jax.errors import ConfigError
+from cbert_jax.evaluators import pooler as pooler_lib
+from cbert_jax.evaluators import retrieval, suite
+from tests import helpers
 from tests.test_train import tiny_config
 
 WORDS = "the a of and to in that it was for on with as his at by from had not be".split()
@@ -99,3 +104,76 @@ def test_mode_eval_without_checkpoint_or_with_unknown_task_fails_clearly(tmp_pat
   cfg.evals.tasks = "toy_cls,nope"
   with pytest.raises(ConfigError, match="evals.tasks: unknown task 'nope'"):
     evaluate.run(cfg, str(tmp_path / "w"))
+
+
+class _WordTokenizer:
+  """A stand-in tokenizer: one id per distinct word (from 5, after the special ids), no files."""
+
+  def __init__(self):
+    self.ids: dict[str, int] = {}
+
+  def encode_batch(self, texts):
+    return [[self.ids.setdefault(w, 5 + len(self.ids)) for w in t.split()] for t in texts]
+
+
+def _pooler_evals(pooler: str):
+  """The evals config of the suite with the pooler on and a few steps (fields may predate it)."""
+  ecfg = config_lib.base_config().evals
+  ecfg.tasks = "toy_retrieval"
+  ecfg.seq_len = 8
+  ecfg.batch_size = 8
+  ecfg.pooler = pooler
+  ecfg.pooler_steps = 4
+  return ecfg
+
+
+@pytest.fixture(scope="module")
+def tiny_backbone():
+  return nnx.split(helpers.build("crossbert", seed=0), nnx.Param)
+
+
+def test_pooler_frozen_scores_test_only_and_leaves_params_untouched(toy_tasks, tiny_backbone,
+                                                                    monkeypatch):
+  graphdef, params = tiny_backbone
+  before = jax.tree.map(np.array, params)                               # host copies
+  # Spies: which pairs the pooler trains on, and which qrels the pooled search is scored against.
+  trained, scored = [], []
+  real_train, real_eval = pooler_lib.train_pooler, retrieval.evaluate
+  monkeypatch.setattr(pooler_lib, "train_pooler",
+                      lambda g, p, a, b, **kw: trained.append((a, b, kw)) or real_train(g, p, a, b, **kw))
+  monkeypatch.setattr(retrieval, "evaluate",
+                      lambda *a, **kw: scored.append(a[4]) or real_eval(*a, **kw))
+  task = toy_tasks["toy_retrieval"]
+  results = suite.run(graphdef, params, _WordTokenizer(), _pooler_evals("frozen"))
+  r = results["toy_retrieval"]
+  assert set(r["pooler_frozen"]["test"]) >= {"ndcg@10", "mrr@10", "recall@1"}
+  assert 0 <= r["pooler_frozen"]["test"]["ndcg@10"] <= 1
+  assert "dev" not in r["pooler_frozen"] and "pooler_unfrozen" not in r
+  # Trained on the dev pairs (one per query here), frozen; scored: mean-pool dev, test, pooled test.
+  assert len(trained) == 1 and trained[0][2]["frozen"] and trained[0][0]["tokens"].shape[0] == len(WORDS)
+  assert r["pooler_frozen"]["train_pairs"] == len(WORDS) and r["pooler_frozen"]["steps"] == 4
+  assert [q is task.qrels["test"] for q in scored] == [False, True, True]
+  assert scored[0] is task.qrels["dev"]
+  assert results["average"]["retrieval_pooler_frozen"] == r["pooler_frozen"]["test"]["ndcg@10"]
+  table = suite.markdown(results)
+  assert "pooled retrieval" in table and "| toy_retrieval | ndcg@10 |" in table
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.array, params), before)
+
+
+def test_pooler_unfrozen_runs_and_none_is_unchanged(toy_tasks, tiny_backbone):
+  graphdef, params = tiny_backbone
+  before = jax.tree.map(np.array, params)
+  tok = _WordTokenizer()
+  # Only "unfrozen" runs here (the frozen path is the test above); the list form is parsed below.
+  unfrozen = suite.run(graphdef, params, tok, _pooler_evals("unfrozen"))["toy_retrieval"]
+  assert 0 <= unfrozen["pooler_unfrozen"]["test"]["ndcg@10"] <= 1 and "pooler_frozen" not in unfrozen
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.array, params), before)
+  # Default "none": no pooler keys, no pooled table, same mean-pooled numbers.
+  none = suite.run(graphdef, params, tok, _pooler_evals("none"))
+  assert not any(k.startswith("pooler") for k in none["toy_retrieval"])
+  assert set(none["average"]) == {"retrieval", "all"}
+  assert "pooled" not in suite.markdown(none)
+  assert none["toy_retrieval"]["test"] == unfrozen["test"]
+  assert suite.pooler_modes(_pooler_evals("frozen, unfrozen")) == ["frozen", "unfrozen"]
+  with pytest.raises(ConfigError, match="evals.pooler: unknown mode 'frozn'"):
+    suite.task_names(_pooler_evals("frozn"))

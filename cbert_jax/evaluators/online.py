@@ -19,7 +19,7 @@ def flatten(results: dict) -> dict[str, float]:
       out[f"probe/{task}/{r['metric']}"] = float(r["test"][r["metric"]])
       for key in ("pooler_frozen", "pooler_unfrozen"):
         if key in r:
-          out[f"probe/{task}/{key}_{r['metric']}"] = float(r[key][r["metric"]])
+          out[f"probe/{task}/{key}_{r['metric']}"] = float(r[key]["test"][r["metric"]])
     else:
       for probe in ("ridge", "knn"):
         if probe in r:

@@ -6,7 +6,13 @@ For each task (cbert_jax/data/TASKS.md):
     report the task's metric on dev and test (pairs: SentEval features [u, v, |u - v|, u * v]);
     with `layers="all"`, the ridge probe on every layer (the paper's Table 1 shape);
   * retrieval: queries and corpus embedded with the same mean-pooled features, cosine search,
-    nDCG@10 / MRR@10 / recall@k on dev and test.
+    nDCG@10 / MRR@10 / recall@k on dev and test;
+  * retrieval with the contrastive pooler (SPEC §6; `evals.pooler` = none | frozen | unfrozen |
+    frozen,unfrozen, default none = off): per task, a fresh pooler (unfrozen: and a copy of the
+    backbone) is trained with InfoNCE on the task's *dev* (query, relevant document) pairs, then
+    queries and corpus are embedded with it and scored on *test* only, under the task keys
+    `pooler_frozen` / `pooler_unfrozen`. No dev numbers are reported for the pooler: it trained
+    on dev. The caller's parameters are never modified (unfrozen trains a functional copy).
 Results are one dict: {task: {...}, "average": {...}}, written as JSON and a markdown table.
 """
 from __future__ import annotations
@@ -20,7 +26,10 @@ from absl import logging
 from cbert_jax.data import tfds_tasks
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import features as features_lib
+from cbert_jax.evaluators import pooler as pooler_lib
 from cbert_jax.evaluators import probes, retrieval
+
+POOLER_MODES = ("frozen", "unfrozen")
 
 
 def _cap(split: dict, n: int, seed: int) -> dict:
@@ -63,18 +72,94 @@ def _probe_task(task, featurizer, tokenizer, seq_len: int, ecfg) -> dict:
   return out
 
 
-def _retrieval_task(task, featurizer, tokenizer, seq_len: int, ecfg) -> dict:
+def pooler_modes(ecfg) -> list[str]:
+  """The pooler variants of `evals.pooler` ([] for "none"); ConfigError naming the field.
+
+  Read with `ecfg.get` so configs without the field (older ones) mean "none".
+  """
+  value = str(ecfg.get("pooler", "none")).strip()
+  if value in ("", "none"):
+    return []
+  modes = [m.strip() for m in value.split(",") if m.strip()]
+  for mode in modes:
+    if mode not in POOLER_MODES:
+      raise ConfigError(f"evals.pooler: unknown mode {mode!r}; expected none, frozen, unfrozen "
+                        "or frozen,unfrozen")
+  return list(dict.fromkeys(modes))                                         # de-duplicated, ordered
+
+
+def _dev_pairs(task, ecfg) -> tuple[list[str], list[str]]:
+  """(query texts, document texts): one pair per (dev query, relevant document in the corpus).
+
+  Dev queries are the pooler's *training* data here, so they are capped by `max_train` (not
+  `max_eval`); a query with k relevant documents gives k pairs.
+  """
+  queries = _cap(task.queries["dev"], ecfg.max_train, 20)
+  doc_text = dict(zip(task.corpus["ids"], task.corpus["texts"]))
+  qa, db = [], []
+  for qid, qtext in zip(queries["ids"], queries["texts"]):
+    for did, rel in task.qrels["dev"].get(qid, {}).items():
+      if rel > 0 and did in doc_text:                                      # relevant, and embeddable
+        qa.append(qtext)
+        db.append(doc_text[did])
+  return qa, db
+
+
+def _pooled_retrieval(task, graphdef, params, tokenizer, ecfg, mode: str, doc_rows: dict,
+                      test_queries: dict) -> dict:
+  """Train the pooler on dev pairs (mode frozen|unfrozen), then retrieval metrics on test only.
+
+  Returns {"test": metrics, "train_pairs", "steps", "loss": [first, last] InfoNCE loss, "seconds"}.
+  The training batch is `evals.batch_size` (capped at the number of pairs by `train_pooler`), so
+  it also sets the number of in-batch negatives.
+  """
+  start = time.perf_counter()
+  enc = lambda texts: features_lib.encode_texts(list(texts), tokenizer, ecfg.seq_len)
+  qa, db = _dev_pairs(task, ecfg)
+  if len(qa) < 2:  # in-batch negatives need at least two pairs; name the task, not just the count
+    raise ValueError(f"{task.name}: the pooler needs >= 2 dev (query, relevant document) pairs, "
+                     f"got {len(qa)}")
+  pooler_params, backbone, history = pooler_lib.train_pooler(
+      graphdef, params, enc(qa), enc(db), frozen=(mode == "frozen"),
+      steps=int(ecfg.get("pooler_steps", 200)), batch_size=ecfg.batch_size,
+      lr_pooler=float(ecfg.get("pooler_lr", 1e-3)),
+      lr_backbone=float(ecfg.get("pooler_backbone_lr", 2e-5)),
+      temperature=float(ecfg.get("pooler_temperature", 0.05)), seed=0)
+  # Unfrozen: `backbone` is the trained copy (train_pooler is functional, `params` is unchanged);
+  # queries and corpus must both be embedded with it, as a deployed unfrozen model would.
+  doc_emb = pooler_lib.embed(graphdef, backbone, pooler_params, doc_rows, ecfg.batch_size)
+  q_emb = pooler_lib.embed(graphdef, backbone, pooler_params, enc(test_queries["texts"]),
+                           ecfg.batch_size)
+  scores = retrieval.evaluate(q_emb, doc_emb, list(test_queries["ids"]), list(task.corpus["ids"]),
+                              task.qrels["test"], ks=(1, 10, 100))
+  return {"test": {k: float(v) for k, v in scores.items()}, "train_pairs": len(qa),
+          "steps": len(history), "loss": [history[0]["loss"], history[-1]["loss"]] if history else [],
+          "seconds": round(time.perf_counter() - start, 1)}
+
+
+def _retrieval_task(task, featurizer, tokenizer, seq_len: int, ecfg, graphdef=None,
+                    params=None) -> dict:
+  """Mean-pooled retrieval on dev and test; plus, per `evals.pooler` mode, pooled test retrieval.
+
+  graphdef/params (the backbone) are needed only when `evals.pooler` is not "none".
+  """
   enc = lambda texts: features_lib.encode_texts(list(texts), tokenizer, seq_len)
   last = lambda x: x[-1] if np.ndim(x) == 3 else x
-  doc_emb = last(featurizer(enc(task.corpus["texts"])))                       # [D, d]
+  doc_rows = enc(task.corpus["texts"])                                      # shared with the pooler
+  doc_emb = last(featurizer(doc_rows))                                      # [D, d]
   out = {"kind": "retrieval", "metric": task.metric, "sizes": {"corpus": len(task.corpus["ids"])}}
+  capped = {}
   for i, split in enumerate(("dev", "test")):
-    queries = _cap(task.queries[split], ecfg.max_eval, 10 + i)
+    queries = capped[split] = _cap(task.queries[split], ecfg.max_eval, 10 + i)
     q_emb = last(featurizer(enc(queries["texts"])))                          # [Q, d]
     scores = retrieval.evaluate(q_emb, doc_emb, list(queries["ids"]), list(task.corpus["ids"]),
                                 task.qrels[split], ks=(1, 10, 100))
     out[split] = {k: float(v) for k, v in scores.items()}
     out["sizes"][f"queries_{split}"] = len(queries["ids"])
+  for mode in pooler_modes(ecfg):
+    # The same capped test queries as the mean-pooled numbers, so the two are comparable.
+    out[f"pooler_{mode}"] = _pooled_retrieval(task, graphdef, params, tokenizer, ecfg, mode,
+                                              doc_rows, capped["test"])
   return out
 
 
@@ -90,12 +175,16 @@ def task_names(ecfg) -> list[str]:
       raise ConfigError(f"evals.probes: unknown probe {probe!r}; expected ridge and/or knn")
   if ecfg.layers not in ("final", "all"):
     raise ConfigError(f"evals.layers must be final|all, got {ecfg.layers!r}")
+  pooler_modes(ecfg)                                          # fail before any model is loaded
   return names
 
 
 def run(graphdef, params, tokenizer, ecfg, *, cache_dir: str = "", mesh=None, rules=None,
         tasks: Sequence[str] | None = None) -> dict:
-  """The probe suite over `ecfg.tasks` (config.evals) for one set of parameters."""
+  """The probe suite over `ecfg.tasks` (config.evals) for one set of parameters.
+
+  `params` is only read: with `evals.pooler` set, the pooler trains on copies (module docstring).
+  """
   names = list(tasks) if tasks is not None else task_names(ecfg)
   featurizer = features_lib.Featurizer(graphdef, params, batch_size=ecfg.batch_size,
                                        seq_len=ecfg.seq_len, layers=ecfg.layers, mesh=mesh, rules=rules)
@@ -104,7 +193,8 @@ def run(graphdef, params, tokenizer, ecfg, *, cache_dir: str = "", mesh=None, ru
     start = time.perf_counter()
     task = tfds_tasks.load_task(name, cache_dir=cache_dir)
     if task.kind == "retrieval":
-      results[name] = _retrieval_task(task, featurizer, tokenizer, ecfg.seq_len, ecfg)
+      results[name] = _retrieval_task(task, featurizer, tokenizer, ecfg.seq_len, ecfg, graphdef,
+                                      params)
     else:
       results[name] = _probe_task(task, featurizer, tokenizer, ecfg.seq_len, ecfg)
     results[name]["seconds"] = round(time.perf_counter() - start, 1)
@@ -121,7 +211,11 @@ def headline(task_result: dict) -> float:
 
 
 def average(results: dict) -> dict:
-  """Mean test score per probe over probe tasks, and the mean headline over all tasks."""
+  """Mean test score per probe over probe tasks, and the mean headline over all tasks.
+
+  With the pooler on, also `retrieval_pooler_<mode>`: the mean test metric of the pooled retrieval
+  (kept out of "all", whose meaning must not depend on `evals.pooler`).
+  """
   tasks = {k: v for k, v in results.items() if k != "average"}
   out = {}
   for probe in ("ridge", "knn"):
@@ -131,12 +225,19 @@ def average(results: dict) -> dict:
   retr = [headline(v) for v in tasks.values() if v["kind"] == "retrieval"]
   if retr:
     out["retrieval"] = float(np.mean(retr))
+  for mode in POOLER_MODES:
+    vals = [v[f"pooler_{mode}"]["test"][v["metric"]] for v in tasks.values() if f"pooler_{mode}" in v]
+    if vals:
+      out[f"retrieval_pooler_{mode}"] = float(np.mean(vals))
   out["all"] = float(np.mean([headline(v) for v in tasks.values()])) if tasks else float("nan")
   return out
 
 
 def markdown(results: dict, title: str = "") -> str:
-  """One row per task: metric, ridge dev/test, kNN dev/test (or retrieval nDCG/MRR/recall)."""
+  """One row per task: metric, ridge dev/test, kNN dev/test (or retrieval nDCG/MRR/recall).
+
+  With pooled retrieval results, a second table follows: test only, the pooler trained on dev.
+  """
   lines = [f"### {title}", ""] if title else []
   lines += ["| task | kind | metric | ridge dev | ridge test | kNN dev | kNN test |",
             "|---|---|---|---|---|---|---|"]
@@ -151,6 +252,18 @@ def markdown(results: dict, title: str = "") -> str:
       g = lambda p, s: r[p][s] if p in r else None
       lines.append(f"| {name} | {r['kind']} | {r['metric']} | {fmt(g('ridge', 'dev'))} | "
                    f"{fmt(g('ridge', 'test'))} | {fmt(g('knn', 'dev'))} | {fmt(g('knn', 'test'))} |")
+  pooled = [(name, r) for name, r in results.items()
+            if name != "average" and any(f"pooler_{m}" in r for m in POOLER_MODES)]
+  if pooled:
+    # Only the test split: the pooler trained on the dev (query, relevant document) pairs.
+    lines += ["", "pooled retrieval (contrastive pooler trained on dev pairs; test only):", "",
+              "| task | metric | mean-pool test | pooler frozen test | pooler unfrozen test |",
+              "|---|---|---|---|---|"]
+    for name, r in pooled:
+      key = r["metric"]
+      g = lambda m: r[f"pooler_{m}"]["test"][key] if f"pooler_{m}" in r else None
+      lines.append(f"| {name} | {key} | {fmt(r['test'][key])} | {fmt(g('frozen'))} | "
+                   f"{fmt(g('unfrozen'))} |")
   avg = results.get("average", {})
   lines += ["", "average (test): " + ", ".join(f"{k} {v:.4f}" for k, v in avg.items())]
   for name, r in results.items():
