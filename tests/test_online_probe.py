@@ -2,18 +2,9 @@
 import pytest
 
 from cbert_jax import metrics as metrics_lib, train
-from cbert_jax.data import tfds_tasks
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import online
-from tests.test_eval_suite import eval_config, synthetic_tasks
-
-
-@pytest.fixture
-def toy_tasks(monkeypatch):
-  tasks = synthetic_tasks()
-  monkeypatch.setattr(tfds_tasks, "list_tasks", lambda: list(tasks))
-  monkeypatch.setattr(tfds_tasks, "load_task", lambda name, **kw: tasks[name])
-  return tasks
+from tests.test_eval_suite import eval_config, toy_tasks  # noqa: F401  (toy_tasks is a fixture)
 
 
 def test_online_probes_are_logged_every_n_steps(tmp_path, tmp_path_factory, toy_tasks):
