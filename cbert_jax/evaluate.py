@@ -1,9 +1,11 @@
 """`run(config, workdir)` for `--config.mode=eval`: the offline probe suite on a workdir's latest
 checkpoint (or, with `evals.init=random`, on a randomly initialised encoder: the floor).
 
-Writes `workdir/eval/<tag>.json` and `<tag>.md` (tag = step_<N> or random_init) and prints the table.
+Writes `workdir/eval/<tag>.json` and `<tag>.md` (tag = step_<N> or random_init, plus a short hash
+of the `evals` settings when they differ from the defaults) and prints the table.
 The predictor of CrossBERT is never used: probes read the encoder alone on unmasked input.
 """
+import hashlib
 import json
 import os
 
@@ -53,6 +55,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       tag = f"step_{step}"
       checkpointer.close()
 
+  # Non-default evals settings get their own files, so a subset run never overwrites the full suite.
+  evals = config.evals.to_dict()
+  if evals != config_lib.base_config().evals.to_dict():
+    tag += "-" + hashlib.sha256(json.dumps(evals, sort_keys=True).encode()).hexdigest()[:8]
   results = suite.run(graphdef, params, tok, config.evals, cache_dir=config.data.cache_dir,
                       mesh=mesh, rules=rules)
   title = f"{config.model_name} {config.model.size or ''} {tag} ({workdir})"
