@@ -344,16 +344,23 @@ def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
     yield tail
 
 
+def _utf8(r: _Reader, raw: bytes, where: str) -> str | None:
+  """`raw` as UTF-8; otherwise r.fail (raises, or counts and returns None under on_bad_record=skip)."""
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    r.fail("invalid_utf8", where, f"is not valid UTF-8 ({e})")
+    return None
+
+
 def _jsonl_docs(r: _Reader, f: io.BufferedIOBase, zst: bool) -> Iterator[str]:
   chunks = _zstd_chunks(f, r) if zst else iter(lambda: f.read(_CHUNK), b"")
   for n, raw in enumerate(_lines(chunks), start=1):
     if not raw.strip():
       continue
     where = f"line {n}"
-    try:
-      line = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-      r.fail("invalid_utf8", where, f"is not valid UTF-8 ({e})")
+    line = _utf8(r, raw, where)
+    if line is None:
       continue
     try:
       obj = json.loads(line)
@@ -420,10 +427,8 @@ def _array_record_docs(r: _Reader) -> Iterator[str]:
     for start in range(0, n, 1024):
       for i, raw in enumerate(reader.read(start, min(n, start + 1024)), start=start):
         where = f"record {i}"
-        try:
-          text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-          r.fail("invalid_utf8", where, f"is not valid UTF-8 ({e})")
+        text = _utf8(r, raw, where)
+        if text is None:
           continue
         if r.opts.record_format == "json":
           try:
