@@ -96,6 +96,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.evals.pooler_lr = 1e-3         # pooler learning rate
   c.evals.pooler_backbone_lr = 2e-5  # backbone learning rate when unfrozen
   c.evals.pooler_temperature = 0.05  # InfoNCE temperature
+  # Suites of --config.mode=eval (online probing during training always uses `offline`).
+  c.evals.suites = "offline"       # comma list of offline (the task kit) | glue | mteb;
+                                   # glue and mteb download their data once (internet)
+  c.evals.glue_tasks = ""          # GLUE tasks; "" = cola,sst2,mrpc,qqp,stsb,mnli,qnli,rte (+ wnli)
+  c.evals.glue_data_dir = ""       # TFDS data dir for GLUE; "" = <data.cache_dir>/tfds
+  c.evals.mteb_benchmark = "MTEB(eng, v2)"  # benchmark name as mteb.get_benchmark knows it
+  c.evals.mteb_tasks = ""          # subset of the benchmark's task names; "" = all of them
+  c.evals.mteb_embedding = "mean"  # mean (mean-pooled final layer) | pooler (a frozen contrastive
+                                   # pooler trained first on the task kit's retrieval dev pairs)
 
   c.model = ml_collections.ConfigDict()
   c.model.size = "d128L4"          # a rung of models/sizes.py; "" = use d_model/num_layers/num_heads

@@ -1,9 +1,12 @@
-"""`run(config, workdir)` for `--config.mode=eval`: the offline probe suite on a workdir's latest
-checkpoint (or, with `evals.init=random`, on a randomly initialised encoder: the floor).
+"""`run(config, workdir)` for `--config.mode=eval`: the suites of `evals.suites` on a workdir's
+latest checkpoint (or, with `evals.init=random`, on a randomly initialised encoder: the floor).
 
-Writes `workdir/eval/<tag>.json` and `<tag>.md` (tag = step_<N> or random_init, plus a short hash
-of the `evals` settings when they differ from the defaults) and prints the table.
-The predictor of CrossBERT is never used: probes read the encoder alone on unmasked input.
+Suites: `offline` (the task kit, `evaluators.suite`), `glue` (`evaluators.glue`, TFDS GLUE with
+the same probes), `mteb` (`evaluators.mteb_encoder`, the mteb package's benchmark).
+Writes `workdir/eval/<tag>.json` and `<tag>.md` for the offline suite and `<suite>-<tag>.json/.md`
+for the others (tag = step_<N> or random_init, plus a short hash of the `evals` settings when they
+differ from the defaults), and prints each table. Every suite's settings are checked before the
+model is built. The predictor of CrossBERT is never used: the encoder alone reads unmasked input.
 """
 import hashlib
 import json
@@ -18,8 +21,11 @@ from cbert_jax import checkpoint as ckpt_lib
 from cbert_jax import config_lib, sharding
 from cbert_jax.data import packing
 from cbert_jax.errors import ConfigError
-from cbert_jax.evaluators import suite
+from cbert_jax.evaluators import glue, mteb_encoder, suite
 from cbert_jax.train import abstract_model
+
+
+SUITES = ("offline", "glue", "mteb")
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -29,7 +35,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   config_lib.validate(config, len(devices))
   if config.evals.init not in ("checkpoint", "random"):
     raise ConfigError(f"evals.init must be checkpoint|random, got {config.evals.init!r}")
-  suite.task_names(config.evals)
+  suites = suite_names(config.evals)
   ckpt_dir = os.path.join(workdir, "checkpoints")
   checkpointer = (ckpt_lib.Checkpointer(ckpt_dir, config.keep_checkpoints)
                   if config.evals.init == "checkpoint" and os.path.isdir(ckpt_dir) else None)
@@ -59,18 +65,50 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   evals = config.evals.to_dict()
   if evals != config_lib.base_config().evals.to_dict():
     tag += "-" + hashlib.sha256(json.dumps(evals, sort_keys=True).encode()).hexdigest()[:8]
-  results = suite.run(graphdef, params, tok, config.evals, cache_dir=config.data.cache_dir,
-                      mesh=mesh, rules=rules)
   title = f"{config.model_name} {config.model.size or ''} {tag} ({workdir})"
-  table = suite.markdown(results, title)
-  if jax.process_index() == 0:
-    out_dir = os.path.join(workdir, "eval")
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"{tag}.json"), "w") as f:
-      json.dump({"tag": tag, "step": step, "model_name": config.model_name,
-                 "evals": config.evals.to_dict(), "results": results}, f, indent=2)
-    with open(os.path.join(out_dir, f"{tag}.md"), "w") as f:
-      f.write(table + "\n")
-  print(table, flush=True)
-  logging.info("eval results written to %s", os.path.join(workdir, "eval", f"{tag}.json"))
-  return results
+  out_dir = os.path.join(workdir, "eval")
+  all_results = {}
+  for name in suites:
+    if name == "offline":
+      results = suite.run(graphdef, params, tok, config.evals, cache_dir=config.data.cache_dir,
+                          mesh=mesh, rules=rules)
+      table, file_tag = suite.markdown(results, title), tag
+    elif name == "glue":
+      results = glue.run(graphdef, params, tok, config.evals, cache_dir=config.data.cache_dir,
+                         mesh=mesh, rules=rules)
+      table, file_tag = glue.markdown(results, "GLUE: " + title), f"glue-{tag}"
+    else:
+      results = mteb_encoder.run(
+          graphdef, params, tok, config.evals, out_dir=os.path.join(out_dir, "mteb"),
+          name=f"cbert_jax/{config.model_name}-{config.model.size or 'custom'}", revision=tag,
+          cache_dir=config.data.cache_dir, mesh=mesh, rules=rules)
+      table, file_tag = mteb_encoder.markdown(results, "MTEB: " + title), f"mteb-{tag}"
+    if jax.process_index() == 0:
+      os.makedirs(out_dir, exist_ok=True)
+      with open(os.path.join(out_dir, f"{file_tag}.json"), "w") as f:
+        json.dump({"tag": tag, "suite": name, "step": step, "model_name": config.model_name,
+                   "evals": config.evals.to_dict(), "results": results}, f, indent=2)
+      with open(os.path.join(out_dir, f"{file_tag}.md"), "w") as f:
+        f.write(table + "\n")
+    print(table, flush=True)
+    logging.info("%s results written to %s", name, os.path.join(out_dir, f"{file_tag}.json"))
+    all_results[name] = results
+  # One suite (the usual case): its results, as before; several: {suite: results}.
+  return all_results[suites[0]] if len(suites) == 1 else all_results
+
+
+def suite_names(ecfg) -> list[str]:
+  """The suites of `evals.suites`, each one's settings checked (ConfigError names the field)."""
+  names = [s.strip() for s in str(ecfg.get("suites", "offline")).split(",") if s.strip()]
+  if not names:
+    raise ConfigError("evals.suites: empty; expected a comma list of offline, glue, mteb")
+  for name in names:
+    if name not in SUITES:
+      raise ConfigError(f"evals.suites: unknown suite {name!r}; expected a comma list of "
+                        f"{', '.join(SUITES)}")
+  suite.task_names(ecfg)
+  if "glue" in names:
+    glue.task_names(ecfg.get("glue_tasks", ""))
+  if "mteb" in names:
+    mteb_encoder.check(ecfg)
+  return list(dict.fromkeys(names))

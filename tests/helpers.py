@@ -52,3 +52,21 @@ def packed_batch(b: int = 3, t: int = 16, vocab: int = 96, seed: int = 0) -> dic
       pos[i, j] = 0 if seg[i, j] != seg[i, j - 1] else pos[i, j - 1] + 1
   pos[seg == 0] = 0
   return {"tokens": tokens, "positions": pos, "segment_ids": seg}
+
+
+class WordTokenizer:
+  """A stand-in tokenizer without files: one id per distinct word, in order of first sight.
+
+  Ids start after the special ids and wrap around the tiny model's vocab, so they are always
+  valid embedding rows of `model_cfg()`; the first `vocab_size - 5` words get distinct ids.
+  """
+
+  def __init__(self, vocab_size: int = 96):
+    self.vocab_size = vocab_size
+    self.ids: dict[str, int] = {}
+
+  def encode_batch(self, texts):
+    first = len(SPECIAL) + 1
+    span = self.vocab_size - first
+    return [[self.ids.setdefault(w, first + len(self.ids) % span) for w in t.split()]
+            for t in texts]

@@ -107,16 +107,6 @@ def test_mode_eval_without_checkpoint_or_with_unknown_task_fails_clearly(tmp_pat
     evaluate.run(cfg, str(tmp_path / "w"))
 
 
-class _WordTokenizer:
-  """A stand-in tokenizer: one id per distinct word (from 5, after the special ids), no files."""
-
-  def __init__(self):
-    self.ids: dict[str, int] = {}
-
-  def encode_batch(self, texts):
-    return [[self.ids.setdefault(w, 5 + len(self.ids)) for w in t.split()] for t in texts]
-
-
 def _pooler_evals(pooler: str):
   """The evals config of the suite with the pooler on and a few steps (fields may predate it)."""
   ecfg = config_lib.base_config().evals
@@ -145,7 +135,7 @@ def test_pooler_frozen_scores_test_only_and_leaves_params_untouched(toy_tasks, t
   monkeypatch.setattr(retrieval, "evaluate",
                       lambda *a, **kw: scored.append(a[4]) or real_eval(*a, **kw))
   task = toy_tasks["toy_retrieval"]
-  results = suite.run(graphdef, params, _WordTokenizer(), _pooler_evals("frozen"))
+  results = suite.run(graphdef, params, helpers.WordTokenizer(), _pooler_evals("frozen"))
   r = results["toy_retrieval"]
   assert set(r["pooler_frozen"]["test"]) >= {"ndcg@10", "mrr@10", "recall@1"}
   assert 0 <= r["pooler_frozen"]["test"]["ndcg@10"] <= 1
@@ -164,7 +154,7 @@ def test_pooler_frozen_scores_test_only_and_leaves_params_untouched(toy_tasks, t
 def test_pooler_unfrozen_runs_and_none_is_unchanged(toy_tasks, tiny_backbone):
   graphdef, params = tiny_backbone
   before = jax.tree.map(np.array, params)
-  tok = _WordTokenizer()
+  tok = helpers.WordTokenizer()
   # Only "unfrozen" runs here (the frozen path is the test above); the list form is parsed below.
   unfrozen = suite.run(graphdef, params, tok, _pooler_evals("unfrozen"))["toy_retrieval"]
   assert 0 <= unfrozen["pooler_unfrozen"]["test"]["ndcg@10"] <= 1 and "pooler_frozen" not in unfrozen

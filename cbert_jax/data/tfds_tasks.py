@@ -185,8 +185,12 @@ class Task:
   Non-retrieval tasks fill `splits[split]` for split in train/dev/test with
     classification / regression: {"ids": list[str], "texts": list[str], "labels": ndarray}
     pair:                        {"ids", "texts_a", "texts_b", "labels"}
-  (labels int32 class indices into `label_names`, or float32 scores for regression), rows sorted
-  by id (a fixed, label-mixed order). Retrieval tasks leave `splits` empty and fill
+  (labels int32 class indices into `label_names`, or float32 scores for regression; a
+  regression task may have pair rows too, e.g. GLUE's STS-B), rows sorted by id (a fixed,
+  label-mixed order). The evaluation splits are every split but "train" (the offline kit: dev
+  and test; GLUE: validation, MNLI: validation_matched / _mismatched); `headline_split` is the one
+  averages use, `extra_metrics` are reported next to `metric`. Retrieval tasks leave `splits`
+  empty and fill
     corpus:  {"ids": list[str], "texts": list[str]}
     queries: {"dev"|"test": {"ids": list[str], "texts": list[str]}}
     qrels:   {"dev"|"test": {query id: {corpus id: 1}}}  (every relevant doc is in the corpus)
@@ -202,6 +206,8 @@ class Task:
   corpus: dict[str, list[str]] | None = None
   queries: dict[str, dict[str, list[str]]] | None = None
   qrels: dict[str, dict[str, dict[str, int]]] | None = None
+  headline_split: str = "test"
+  extra_metrics: tuple[str, ...] = ()
 
   def sizes(self) -> dict[str, int]:
     """Examples per split (retrieval: corpus and queries per split)."""

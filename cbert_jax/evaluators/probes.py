@@ -82,12 +82,15 @@ class ProbeResult:
     param: "lambda" or "k".
     selection: the chosen value and the held-out scores that chose it.
     scores: the metric on each evaluation set, by name.
+    extra: further metrics reported (never used for selection) per evaluation set, e.g. GLUE's
+      accuracy next to MRPC's F1: {set name: {metric: value}}; empty unless `also` was given.
   """
   probe: str
   metric: str
   param: str
   selection: Selection
   scores: dict[str, float]
+  extra: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
 def _check(x: np.ndarray, y: np.ndarray, kind: str, metric: str, field: str):
@@ -234,20 +237,27 @@ def select_ridge_lambda(train_x: np.ndarray, train_y: np.ndarray, *, kind: str, 
 
 
 def _eval_scores(predict, eval_sets: Mapping[str, tuple], kind: str, metric: str,
-                 dim: int) -> dict[str, float]:
-  """The final scoring: the only place evaluation arrays are used."""
-  out = {}
+                 dim: int, also: Sequence[str] = ()) -> tuple[dict[str, float], dict]:
+  """The final scoring: the only place evaluation arrays are used.
+
+  Returns ({set: metric}, {set: {other metric: value}} for the metrics in `also`).
+  """
+  out, extra = {}, {}
   for name, (x, y) in eval_sets.items():
     x, y = _check(x, y, kind, metric, f"eval_sets[{name!r}]")
     if x.shape[1] != dim:
       raise ConfigError(f"eval_sets[{name!r}]: features have dim {x.shape[1]}, train has {dim}.")
-    out[name] = score(metric, y, predict(x))
-  return out
+    pred = predict(x)
+    out[name] = score(metric, y, pred)
+    if also:
+      extra[name] = {m: score(m, y, pred) for m in also}
+  return out, extra
 
 
 def ridge_probe(train_x: np.ndarray, train_y: np.ndarray, eval_sets: Mapping[str, tuple], *,
                 kind: str, metric: str, lambdas: Sequence[float] = DEFAULT_LAMBDAS,
-                holdout_fraction: float = 0.2, seed: int = 0) -> ProbeResult:
+                holdout_fraction: float = 0.2, seed: int = 0,
+                also: Sequence[str] = ()) -> ProbeResult:
   """Ridge probe: λ chosen on held-out train, refit on all of train, scored on `eval_sets`.
 
   Args:
@@ -256,6 +266,7 @@ def ridge_probe(train_x: np.ndarray, train_y: np.ndarray, eval_sets: Mapping[str
     kind: "classification", "pair" or "regression".
     metric: a key of METRICS (the task's metric), used for selection and for the report.
     lambdas: the λ sweep. holdout_fraction, seed: the held-out split of train.
+    also: further metrics (keys of METRICS) to report on the eval sets; never used to select.
 
   Returns:
     ProbeResult with the chosen λ, its held-out scores and the eval-set scores.
@@ -264,7 +275,7 @@ def ridge_probe(train_x: np.ndarray, train_y: np.ndarray, eval_sets: Mapping[str
                             holdout_fraction=holdout_fraction, seed=seed)
   predict = fit_ridge(np.asarray(train_x), np.asarray(train_y), sel.value, kind)
   return ProbeResult("ridge", metric, "lambda", sel,
-                     _eval_scores(predict, eval_sets, kind, metric, np.shape(train_x)[1]))
+                     *_eval_scores(predict, eval_sets, kind, metric, np.shape(train_x)[1], also))
 
 
 # ------------------------------------------------------------------------------------ kNN ------
@@ -336,7 +347,8 @@ def select_knn_k(train_x: np.ndarray, train_y: np.ndarray, *, kind: str, metric:
 
 def knn_probe(train_x: np.ndarray, train_y: np.ndarray, eval_sets: Mapping[str, tuple], *,
               kind: str, metric: str, ks: Sequence[int] = DEFAULT_KS,
-              holdout_fraction: float = 0.2, seed: int = 0) -> ProbeResult:
+              holdout_fraction: float = 0.2, seed: int = 0,
+              also: Sequence[str] = ()) -> ProbeResult:
   """Cosine kNN probe: k chosen on held-out train; eval sets' neighbours come from all of train.
 
   Features are L2-normalised (cosine similarity), not standardised. Classification: majority
@@ -354,7 +366,7 @@ def knn_probe(train_x: np.ndarray, train_y: np.ndarray, eval_sets: Mapping[str, 
     return _knn_predict(idx, sim, y, k, kind, classes)
 
   return ProbeResult("knn", metric, "k", sel,
-                     _eval_scores(predict, eval_sets, kind, metric, np.shape(train_x)[1]))
+                     *_eval_scores(predict, eval_sets, kind, metric, np.shape(train_x)[1], also))
 
 
 # ------------------------------------------------------------------------------- layer-wise ---

@@ -41,31 +41,48 @@ def _cap(split: dict, n: int, seed: int) -> dict:
   return {k: [v[i] for i in keep] if isinstance(v, list) else np.asarray(v)[keep] for k, v in split.items()}
 
 
-def _probe_task(task, featurizer, tokenizer, seq_len: int, ecfg) -> dict:
+def eval_splits(task) -> list[str]:
+  """The splits a probe task is scored on: every split but train, in the task's order."""
+  return [name for name in task.splits if name != "train"]
+
+
+def probe_task(task, featurizer, tokenizer, seq_len: int, ecfg) -> dict:
+  """Ridge / kNN (and layer-wise ridge) probes of one classification, regression or pair task.
+
+  Rows with "texts_a"/"texts_b" are pairs (SentEval features), whatever the target kind, so
+  GLUE's STS-B (pair regression) goes through the same code as the offline pair task. Returns
+  {"kind", "metric", "headline_split", "sizes", probe: {split: score, ..., param, "heldout"},
+  ["extra": {probe: {split: {metric: value}}}], ["layerwise": rows]}.
+  """
   enc = lambda texts: features_lib.encode_texts(list(texts), tokenizer, seq_len)
   splits = {name: _cap(task.splits[name], ecfg.max_train if name == "train" else ecfg.max_eval, i)
-            for i, name in enumerate(("train", "dev", "test"))}
+            for i, name in enumerate(["train"] + eval_splits(task))}
   feats, labels = {}, {}
   for name, split in splits.items():
-    if task.kind == "pair":
+    if "texts_a" in split:
       feats[name] = featurizer.pair(enc(split["texts_a"]), enc(split["texts_b"]))
     else:
       feats[name] = featurizer(enc(split["texts"]))
     labels[name] = np.asarray(split["labels"])
   kind = "regression" if task.kind == "regression" else "classification"
-  out = {"kind": task.kind, "metric": task.metric, "sizes": {k: int(len(v)) for k, v in labels.items()}}
+  headline_split = getattr(task, "headline_split", "test")
+  also = tuple(getattr(task, "extra_metrics", ()))
+  out = {"kind": task.kind, "metric": task.metric, "headline_split": headline_split,
+         "sizes": {k: int(len(v)) for k, v in labels.items()}}
   layered = np.ndim(feats["train"]) == 3                                      # [L + 1, N, d]
   last = (lambda x: x[-1]) if layered else (lambda x: x)
-  evals = {name: (last(feats[name]), labels[name]) for name in ("dev", "test")}
+  evals = {name: (last(feats[name]), labels[name]) for name in splits if name != "train"}
   for probe in [p.strip() for p in ecfg.probes.split(",") if p.strip()]:
     fn = {"ridge": probes.ridge_probe, "knn": probes.knn_probe}[probe]
-    res = fn(last(feats["train"]), labels["train"], evals, kind=kind, metric=task.metric)
-    out[probe] = {"dev": float(res.scores["dev"]), "test": float(res.scores["test"]),
+    res = fn(last(feats["train"]), labels["train"], evals, kind=kind, metric=task.metric, also=also)
+    out[probe] = {**{name: float(v) for name, v in res.scores.items()},
                   res.param: float(res.selection.value),
                   "heldout": float(res.selection.scores[res.selection.value])}
+    if res.extra:
+      out.setdefault("extra", {})[probe] = res.extra
   if layered:
     rows = probes.layerwise(feats["train"], labels["train"],
-                            {n: (feats[n], labels[n]) for n in ("dev", "test")},
+                            {n: (feats[n], labels[n]) for n in evals},
                             kind=kind, metric=task.metric, probe="ridge")
     out["layerwise"] = [{k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in r.items()}
                         for r in rows]
@@ -88,7 +105,7 @@ def pooler_modes(ecfg) -> list[str]:
   return list(dict.fromkeys(modes))                                         # de-duplicated, ordered
 
 
-def _dev_pairs(task, ecfg) -> tuple[list[str], list[str]]:
+def dev_pairs(task, ecfg) -> tuple[list[str], list[str]]:
   """(query texts, document texts): one pair per (dev query, relevant document in the corpus).
 
   Dev queries are the pooler's *training* data here, so they are capped by `max_train` (not
@@ -115,7 +132,7 @@ def _pooled_retrieval(task, graphdef, params, tokenizer, ecfg, mode: str, doc_ro
   """
   start = time.perf_counter()
   enc = lambda texts: features_lib.encode_texts(list(texts), tokenizer, ecfg.seq_len)
-  qa, db = _dev_pairs(task, ecfg)
+  qa, db = dev_pairs(task, ecfg)
   if len(qa) < 2:  # in-batch negatives need at least two pairs; name the task, not just the count
     raise ValueError(f"{task.name}: the pooler needs >= 2 dev (query, relevant document) pairs, "
                      f"got {len(qa)}")
@@ -196,7 +213,7 @@ def run(graphdef, params, tokenizer, ecfg, *, cache_dir: str = "", mesh=None, ru
       results[name] = _retrieval_task(task, featurizer, tokenizer, ecfg.seq_len, ecfg, graphdef,
                                       params)
     else:
-      results[name] = _probe_task(task, featurizer, tokenizer, ecfg.seq_len, ecfg)
+      results[name] = probe_task(task, featurizer, tokenizer, ecfg.seq_len, ecfg)
     results[name]["seconds"] = round(time.perf_counter() - start, 1)
     logging.info("eval %s: %s", name, {k: v for k, v in results[name].items() if k != "layerwise"})
   results["average"] = average(results)
@@ -204,10 +221,12 @@ def run(graphdef, params, tokenizer, ecfg, *, cache_dir: str = "", mesh=None, ru
 
 
 def headline(task_result: dict) -> float:
-  """The task's one number on test: ridge metric (probe tasks) or the metric (retrieval)."""
+  """The task's one number on its headline split (test, GLUE: validation): ridge metric (probe
+  tasks) or the metric (retrieval)."""
   if task_result["kind"] == "retrieval":
     return task_result["test"][task_result["metric"]]
-  return task_result["ridge"]["test"] if "ridge" in task_result else task_result["knn"]["test"]
+  split = task_result.get("headline_split", "test")
+  return task_result["ridge"][split] if "ridge" in task_result else task_result["knn"][split]
 
 
 def average(results: dict) -> dict:
@@ -219,7 +238,7 @@ def average(results: dict) -> dict:
   tasks = {k: v for k, v in results.items() if k != "average"}
   out = {}
   for probe in ("ridge", "knn"):
-    vals = [v[probe]["test"] for v in tasks.values() if probe in v]
+    vals = [v[probe][v.get("headline_split", "test")] for v in tasks.values() if probe in v]
     if vals:
       out[probe] = float(np.mean(vals))
   retr = [headline(v) for v in tasks.values() if v["kind"] == "retrieval"]
