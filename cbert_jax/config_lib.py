@@ -104,7 +104,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.evals.mteb_benchmark = "MTEB(eng, v2)"  # benchmark name as mteb.get_benchmark knows it
   c.evals.mteb_tasks = ""          # subset of the benchmark's task names; "" = all of them
   c.evals.mteb_embedding = "mean"  # mean (mean-pooled final layer) | pooler (a frozen contrastive
-                                   # pooler trained first on the task kit's retrieval dev pairs)
+                                   # pooler trained first on the dev pairs of the
+                                   # retrieval tasks in evals.tasks)
 
   c.model = ml_collections.ConfigDict()
   c.model.size = "d128L4"          # a rung of models/sizes.py; "" = use d_model/num_layers/num_heads

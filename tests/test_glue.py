@@ -150,6 +150,13 @@ def test_glue_task_names_and_download_failures_are_one_line_errors(tmp_path, mon
                                         r"ConnectionError: network unreachable"):
     glue.load_task("cola", data_dir=str(tmp_path))
 
+  def no_tf(self, **kwargs):                     # what TFDS's extractor raises without TF
+    raise ModuleNotFoundError("No module named 'tensorflow'")
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", no_tf)
+  with pytest.raises(ConfigError, match=r"preparing glue/rte .* needs TensorFlow: "
+                                        r"pip install -e '\.\[tf\]'"):
+    glue.load_task("rte", data_dir=str(tmp_path))
+
 
 def test_mode_eval_runs_the_glue_suite_and_writes_its_files(tmp_path, cache, toy_tasks, capsys):
   cfg = eval_config(cache, mode="eval")

@@ -19,12 +19,13 @@ in the BERT and SentEval papers.
   wnli  sentence1, sentence2    2 classes         accuracy            validation (not in the default)
 
 Reading: TFDS's GLUE builder is prepared once into `<data_dir>/glue/<task>` in the ArrayRecord
-format and read back with `as_data_source` (random access, numpy), which needs no TensorFlow;
-the first preparation downloads the GLUE archives, so it needs internet once. Only the rows a
+format and read back with `as_data_source` (random access, numpy), which needs no TensorFlow.
+The first preparation downloads and extracts the GLUE archives, so it needs internet once, and
+TensorFlow (the `tf` extra: TFDS's zip extractor calls `tf.compat.as_text`); a prepared
+directory can be copied to machines without either. Only the rows a
 probe uses are read: train is capped at `evals.max_train` and each validation split at
 `evals.max_eval` (seeded random subsets, the same for every model), so QQP's 364k and MNLI's 393k
-training rows cost a probe no more than the kit's tasks do. (TensorFlow itself, the `tf` extra,
-is only needed for `tfds.load`-style reading, which this module does not use.)
+training rows cost a probe no more than the kit's tasks do.
 
 Tests run it offline under `tfds.testing.mock_data`, which replaces the download and the data
 source with generated rows of GLUE's real feature spec.
@@ -102,6 +103,10 @@ def _builder(name: str, data_dir: str):
   try:
     builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+  except ImportError as e:  # TFDS's archive extractor calls TensorFlow (tf.compat.as_text)
+    raise ConfigError(f"evals.glue_tasks: preparing glue/{name} (download and extract, once) "
+                      "needs TensorFlow: pip install -e '.[tf]'; reading it afterwards does not "
+                      f"({e})") from e
   except Exception as e:  # a network or disk failure: one line naming the task and directory
     raise ConfigError(f"evals.glue_tasks: could not prepare glue/{name} in {builder.data_dir!r} "
                       f"(the first use downloads GLUE, which needs internet): "

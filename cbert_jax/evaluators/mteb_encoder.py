@@ -111,12 +111,13 @@ class CbertEncoder:
 
 
 def model_meta(encoder: CbertEncoder, *, name: str, revision: str, max_tokens: int):
-  """The mteb.ModelMeta of an encoder: parameter count and embedding width are computed."""
-  mteb = import_mteb()
+  """The mteb ModelMeta of an encoder: parameter count and embedding width are computed."""
+  import_mteb()
   n_params = int(sum(np.size(x) for x in jax.tree.leaves(encoder.params)))
   probe = encoder.embed_texts(["a"])                                        # [1, p]
   encoder.num_texts -= 1
-  return mteb.ModelMeta(
+  from mteb.models.model_meta import ModelMeta  # pylint: disable=import-outside-toplevel
+  return ModelMeta(
       loader=None, name=name, revision=revision, model_type=["dense"],
       embed_dim=int(probe.shape[-1]), similarity_fn_name="cosine", languages=["eng-Latn"],
       open_weights=True, release_date=None, n_parameters=n_params,
@@ -125,24 +126,22 @@ def model_meta(encoder: CbertEncoder, *, name: str, revision: str, max_tokens: i
       public_training_data=None, training_datasets=set(), modalities=["text"])
 
 
-def kit_retrieval_pooler(graphdef, params, tokenizer, ecfg, *, cache_dir: str = "",
-                         tasks: Sequence[str] | None = None):
-  """A frozen contrastive pooler trained on the dev pairs of the task kit's retrieval tasks.
+def kit_retrieval_pooler(graphdef, params, tokenizer, ecfg, *, cache_dir: str = ""):
+  """A frozen contrastive pooler trained on the dev pairs of the retrieval tasks in `evals.tasks`.
 
-  MTEB has no training split for most tasks, so the pooler learns from our own retrieval
-  pairs (question_paragraph, claim_evidence_retrieval) with the suite's pooler settings.
+  MTEB has no training split for most tasks, so the pooler learns from our own retrieval pairs
+  (by default question_paragraph and claim_evidence_retrieval) with the suite's pooler settings.
   Returns (pooler_params, loss history).
   """
-  names = list(tasks) if tasks is not None else [
-      n for n in tfds_tasks.list_tasks() if tfds_tasks.task_kit.get_spec(n).kind == "retrieval"]
-  qa, db = [], []
-  for name in names:
-    a, b = suite.dev_pairs(tfds_tasks.load_task(name, cache_dir=cache_dir), ecfg)
-    qa += a
-    db += b
+  qa, db, names = [], [], []
+  for name in suite.task_names(ecfg):
+    task = tfds_tasks.load_task(name, cache_dir=cache_dir)
+    if task.kind == "retrieval":
+      a, b = suite.dev_pairs(task, ecfg)
+      qa, db, names = qa + a, db + b, names + [name]
   if len(qa) < 2:
-    raise ConfigError(f"evals.mteb_embedding=pooler: the kit's retrieval tasks {names} gave "
-                      f"{len(qa)} training pairs; need >= 2")
+    raise ConfigError(f"evals.mteb_embedding=pooler: the retrieval tasks of evals.tasks ({names}) "
+                      f"gave {len(qa)} training pairs; need >= 2")
   enc = lambda texts: features_lib.encode_texts(texts, tokenizer, ecfg.seq_len)
   pooler_params, _, history = pooler_lib.train_pooler(
       graphdef, params, enc(qa), enc(db), frozen=True,
