@@ -17,7 +17,8 @@ from cbert_jax.models import FAMILIES, sizes
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 
 # Default masking ratio per family (SPEC §2: BERT 20%, CrossBERT 50%).
-DEFAULT_MASK_RATIO = {"bert": 0.2, "crossbert": 0.5}
+# SPEC §2 (BERT 20%, CrossBERT 50%); ELECTRA's generator masks 15% (Clark et al., 2020).
+DEFAULT_MASK_RATIO = {"bert": 0.2, "crossbert": 0.5, "electra": 0.15}
 
 # Logical axis -> mesh axes. Every logical name used on a parameter must appear (None = replicated).
 DEFAULT_RULES = (
@@ -62,7 +63,7 @@ def base_config() -> ml_collections.ConfigDict:
   """Every field, with its default and what it means. Experiment files override these."""
   c = ml_collections.ConfigDict()
   c.name = "run"                   # run name: the default workdir is runs/<name>
-  c.model_name = "crossbert"       # bert | crossbert
+  c.model_name = "crossbert"       # bert | crossbert | electra
   c.seed = 0                       # init, data order and masking all derive from it
   c.total_steps = 1000             # optimizer steps
   c.batch_size = 32                # global batch, in rows of data.seq_len tokens
@@ -127,11 +128,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.predictor_d_model = 0    # predictor width; 0 = d_model
   c.model.predictor_heads = 0      # predictor heads; 0 = num_heads (or width // head_dim if narrower)
   c.model.predictor_self_attn = False  # let predictor queries attend to each other (ablation)
+  c.model.generator_width = 0.25   # ELECTRA generator width as a fraction of d_model (whole heads)
+  c.model.generator_depth = 1.0    # ELECTRA generator depth as a fraction of num_layers
+  c.model.generator_shared_embeddings = True  # ELECTRA: generator and discriminator share embeddings
+  c.model.disc_weight = 50.0       # ELECTRA: weight of the replaced-token-detection loss
 
   c.masking = ml_collections.ConfigDict()
   c.masking.mask_ratio = -1.0      # fraction of tokens predicted; -1 = 0.2 (bert) / 0.5 (crossbert)
-  c.masking.p_mask = 0.8           # BERT: share of targets replaced by [MASK]
-  c.masking.p_random = 0.1         # BERT: share replaced by a random token (the rest unchanged)
+                                   # / 0.15 (electra, the generator's targets)
+  c.masking.p_mask = 0.8           # BERT, ELECTRA's generator: share of targets replaced by [MASK]
+  c.masking.p_random = 0.1         # ... share replaced by a random token (the rest unchanged)
   c.masking.cms = True             # CrossBERT: complementary masking (needs mask_ratio 0.5)
   c.masking.cms_form = "gather"    # gather (two rows of T/2, efficient) | inplace (masks; reference)
 
@@ -224,6 +230,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
       raise ConfigError(f"masking.cms_form must be gather|inplace, got {mk.cms_form!r}")
     if mk.cms and d.seq_len % 2:
       raise ConfigError(f"data.seq_len must be even with masking.cms, got {d.seq_len}")
+  if config.model_name == "electra":
+    if not 0 < m.generator_width <= 1 or not 0 < m.generator_depth <= 1:
+      raise ConfigError(f"model.generator_width and model.generator_depth must be in (0, 1], got "
+                        f"{m.generator_width} and {m.generator_depth}")
+    if m.disc_weight < 0:
+      raise ConfigError(f"model.disc_weight must be >= 0, got {m.disc_weight}")
   if not (0 <= mk.p_mask and 0 <= mk.p_random and mk.p_mask + mk.p_random <= 1):
     raise ConfigError("masking.p_mask + masking.p_random must be within [0, 1]")
   for name in ("total_steps", "batch_size", "log_every", "checkpoint_every"):

@@ -15,6 +15,8 @@ CASES = [
     ("crossbert", {"cms": False, "mask_ratio": 0.75}),
     ("crossbert", {"cms": True, "cms_form": "gather"}),
     ("crossbert", {"cms": True, "cms_form": "inplace"}),
+    ("electra", {}),                                                  # shared table, narrow generator
+    ("electra", {"cfg": {"generator_shared_embeddings": False, "generator_width": 0.5}}),
 ]
 
 
@@ -34,7 +36,9 @@ def xla_train_flops(model, batch_size, seq_len) -> float:
 @pytest.mark.parametrize("model_name,kw", CASES)
 def test_analytic_flops_match_xla(model_name, kw):
   # Big enough that matmuls dominate, as they do at any size worth measuring MFU on.
-  cfg = helpers.model_cfg(vocab_size=1024, d_model=128, num_layers=2, num_heads=4, predictor_layers=1)
+  kw = dict(kw)
+  cfg = helpers.model_cfg(vocab_size=1024, d_model=128, num_layers=2, num_heads=4, predictor_layers=1,
+                          **kw.pop("cfg", {}))
   b, t = 4, 128
   model = helpers.build(model_name, cfg=cfg, **kw)
   xla = xla_train_flops(model, b, t) / (b * t)

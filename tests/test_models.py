@@ -171,7 +171,9 @@ def test_attention_mask_rules():
 @pytest.mark.parametrize("model_name,kw", [
     ("bert", {}), ("bert", {"tie_embeddings": True}), ("crossbert", {}),
     ("crossbert", {"predictor_d_model": 16, "predictor_layers": 2}),
-    ("crossbert", {"predictor_self_attn": True, "ffn_dim": 64})])
+    ("crossbert", {"predictor_self_attn": True, "ffn_dim": 64}),
+    ("electra", {}), ("electra", {"generator_shared_embeddings": False}),
+    ("electra", {"generator_width": 1.0, "generator_depth": 0.5})])
 def test_param_counts_match_analytic(model_name, kw):
   cfg = helpers.model_cfg(**kw)
   model = helpers.build(model_name, cfg=cfg)
@@ -183,10 +185,12 @@ def test_param_counts_match_analytic(model_name, kw):
   assert enc == counts.encoder + counts.embedding
 
 
+@pytest.mark.parametrize("model_name", ["bert", "crossbert", "electra"])
 @pytest.mark.parametrize("depth_init", ["none", "global", "current"])
-def test_init_std_and_depth_factor(depth_init):
+def test_init_std_and_depth_factor(depth_init, model_name):
+  # The init-std reduction that stabilised the largest CrossBERT applies to every family's encoder.
   cfg = helpers.model_cfg(d_model=256, num_layers=4, num_heads=4, depth_init=depth_init, init_scale=0.5)
-  model = helpers.build("bert", cfg=cfg)
+  model = helpers.build(model_name, cfg=cfg)
   wq = np.asarray(model.encoder.blocks[3].attn.wq[...])
   wo = np.asarray(model.encoder.blocks[3].attn.wo[...])
   assert abs(wq.std() / (0.5 * 256 ** -0.5) - 1) < 0.05

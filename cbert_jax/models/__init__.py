@@ -1,5 +1,6 @@
 """Model families by name; `config.model_name` picks one."""
 from cbert_jax.models.bert import Bert
 from cbert_jax.models.crossbert import CrossBert
+from cbert_jax.models.electra import Electra
 
-FAMILIES = {"bert": Bert, "crossbert": CrossBert}
+FAMILIES = {"bert": Bert, "crossbert": CrossBert, "electra": Electra}

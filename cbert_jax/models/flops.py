@@ -19,6 +19,7 @@ scaling curves and MFU use. They differ only for in-place CMS.
 import dataclasses
 
 from cbert_jax.masking import num_masked
+from cbert_jax.models.electra import generator_config
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 
 
@@ -30,15 +31,19 @@ class ParamCounts:
   head: int           # vocabulary projection (0 when tied)
   pred_q: int         # predictor weights applied to queries (q, o, FFN, norms, mask vector, final norm)
   pred_kv: int        # predictor weights applied to encoder tokens (k, v, and the width projection)
+  generator: int = 0  # ELECTRA generator blocks, final norm and width projections
+  generator_embedding: int = 0  # ELECTRA generator's own table and head (0 when shared)
 
   @property
   def non_embedding(self) -> int:
-    """N of the scaling laws [default]: every trained block, predictor included; no embedding/head."""
-    return self.encoder + self.pred_q + self.pred_kv
+    """N of the scaling laws [default]: every trained block, predictor and generator included;
+    no embedding or vocabulary head."""
+    return self.encoder + self.pred_q + self.pred_kv + self.generator
 
   @property
   def total(self) -> int:
-    return self.embedding + self.encoder + self.head + self.pred_q + self.pred_kv
+    return (self.embedding + self.encoder + self.head + self.pred_q + self.pred_kv + self.generator
+            + self.generator_embedding)
 
 
 def _attn_params(d_q: int, d_kv: int, heads: int, head_dim: int) -> tuple[int, int]:
@@ -47,11 +52,25 @@ def _attn_params(d_q: int, d_kv: int, heads: int, head_dim: int) -> tuple[int, i
   return 2 * d_q * inner, 2 * d_kv * inner
 
 
+def _encoder_params(cfg: ModelConfig) -> int:
+  """Blocks (attention + SwiGLU + 2 norms each) + the final norm of a flat encoder."""
+  d = cfg.d_model
+  q, kv = _attn_params(d, d, cfg.num_heads, cfg.head_size)
+  return cfg.num_layers * (q + kv + 3 * d * cfg.ffn_size + 2 * d) + d
+
+
 def param_counts(model_name: str, cfg: ModelConfig) -> ParamCounts:
   d, v = cfg.d_model, cfg.vocab_size
-  q, kv = _attn_params(d, d, cfg.num_heads, cfg.head_size)
-  block = q + kv + 3 * d * cfg.ffn_size + 2 * d                           # attn + SwiGLU + 2 norms
-  encoder = cfg.num_layers * block + d                                    # + final norm
+  encoder = _encoder_params(cfg)
+  if model_name == "electra":
+    g = generator_config(cfg)
+    gd = g.d_model
+    if cfg.generator_shared_embeddings:
+      gen, gen_emb = _encoder_params(g) + (2 * d * gd if gd != d else 0), 0
+    else:
+      gen, gen_emb = _encoder_params(g), 2 * v * gd                     # own table + untied head
+    return ParamCounts(embedding=v * d, encoder=encoder, head=d * d + d, pred_q=0, pred_kv=0,
+                       generator=gen, generator_embedding=gen_emb)
   pred_q = pred_kv = 0
   head_d = d
   if model_name == "crossbert":
@@ -81,6 +100,21 @@ def flops_per_token(model_name: str, cfg: ModelConfig, mask_cfg: MaskConfig, seq
   if model_name == "bert":
     k = num_masked(t, r) / t
     return 6 * enc_mm + 12 * cfg.num_layers * t * d_attn + k * 6 * cfg.d_model * cfg.vocab_size
+  if model_name == "electra":
+    # Discriminator: encoder + head (d x d, then d x 1) on every token. Generator: its encoder on
+    # every token, the width projection in, and at the K targets the projection out and the
+    # vocabulary head. Sampling is not a matmul.
+    k = num_masked(t, r) / t
+    d, g = cfg.d_model, generator_config(cfg)
+    gd = g.d_model
+    disc = 6 * enc_mm + 12 * cfg.num_layers * t * d_attn + 6 * (d * d + d)
+    gen_mm = _encoder_params(g) - (2 * g.num_layers + 1) * gd
+    gen = 6 * gen_mm + 12 * g.num_layers * t * g.num_heads * g.head_size
+    if cfg.generator_shared_embeddings and gd != d:
+      gen += 6 * d * gd + k * 6 * gd * d + k * 6 * d * cfg.vocab_size
+    else:
+      gen += k * 6 * gd * cfg.vocab_size
+    return disc + gen
   if model_name != "crossbert":
     raise ValueError(f"unknown model_name {model_name!r}")
   pd = cfg.pred_d
