@@ -86,6 +86,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.evals.every = 0                # during training: run the probes every N steps (0 = off)
   c.evals.probes = "ridge,knn"     # which probes on classification/regression/pair tasks
   c.evals.layers = "final"         # final | all (layer-wise ridge table)
+  c.evals.layer = -1               # the layer every evaluator reads: -1 = final (normalised);
+                                   # l in [0, num_layers] = residual stream after block l (0 = embeddings)
   c.evals.seq_len = 64             # tokens per text (longer texts are truncated)
   c.evals.batch_size = 128         # texts per feature batch
   c.evals.max_train = 5000         # cap on training examples per task (probe fit cost on CPU)
@@ -97,6 +99,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.evals.pooler_lr = 1e-3         # pooler learning rate
   c.evals.pooler_backbone_lr = 2e-5  # backbone learning rate when unfrozen
   c.evals.pooler_temperature = 0.05  # InfoNCE temperature
+  c.evals.pooler_init = "fresh"    # fresh (the same new pooler on every backbone) | predictor
+                                   # (warm start from CrossBERT's predictor cross-attention)
   # Suites of --config.mode=eval (online probing during training always uses `offline`).
   c.evals.suites = "offline"       # comma list of offline (the task kit) | glue | mteb;
                                    # glue and mteb download their data once (internet)
@@ -128,6 +132,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.predictor_d_model = 0    # predictor width; 0 = d_model
   c.model.predictor_heads = 0      # predictor heads; 0 = num_heads (or width // head_dim if narrower)
   c.model.predictor_self_attn = False  # let predictor queries attend to each other (ablation)
+  c.model.predictor_positions = "rope"  # rope | learned (absolute position table added to queries
+                                   # and keys, no RoPE in the predictor; an ablation)
+  c.model.max_positions = 0        # learned position table size; 0 = data.seq_len
   c.model.generator_width = 0.25   # ELECTRA generator width as a fraction of d_model (whole heads)
   c.model.generator_depth = 1.0    # ELECTRA generator depth as a fraction of num_layers
   c.model.generator_shared_embeddings = True  # ELECTRA: generator and discriminator share embeddings
@@ -197,6 +204,8 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       m.predictor_layers = sizes.default_predictor_layers(m.num_layers)
     if config.masking.mask_ratio < 0:
       config.masking.mask_ratio = DEFAULT_MASK_RATIO[config.model_name]
+    if m.max_positions <= 0:
+      m.max_positions = config.data.seq_len
   return config
 
 
@@ -226,6 +235,13 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     if mk.cms and abs(mk.mask_ratio - 0.5) > 1e-9:
       raise ConfigError(f"masking.cms splits every row in halves, so masking.mask_ratio must be 0.5 "
                         f"(got {mk.mask_ratio}); set masking.cms=False for other ratios")
+    if m.predictor_positions not in ("rope", "learned"):
+      raise ConfigError(f"model.predictor_positions must be rope|learned, got "
+                        f"{m.predictor_positions!r}")
+    if m.predictor_positions == "learned" and m.max_positions < d.seq_len:
+      raise ConfigError(f"model.max_positions={m.max_positions} is smaller than "
+                        f"data.seq_len={d.seq_len} (the learned position table needs a row per "
+                        "position)")
     if mk.cms and mk.cms_form not in ("gather", "inplace"):
       raise ConfigError(f"masking.cms_form must be gather|inplace, got {mk.cms_form!r}")
     if mk.cms and d.seq_len % 2:

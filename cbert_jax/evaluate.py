@@ -36,6 +36,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if config.evals.init not in ("checkpoint", "random"):
     raise ConfigError(f"evals.init must be checkpoint|random, got {config.evals.init!r}")
   suites = suite_names(config.evals)
+  suite.check_model(config.evals, config.model_name, config.model.num_layers)
   ckpt_dir = os.path.join(workdir, "checkpoints")
   checkpointer = (ckpt_lib.Checkpointer(ckpt_dir, config.keep_checkpoints)
                   if config.evals.init == "checkpoint" and os.path.isdir(ckpt_dir) else None)

@@ -43,10 +43,17 @@ def make_eval_step(graphdef: nnx.GraphDef):
   return eval_step
 
 
-def make_features_step(graphdef: nnx.GraphDef, layers: str = "final"):
+def select_layer(out: dict, layer: int) -> jax.Array:
+  """One layer of a model's `features` output: -1 = the final normalised output [B, T, d];
+  l >= 0 = the residual stream after block l (0 = the embeddings), un-normalised."""
+  return out["final"] if layer == -1 else out["hidden"][layer]
+
+
+def make_features_step(graphdef: nnx.GraphDef, layers: str = "final", layer: int = -1):
   """features_step(params, batch) -> mean-pooled features over real (segment != 0) tokens.
 
-  layers="final": [B, d] from the normalised last layer; "all": [L + 1, B, d], one per layer.
+  layers="final": [B, d] from layer `layer` (-1 = the normalised last layer, see `select_layer`);
+  "all": [L + 1, B, d], one per layer.
   """
 
   def features_step(params, batch):
@@ -54,7 +61,8 @@ def make_features_step(graphdef: nnx.GraphDef, layers: str = "final"):
     w = (batch["segment_ids"] != 0).astype(jnp.float32)                    # [B, T]
     denom = jnp.maximum(w.sum(-1, keepdims=True), 1.0)                      # [B, 1]
     if layers == "final":
-      return jnp.einsum("btd,bt->bd", out["final"].astype(jnp.float32), w) / denom
+      h = select_layer(out, layer).astype(jnp.float32)                      # [B, T, d]
+      return jnp.einsum("btd,bt->bd", h, w) / denom
     return jnp.einsum("lbtd,bt->lbd", out["hidden"].astype(jnp.float32), w) / denom[None]
 
   return features_step

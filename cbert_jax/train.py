@@ -60,6 +60,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
   if config.evals.every > 0:  # online probing: check the task list now, not after hours of training
     from cbert_jax.evaluators import online, suite as eval_suite
     eval_suite.task_names(config.evals)
+    eval_suite.check_model(config.evals, config.model_name, config.model.num_layers)
 
   # ----------------------------------------------------------------- data ---
   with timers.span("data_prep"):

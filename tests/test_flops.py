@@ -15,6 +15,7 @@ CASES = [
     ("crossbert", {"cms": False, "mask_ratio": 0.75}),
     ("crossbert", {"cms": True, "cms_form": "gather"}),
     ("crossbert", {"cms": True, "cms_form": "inplace"}),
+    ("crossbert", {"cms": False, "cfg": {"predictor_positions": "learned", "max_positions": 128}}),
     ("electra", {}),                                                  # shared table, narrow generator
     ("electra", {"cfg": {"generator_shared_embeddings": False, "generator_width": 0.5}}),
 ]

@@ -57,8 +57,11 @@ def test_cms_inplace_prediction_ignores_own_half():
     assert not np.allclose(np.asarray(out2["logits"])[real_other], np.asarray(out["logits"])[real_other])
 
 
-def test_cms_gather_and_inplace_agree_on_loss_and_grads():
-  model = helpers.build("crossbert", cms=True, cms_form="gather")
+@pytest.mark.parametrize("predictor", [
+    {}, {"predictor_positions": "learned", "max_positions": 32},      # SPEC §2's predictor options
+    {"predictor_self_attn": True}, {"predictor_d_model": 16}])
+def test_cms_gather_and_inplace_agree_on_loss_and_grads(predictor):
+  model = helpers.build("crossbert", cfg=helpers.model_cfg(**predictor), cms=True, cms_form="gather")
   graphdef, params = nnx.split(model, nnx.Param)
   batch = helpers.packed_batch(b=4, t=32)
 
@@ -172,6 +175,7 @@ def test_attention_mask_rules():
     ("bert", {}), ("bert", {"tie_embeddings": True}), ("crossbert", {}),
     ("crossbert", {"predictor_d_model": 16, "predictor_layers": 2}),
     ("crossbert", {"predictor_self_attn": True, "ffn_dim": 64}),
+    ("crossbert", {"predictor_positions": "learned", "max_positions": 40}),
     ("electra", {}), ("electra", {"generator_shared_embeddings": False}),
     ("electra", {"generator_width": 1.0, "generator_depth": 0.5})])
 def test_param_counts_match_analytic(model_name, kw):

@@ -100,7 +100,7 @@ class Featurizer:
 
   def __init__(self, graphdef: nnx.GraphDef, params, *, batch_size: int, seq_len: int,
                layers: str = "final", mesh: jax.sharding.Mesh | None = None, rules=None,
-               pair_mode: str = "senteval"):
+               pair_mode: str = "senteval", layer: int = -1):
     """Builds the jitted step (compiled lazily, on the first batch).
 
     Args:
@@ -114,6 +114,8 @@ class Featurizer:
       mesh: optional mesh; batches are laid out with the logical axes ("batch", "seq").
       rules: the logical sharding rules (`config.sharding_rules`); required with a mesh.
       pair_mode: how `pair` combines the two sides ("senteval" or "concat").
+      layer: with layers="final", which layer: -1 = the normalised last layer; l in [0, L] = the
+        residual stream after block l (0 = embeddings), for probing intermediate layers.
 
     Raises:
       ConfigError: naming the argument that is out of range.
@@ -129,7 +131,9 @@ class Featurizer:
     if mesh is not None and rules is None:
       raise ConfigError("rules: required when a mesh is given (the logical sharding rules).")
     self.batch_size, self.seq_len, self.layers = int(batch_size), int(seq_len), layers
-    self.pair_mode, self.params = pair_mode, params
+    if int(layer) < -1:
+      raise ConfigError(f"layer: expected -1 (final) or a block index >= 0, got {layer}.")
+    self.pair_mode, self.params, self.layer = pair_mode, params, int(layer)
     self._mesh, self._rules = mesh, None if rules is None else tuple(tuple(r) for r in rules)
     self._batch_sh = None
     if mesh is not None:
@@ -138,7 +142,7 @@ class Featurizer:
         raise ConfigError(f"batch_size: {batch_size} is not a multiple of the data-parallel size {dp}.")
       self._batch_sh = sharding_lib.logical_sharding(mesh, self._rules, ("batch", "seq"))
     self.num_traces = 0
-    inner = steps.make_features_step(graphdef, layers)
+    inner = steps.make_features_step(graphdef, layers, self.layer)
 
     def step(p, batch):
       self.num_traces += 1  # Python side effect: runs once per trace, not per call.

@@ -166,7 +166,7 @@ def run(graphdef, params, tokenizer, ecfg, *, cache_dir: str = "", mesh=None, ru
   names = list(tasks) if tasks is not None else task_names(ecfg.get("glue_tasks", ""))
   featurizer = features_lib.Featurizer(graphdef, params, batch_size=ecfg.batch_size,
                                        seq_len=ecfg.seq_len, layers=ecfg.layers, mesh=mesh,
-                                       rules=rules)
+                                       rules=rules, layer=suite.layer_of(ecfg))
   data_dir = ecfg.get("glue_data_dir", "") or tfds_tasks.default_data_dir(cache_dir)
   results: dict = {}
   for name in names:

@@ -62,7 +62,7 @@ class CbertEncoder:
   mteb_model_meta = None
 
   def __init__(self, graphdef, params, tokenizer, *, seq_len: int, batch_size: int,
-               pooler_params=None, mesh=None, rules=None):
+               pooler_params=None, mesh=None, rules=None, layer: int = -1):
     """Args:
       graphdef, params: the backbone, as `nnx.split(model, nnx.Param)` (only read).
       tokenizer: anything with `encode_batch(texts) -> list[list[int]]`.
@@ -70,12 +70,14 @@ class CbertEncoder:
       batch_size: texts per compiled feature step.
       pooler_params: a trained `AttentionPooler`'s params; None = mean-pooled final layer.
       mesh, rules: as `Featurizer` (mean embedding only).
+      layer: the backbone layer read (-1 = final; see steps.select_layer).
     """
     self.graphdef, self.params, self.tokenizer = graphdef, params, tokenizer
     self.seq_len, self.batch_size, self.pooler_params = int(seq_len), int(batch_size), pooler_params
+    self.layer = int(layer)
     self._featurizer = None if pooler_params is not None else features_lib.Featurizer(
         graphdef, params, batch_size=batch_size, seq_len=seq_len, layers="final", mesh=mesh,
-        rules=rules)
+        rules=rules, layer=layer)
     self.num_texts = 0
 
   def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
@@ -85,7 +87,7 @@ class CbertEncoder:
     if self._featurizer is not None:
       return self._featurizer(rows)                                         # [N, d]
     return pooler_lib.embed(self.graphdef, self.params, self.pooler_params, rows,
-                            self.batch_size)                                # [N, p]
+                            self.batch_size, self.layer)                    # [N, p]
 
   def encode(self, inputs, *, task_metadata=None, hf_split: str = "", hf_subset: str = "",
              prompt_type=None, **kwargs: Any) -> np.ndarray:
@@ -147,7 +149,8 @@ def kit_retrieval_pooler(graphdef, params, tokenizer, ecfg, *, cache_dir: str = 
       graphdef, params, enc(qa), enc(db), frozen=True,
       steps=int(ecfg.get("pooler_steps", 200)), batch_size=ecfg.batch_size,
       lr_pooler=float(ecfg.get("pooler_lr", 1e-3)),
-      temperature=float(ecfg.get("pooler_temperature", 0.05)), seed=0)
+      temperature=float(ecfg.get("pooler_temperature", 0.05)), seed=0,
+      layer=suite.layer_of(ecfg), init=ecfg.get("pooler_init", "fresh"))
   return pooler_params, history
 
 
@@ -200,7 +203,7 @@ def run(graphdef, params, tokenizer, ecfg, *, out_dir: str, name: str, revision:
                  history[-1]["loss"])
   encoder = CbertEncoder(graphdef, params, tokenizer, seq_len=ecfg.seq_len,
                          batch_size=ecfg.batch_size, pooler_params=pooler_params, mesh=mesh,
-                         rules=rules)
+                         rules=rules, layer=suite.layer_of(ecfg))
   encoder.mteb_model_meta = model_meta(encoder, name=name, revision=revision,
                                        max_tokens=int(ecfg.seq_len))
   start = time.perf_counter()

@@ -10,6 +10,11 @@ normalised. It is trained with InfoNCE over in-batch negatives on (query, passag
 
 Rows are dicts of `tokens`, `positions`, `segment_ids` [N, T] int32, one text per row: segment 1
 on real tokens, 0 on padding.
+
+Controls (SPEC §7): `layer` pools any layer instead of the final one; `init="predictor"`
+warm-starts the pooler's cross-attention from a CrossBERT predictor's first cross-attention block
+(its queries start at the predictor's mask vector plus the fresh queries' noise), while the
+default `init="fresh"` gives every backbone the same freshly initialised pooler.
 """
 import dataclasses
 
@@ -19,8 +24,12 @@ import numpy as np
 import optax
 from flax import nnx
 
+from cbert_jax import steps as steps_lib
+from cbert_jax.errors import ConfigError
 from cbert_jax.models import layers
 from cbert_jax.models.model_config import ModelConfig
+
+INITS = ("fresh", "predictor")
 
 ROW_KEYS = ("tokens", "positions", "segment_ids")
 
@@ -100,10 +109,12 @@ def info_nce(za: jax.Array, zb: jax.Array, temperature: float, symmetric: bool =
   return loss, {"loss": loss, "acc": acc}
 
 
-def _pool(graphdef, pooler_graphdef, backbone_params, pooler_params, rows: dict) -> jax.Array:
-  """Backbone features of rows -> pooled unit vectors [B, p]."""
-  feats = nnx.merge(graphdef, backbone_params).features(
-      rows["tokens"], rows["positions"], rows["segment_ids"])["final"]      # [B, T, d]; "hidden" is DCE'd
+def _pool(graphdef, pooler_graphdef, backbone_params, pooler_params, rows: dict,
+          layer: int = -1) -> jax.Array:
+  """Backbone features of rows (layer `layer`, see steps.select_layer) -> pooled unit vectors [B, p]."""
+  out = nnx.merge(graphdef, backbone_params).features(
+      rows["tokens"], rows["positions"], rows["segment_ids"])              # unused layers are DCE'd
+  feats = steps_lib.select_layer(out, layer)                               # [B, T, d]
   return nnx.merge(pooler_graphdef, pooler_params)(feats, rows["segment_ids"])
 
 
@@ -118,8 +129,12 @@ def train_pooler(graphdef: nnx.GraphDef, backbone_params: nnx.State, pairs_rows_
                  pairs_rows_b: dict, *, frozen: bool = True, epochs: int = 1,
                  steps: int | None = None, batch_size: int = 128, lr_pooler: float = 1e-3,
                  lr_backbone: float = 2e-5, temperature: float = 0.05, symmetric: bool = True,
-                 weight_decay: float = 0.0, spec: PoolerSpec = PoolerSpec(), seed: int = 0):
+                 weight_decay: float = 0.0, spec: PoolerSpec = PoolerSpec(), seed: int = 0,
+                 layer: int = -1, init: str = "fresh"):
   """Train the pooler (and, unfrozen, the backbone) with InfoNCE on pairs (a[i], b[i]).
+
+  `layer`: the backbone layer pooled (steps.select_layer); `init`: "fresh" or "predictor" (warm
+  start from a CrossBERT predictor, `warm_start`).
 
   pairs_rows_a/b: rows dicts [N, T] (module docstring). Batches are drawn without replacement from a
   fresh shuffle per epoch; the last incomplete batch is dropped (a fixed shape keeps one compile,
@@ -130,6 +145,10 @@ def train_pooler(graphdef: nnx.GraphDef, backbone_params: nnx.State, pairs_rows_
   """
   cfg = nnx.merge(graphdef, backbone_params).cfg
   pooler_graphdef, pooler_params = build_pooler(cfg, spec, seed)
+  if init not in INITS:
+    raise ConfigError(f"evals.pooler_init: expected one of {INITS}, got {init!r}")
+  if init == "predictor":
+    pooler_params = warm_start(pooler_params, backbone_params)
   n = pairs_rows_a["tokens"].shape[0]
   if n < 2 or pairs_rows_b["tokens"].shape[0] != n:
     raise ValueError(f"need >= 2 aligned pairs (in-batch negatives), got {n} and "
@@ -155,8 +174,8 @@ def train_pooler(graphdef: nnx.GraphDef, backbone_params: nnx.State, pairs_rows_
       # Frozen: the backbone is a non-differentiated input under stop_gradient (not a closed-over
       # constant, which XLA would bake into the executable), so no backbone gradient is computed.
       bp = t["backbone"] if "backbone" in t else jax.lax.stop_gradient(const_backbone)
-      za = _pool(graphdef, pooler_graphdef, bp, t["pooler"], batch_a)       # [B, p]
-      zb = _pool(graphdef, pooler_graphdef, bp, t["pooler"], batch_b)       # [B, p]
+      za = _pool(graphdef, pooler_graphdef, bp, t["pooler"], batch_a, layer)  # [B, p]
+      zb = _pool(graphdef, pooler_graphdef, bp, t["pooler"], batch_b, layer)  # [B, p]
       return info_nce(za, zb, temperature, symmetric)
 
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
@@ -182,18 +201,40 @@ def train_pooler(graphdef: nnx.GraphDef, backbone_params: nnx.State, pairs_rows_
   return trainable["pooler"], (backbone_params if frozen else trainable["backbone"]), history
 
 
+def warm_start(pooler_params: nnx.State, backbone_params: nnx.State) -> nnx.State:
+  """The pooler's attention copied from a CrossBERT predictor's first cross-attention block.
+
+  Queries become the predictor's mask vector plus the fresh queries (so they are not identical).
+  ConfigError when the backbone has no predictor or its shapes differ from the pooler's.
+  """
+  if "predictor" not in backbone_params:
+    raise ConfigError("evals.pooler_init=predictor needs a CrossBERT backbone (it copies the "
+                      "predictor's cross-attention); use evals.pooler_init=fresh")
+  pred = backbone_params["predictor"]
+  cross = pred["blocks"][0]["cross"]
+  out = jax.tree.map(lambda x: x, pooler_params)                          # a new State, same leaves
+  for name in ("wq", "wk", "wv", "wo"):
+    if cross[name][...].shape != out["attn"][name][...].shape:
+      raise ConfigError(f"evals.pooler_init=predictor: the predictor's {name} has shape "
+                        f"{cross[name][...].shape}, the pooler's {out['attn'][name][...].shape}; "
+                        "it needs predictor width and heads equal to the encoder's")
+    out["attn"][name][...] = cross[name][...]
+  out["queries"][...] = out["queries"][...] + pred["mask_vec"][...][None, :]
+  return out
+
+
 _EMBED_CACHE: dict = {}
 
 
 def embed(graphdef: nnx.GraphDef, backbone_params: nnx.State, pooler_params: nnx.State,
-          rows: dict, batch_size: int = 256) -> np.ndarray:
-  """Pooled, L2-normalised embeddings of rows -> [N, p] float32 (numpy).
+          rows: dict, batch_size: int = 256, layer: int = -1) -> np.ndarray:
+  """Pooled, L2-normalised embeddings of rows (backbone layer `layer`) -> [N, p] float32 (numpy).
 
   The last batch is padded with all-padding rows to `batch_size` so one executable serves all.
   """
   cfg = nnx.merge(graphdef, backbone_params).cfg
   spec = spec_from_params(pooler_params, cfg)
-  key = (graphdef, spec, cfg)
+  key = (graphdef, spec, cfg, layer)
   if key not in _EMBED_CACHE:
     # Only the graph is needed (the params come from the caller): build it abstractly, no init.
     with nnx.use_eager_sharding(False):
@@ -202,7 +243,7 @@ def embed(graphdef: nnx.GraphDef, backbone_params: nnx.State, pooler_params: nnx
           combine=spec.combine, rngs=nnx.Rngs(0)))
     pooler_graphdef, _ = nnx.split(abstract, nnx.Param)
     _EMBED_CACHE[key] = jax.jit(
-        lambda bp, pp, r: _pool(graphdef, pooler_graphdef, bp, pp, r))
+        lambda bp, pp, r: _pool(graphdef, pooler_graphdef, bp, pp, r, layer))
   fn = _EMBED_CACHE[key]
   n = rows["tokens"].shape[0]
   batch_size = min(batch_size, max(n, 1))

@@ -136,17 +136,19 @@ def _pooled_retrieval(task, graphdef, params, tokenizer, ecfg, mode: str, doc_ro
   if len(qa) < 2:  # in-batch negatives need at least two pairs; name the task, not just the count
     raise ValueError(f"{task.name}: the pooler needs >= 2 dev (query, relevant document) pairs, "
                      f"got {len(qa)}")
+  layer = layer_of(ecfg)
   pooler_params, backbone, history = pooler_lib.train_pooler(
       graphdef, params, enc(qa), enc(db), frozen=(mode == "frozen"),
       steps=int(ecfg.get("pooler_steps", 200)), batch_size=ecfg.batch_size,
       lr_pooler=float(ecfg.get("pooler_lr", 1e-3)),
       lr_backbone=float(ecfg.get("pooler_backbone_lr", 2e-5)),
-      temperature=float(ecfg.get("pooler_temperature", 0.05)), seed=0)
+      temperature=float(ecfg.get("pooler_temperature", 0.05)), seed=0, layer=layer,
+      init=ecfg.get("pooler_init", "fresh"))
   # Unfrozen: `backbone` is the trained copy (train_pooler is functional, `params` is unchanged);
   # queries and corpus must both be embedded with it, as a deployed unfrozen model would.
-  doc_emb = pooler_lib.embed(graphdef, backbone, pooler_params, doc_rows, ecfg.batch_size)
+  doc_emb = pooler_lib.embed(graphdef, backbone, pooler_params, doc_rows, ecfg.batch_size, layer)
   q_emb = pooler_lib.embed(graphdef, backbone, pooler_params, enc(test_queries["texts"]),
-                           ecfg.batch_size)
+                           ecfg.batch_size, layer)
   scores = retrieval.evaluate(q_emb, doc_emb, list(test_queries["ids"]), list(task.corpus["ids"]),
                               task.qrels["test"], ks=(1, 10, 100))
   return {"test": {k: float(v) for k, v in scores.items()}, "train_pairs": len(qa),
@@ -180,6 +182,26 @@ def _retrieval_task(task, featurizer, tokenizer, seq_len: int, ecfg, graphdef=No
   return out
 
 
+def layer_of(ecfg) -> int:
+  """`evals.layer` (configs that predate it: -1, the final layer)."""
+  return int(ecfg.get("layer", -1))
+
+
+def check_model(ecfg, model_name: str, num_layers: int) -> None:
+  """Checks of `evals` that need the model: the layer exists; the pooler warm start has a
+  predictor to start from. ConfigError naming the field."""
+  layer = layer_of(ecfg)
+  if not -1 <= layer <= num_layers:
+    raise ConfigError(f"evals.layer: expected -1 (final) or 0..{num_layers} (model.num_layers), "
+                      f"got {layer}")
+  init = ecfg.get("pooler_init", "fresh")
+  if init not in pooler_lib.INITS:
+    raise ConfigError(f"evals.pooler_init: expected one of {pooler_lib.INITS}, got {init!r}")
+  if init == "predictor" and model_name != "crossbert" and pooler_modes(ecfg):
+    raise ConfigError(f"evals.pooler_init=predictor warm-starts from CrossBERT's predictor; "
+                      f"model_name is {model_name!r} (use evals.pooler_init=fresh)")
+
+
 def task_names(ecfg) -> list[str]:
   """The tasks of `evals.tasks`, checked against the task kit (ConfigError naming the field)."""
   names = [t.strip() for t in ecfg.tasks.split(",") if t.strip()]
@@ -204,7 +226,8 @@ def run(graphdef, params, tokenizer, ecfg, *, cache_dir: str = "", mesh=None, ru
   """
   names = list(tasks) if tasks is not None else task_names(ecfg)
   featurizer = features_lib.Featurizer(graphdef, params, batch_size=ecfg.batch_size,
-                                       seq_len=ecfg.seq_len, layers=ecfg.layers, mesh=mesh, rules=rules)
+                                       seq_len=ecfg.seq_len, layers=ecfg.layers, mesh=mesh,
+                                       rules=rules, layer=layer_of(ecfg))
   results: dict = {}
   for name in names:
     start = time.perf_counter()

@@ -36,6 +36,13 @@ class Predictor(nnx.Module):
     self.kv_proj = (layers.param(rngs, (cfg.d_model, pd), (None, "embed"), cfg.std(), cfg.pdtype)
                     if pd != cfg.d_model else None)
     self.blocks = nnx.List([layers.CrossBlock(cfg, i, rngs) for i in range(cfg.predictor_layers)])
+    # Learned absolute positions (an ablation): one table added to queries and keys; RoPE is then
+    # switched off in the predictor (all positions 0 make it the identity).
+    if cfg.predictor_positions not in ("rope", "learned"):
+      raise ValueError(f"model.predictor_positions must be rope|learned, got {cfg.predictor_positions!r}")
+    self.pos_table = (layers.param(rngs, (cfg.max_positions, pd), (None, "embed"), cfg.std(),
+                                   cfg.pdtype)
+                      if cfg.predictor_positions == "learned" else None)
     self.norm = layers.RMSNorm(pd, cfg)
     self.head = layers.VocabHead(pd, cfg, rngs, tied=tied)
     self.self_attn = cfg.predictor_self_attn
@@ -50,6 +57,11 @@ class Predictor(nnx.Module):
     x = jnp.broadcast_to(self.mask_vec[...].astype(self.dtype), (b, q, self.mask_vec.shape[0]))
     x = layers.constrain(x, ("batch", "seq", "embed"))                     # [B, Q, d_pred]
     kv = enc_out if self.kv_proj is None else enc_out @ self.kv_proj[...].astype(self.dtype)
+    if self.pos_table is not None:
+      table = self.pos_table[...].astype(self.dtype)                        # [P, d_pred]
+      x = x + jnp.take(table, q_pos, axis=0)                                # [B, Q, d_pred]
+      kv = kv + jnp.take(table, enc_pos, axis=0)                            # [B, S, d_pred]
+      q_pos, enc_pos = jnp.zeros_like(q_pos), jnp.zeros_like(enc_pos)       # RoPE off
     cross_mask = layers.attention_mask(q_seg, enc_seg, q_view, enc_view, same_view=False)
     self_mask = layers.attention_mask(q_seg, q_seg, q_view, q_view) if self.self_attn else None
     for block in self.blocks:

@@ -80,6 +80,8 @@ def param_counts(model_name: str, cfg: ModelConfig) -> ParamCounts:
     if cfg.predictor_self_attn:
       per_layer_q += sum(_attn_params(pd, pd, cfg.pred_heads, cfg.pred_head_size)) + pd
     pred_q = cfg.predictor_layers * per_layer_q + pd + pd                  # + mask vector + final norm
+    if cfg.predictor_positions == "learned":
+      pred_q += cfg.max_positions * pd                                     # position table (a gather)
     pred_kv = cfg.predictor_layers * kv + (d * pd if pd != d else 0)       # + encoder->predictor proj
   head = 0 if cfg.tie_embeddings else head_d * v
   return ParamCounts(embedding=v * d, encoder=encoder, head=head, pred_q=pred_q, pred_kv=pred_kv)
@@ -121,6 +123,8 @@ def flops_per_token(model_name: str, cfg: ModelConfig, mask_cfg: MaskConfig, seq
   pd_attn = cfg.pred_heads * cfg.pred_head_size
   lp = cfg.predictor_layers
   norms_q = lp * 2 * pd + 2 * pd + (lp * pd if cfg.predictor_self_attn else 0)  # elementwise weights
+  if cfg.predictor_positions == "learned":
+    norms_q += cfg.max_positions * pd                                    # a table lookup, not a matmul
   pred_q_mm = pc.pred_q - norms_q
   head = 6 * pd * cfg.vocab_size
   if mask_cfg.cms:

@@ -32,6 +32,8 @@ class ModelConfig:
   predictor_d_model: int = 0      # predictor width; 0 = d_model (a projection is added when it differs)
   predictor_heads: int = 0        # predictor heads; 0 = num_heads (or d_pred // head_dim when narrower)
   predictor_self_attn: bool = False  # also let queries attend to each other (an ablation; default off)
+  predictor_positions: str = "rope"  # rope (queries placed by RoPE) | learned (absolute table, MAE-style)
+  max_positions: int = 0          # rows of the learned position table (>= seq_len); only for "learned"
   # ELECTRA generator and objective (ignored by BERT and CrossBERT).
   generator_width: float = 0.25   # generator d_model as a fraction of d_model (whole heads; ELECTRA: 1/4-1/3)
   generator_depth: float = 1.0    # generator layers as a fraction of num_layers (at least 1)
