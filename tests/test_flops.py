@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -67,3 +68,20 @@ def test_crossbert_cms_costs_less_than_bert_per_token_at_long_sequences():
   # CMS pays the vocabulary head on every token (BERT on 20%) and the predictor, saves attention.
   assert cms > 6 * pc.encoder and bert > 6 * pc.encoder
   assert abs(cms - bert) / bert < 0.5
+
+
+def test_every_ladder_rung_builds_for_every_family_with_the_analytic_counts():
+  from cbert_jax.models import FAMILIES, sizes
+  from cbert_jax.models.model_config import ModelConfig
+  rows = {r["size"]: r for r in sizes.table(vocab_size=1000, seq_len=128)}
+  for name, (d, layers, heads) in sizes.LADDER.items():
+    cfg = ModelConfig(vocab_size=1000, d_model=d, num_layers=layers, num_heads=heads,
+                      predictor_layers=sizes.default_predictor_layers(layers))
+    for family in ("bert", "crossbert", "electra"):
+      mask = helpers.mask_cfg(family, cms=family == "crossbert")
+      with nnx.use_eager_sharding(False):
+        abstract = nnx.eval_shape(lambda: FAMILIES[family](cfg, mask, nnx.Rngs(0)))
+      actual = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+      counts = flops_lib.param_counts(family, cfg)
+      assert actual == counts.total, (name, family)
+      assert rows[name][f"N_{family}"] == counts.non_embedding
