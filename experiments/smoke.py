@@ -1,7 +1,10 @@
-r"""Smoke run: a tiny CrossBERT (CMS on) on 18 public-domain books, minutes on a 2-core CPU.
+r"""Smoke run: a tiny CrossBERT (CMS on) on the offline corpus, minutes on a 2-core CPU.
 
   python -m cbert_jax.main --config experiments/smoke.py --workdir runs/smoke
   python -m cbert_jax.main --config experiments/smoke.py:model=bert --workdir runs/smoke_bert
+  python -m cbert_jax.main --config experiments/smoke.py:model=electra --workdir runs/smoke_electra
+
+Arguments: model (bert | crossbert | electra), size (a rung of models/sizes.py), steps, cms.
 
 Budget: 32 rows x 128 tokens x 300 steps = 1.2M tokens (~0.6 epoch of the corpus's ~2M train
 tokens at vocab 8192).

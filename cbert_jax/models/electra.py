@@ -148,9 +148,14 @@ class Electra(nnx.Module):
     bce = optax.sigmoid_binary_cross_entropy(out["disc_logits"], out["replaced"].astype(jnp.float32))
     disc_loss = (bce * w).sum() / n
     disc_acc = (((out["disc_logits"] > 0) == out["replaced"]) * w).sum() / n
+    # Recall on the replaced tokens: accuracy alone stays at 1 - replaced_frac while the
+    # discriminator only knows the prior ("nothing is replaced").
+    replaced_w = out["replaced"] * w
+    disc_recall = ((out["disc_logits"] > 0) * replaced_w).sum() / jnp.maximum(replaced_w.sum(), 1.0)
     loss = gen_loss + self.cfg.disc_weight * disc_loss
     return loss, {"loss": loss, "gen_loss": gen_loss, "disc_loss": disc_loss,
                   "masked_acc": gen_metrics["masked_acc"], "disc_acc": disc_acc,
+                  "disc_recall": disc_recall,
                   "replaced_frac": (out["replaced"] * w).sum() / n,
                   "num_targets": gen_metrics["num_targets"]}
 
