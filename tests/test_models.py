@@ -201,3 +201,19 @@ def test_init_std_and_depth_factor(depth_init, model_name):
   div = {"none": 1.0, "global": np.sqrt(2 * 5), "current": np.sqrt(2 * 4)}[depth_init]
   assert abs(wo.std() / (0.5 * 256 ** -0.5 / div) - 1) < 0.05
   assert np.abs(wq).max() <= 3 * 0.5 * 256 ** -0.5 + 1e-7  # truncated at 3 std
+
+
+@pytest.mark.parametrize("d_in,d_out", [(8, 24), (24, 8)])
+def test_dense_matches_matmul_in_value_and_gradient(d_in, d_out):
+  from cbert_jax.models.dense import dense
+  rs = np.random.RandomState(0)
+  x = jnp.asarray(rs.randn(3, 5, d_in), jnp.float32)
+  w = jnp.asarray(rs.randn(d_in, d_out), jnp.float32)
+  g = jnp.asarray(rs.randn(3, 5, d_out), jnp.float32)
+  f = lambda fn: jax.vjp(fn, x, w)
+  out_a, vjp_a = f(dense)
+  out_b, vjp_b = f(jnp.matmul)
+  np.testing.assert_allclose(out_a, out_b, rtol=1e-6)
+  for a, b in zip(vjp_a(g), vjp_b(g)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  assert dense(x, w, preferred_element_type=jnp.float32).dtype == jnp.float32

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from cbert_jax.models.dense import dense
 from cbert_jax.models.model_config import ModelConfig
 
 
@@ -88,16 +89,21 @@ class Attention(nnx.Module):
                mask: jax.Array) -> jax.Array:
     """x_q: [B, Sq, d_q]; x_kv: [B, Sk, d_kv]; pos_*: [B, S*]; mask: [B, Sq, Sk] bool -> [B, Sq, d_q]."""
     dt, names = self.dtype, ("batch", "seq", "heads", "kv")
-    q = constrain(jnp.einsum("bsd,dhk->bshk", x_q, self.wq[...].astype(dt)), names)
-    k = constrain(jnp.einsum("bsd,dhk->bshk", x_kv, self.wk[...].astype(dt)), names)
-    v = constrain(jnp.einsum("bsd,dhk->bshk", x_kv, self.wv[...].astype(dt)), names)
+
+    def project(x, w):  # [B, S, d] x [d, H, D] -> [B, S, H, D], as one [d, H*D] matmul
+      return dense(x, w[...].astype(dt).reshape(w.shape[0], -1)).reshape(x.shape[:2] + w.shape[1:])
+
+    q = constrain(project(x_q, self.wq), names)
+    k = constrain(project(x_kv, self.wk), names)
+    v = constrain(project(x_kv, self.wv), names)
     q, k = apply_rope(q, pos_q, self.theta), apply_rope(k, pos_kv, self.theta)
     # Logits and softmax in fp32 inside. A query with no allowed key (padding; a CMS query whose
     # document has no token in the other half) would get a uniform softmax over *all* keys, leaking
     # across documents and halves: its output is zeroed instead.
     o = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, :, :])    # [B, Sq, H, D]
     o = constrain(o * jnp.any(mask, axis=-1)[:, :, None, None].astype(o.dtype), names)
-    return jnp.einsum("bshk,hkd->bsd", o, self.wo[...].astype(dt))
+    b, sq = o.shape[:2]
+    return dense(o.reshape(b, sq, -1), self.wo[...].astype(dt).reshape(-1, self.wo.shape[-1]))
 
 
 class SwiGLU(nnx.Module):
@@ -112,9 +118,9 @@ class SwiGLU(nnx.Module):
 
   def __call__(self, x: jax.Array) -> jax.Array:  # x: [B, S, d]
     dt = self.dtype
-    h = jax.nn.silu(x @ self.w1[...].astype(dt)) * (x @ self.w3[...].astype(dt))  # [B, S, F]
+    h = jax.nn.silu(dense(x, self.w1[...].astype(dt))) * dense(x, self.w3[...].astype(dt))  # [B, S, F]
     h = constrain(h, ("batch", "seq", "mlp"))
-    return h @ self.w2[...].astype(dt)
+    return dense(h, self.w2[...].astype(dt))
 
 
 class Block(nnx.Module):
@@ -188,5 +194,5 @@ class VocabHead(nnx.Module):
 
   def __call__(self, h: jax.Array) -> jax.Array:  # h: [B, K, d] -> logits [B, K, V] fp32
     w = self.tied.table[...].T if self.tied is not None else self.w[...]
-    logits = jnp.einsum("bkd,dv->bkv", h, w.astype(self.dtype), preferred_element_type=jnp.float32)
+    logits = dense(h, w.astype(self.dtype), preferred_element_type=jnp.float32)  # [B, K, V]
     return constrain(logits, ("batch", "seq", "vocab"))
