@@ -128,6 +128,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.tie_embeddings = False   # output head = embedding table transposed
   c.model.compute_dtype = "float32"  # bfloat16 on TPU/GPU; float32 on CPU (bf16 is not faster there)
   c.model.param_dtype = "float32"  # parameters and optimizer state
+  c.model.remat = "none"           # activation recomputation per block: none | full | dots (keep
+                                   # matmul outputs, recompute the rest); trades FLOPs for memory
+  c.model.attention_impl = "auto"  # auto (= xla) | xla | cudnn (fused; GPU with bf16/fp16 only,
+                                   # opt-in: not yet verified with our masks on a GPU)
   c.model.predictor_layers = -1    # CrossBERT predictor depth; -1 = max(1, num_layers // 4)
   c.model.predictor_d_model = 0    # predictor width; 0 = d_model
   c.model.predictor_heads = 0      # predictor heads; 0 = num_heads (or width // head_dim if narrower)
@@ -225,6 +229,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}")
   if (m.head_dim or m.d_model // m.num_heads) % 2:
     raise ConfigError("model.head_dim must be even (RoPE rotates pairs)")
+  if m.remat not in ("none", "full", "dots"):
+    raise ConfigError(f"model.remat must be none|full|dots, got {m.remat!r}")
+  if m.attention_impl not in ("auto", "xla", "cudnn"):
+    raise ConfigError(f"model.attention_impl must be auto|xla|cudnn, got {m.attention_impl!r}")
   if m.depth_init not in ("none", "global", "current"):
     raise ConfigError(f"model.depth_init must be none|global|current, got {m.depth_init!r}")
   if config.model_name == "crossbert":

@@ -217,3 +217,23 @@ def test_dense_matches_matmul_in_value_and_gradient(d_in, d_out):
   for a, b in zip(vjp_a(g), vjp_b(g)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
   assert dense(x, w, preferred_element_type=jnp.float32).dtype == jnp.float32
+
+
+@pytest.mark.parametrize("model_name", ["bert", "crossbert"])
+def test_remat_keeps_loss_and_gradients_and_saves_memory(model_name):
+  from cbert_jax.models import encoder as encoder_lib
+  batch = helpers.packed_batch(b=4, t=32)
+  results, temps = {}, {}
+  for remat in ("none", "full", "dots"):
+    model = helpers.build(model_name, cfg=helpers.model_cfg(remat=remat, num_layers=3, d_model=64))
+    graphdef, params = nnx.split(model, nnx.Param)
+    fn = jax.jit(jax.value_and_grad(lambda p: nnx.merge(graphdef, p).loss(batch, RNG)[0]))
+    results[remat] = fn(params)
+    temps[remat] = fn.lower(params).compile().memory_analysis().temp_size_in_bytes
+  for remat in ("full", "dots"):
+    np.testing.assert_allclose(results[remat][0], results["none"][0], rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(results[remat][1]), jax.tree.leaves(results["none"][1])):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  assert temps["full"] < temps["none"], temps            # recomputation frees block activations
+  with pytest.raises(ValueError, match="model.remat must be none|full|dots"):
+    encoder_lib.remat_block("some")

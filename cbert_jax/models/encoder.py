@@ -11,6 +11,7 @@ class Encoder(nnx.Module):
   """Token embedding -> L pre-norm blocks -> final RMSNorm."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.cfg_remat = cfg.remat
     self.embed = layers.Embedding(cfg, rngs)
     self.blocks = nnx.List([layers.Block(cfg, i, rngs) for i in range(cfg.num_layers)])
     self.norm = layers.RMSNorm(cfg.d_model, cfg)
@@ -24,11 +25,27 @@ class Encoder(nnx.Module):
     """
     x = self.embed(tokens)                                                  # [B, S, d]
     hidden = [x]
+    run = remat_block(self.cfg_remat)
     for block in self.blocks:
-      x = block(x, positions, mask)
+      x = run(block, x, positions, mask)
       hidden.append(x)
     out = self.norm(x)
     return (out, jnp.stack(hidden)) if return_hidden else out
+
+
+REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+def remat_block(remat: str):
+  """block(x, positions, mask) as is (remat "none") or under `nnx.remat` with the named policy:
+  "full" keeps only each block's input, "dots" also keeps the matmul outputs (no batch dims)."""
+  def run(block, x, positions, mask):
+    return block(x, positions, mask)
+  if remat == "none":
+    return run
+  if remat not in REMAT_POLICIES:
+    raise ValueError(f"model.remat must be none|full|dots, got {remat!r}")
+  return nnx.remat(run, policy=REMAT_POLICIES[remat])
 
 
 def features(encoder: Encoder, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array):

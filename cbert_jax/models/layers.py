@@ -71,6 +71,21 @@ def attention_mask(seg_q: jax.Array, seg_k: jax.Array, view_q: jax.Array | None 
   return m
 
 
+def attention_implementation(impl: str, dtype) -> str | None:
+  """`implementation=` for jax.nn.dot_product_attention.
+
+  "auto" is XLA's on every backend for now: our masks (packed documents, CMS views) are arbitrary
+  boolean [Sq, Sk] masks, and cuDNN's fused kernel (`cudnn`, opt-in, 16-bit inputs on NVIDIA GPUs
+  only) has not been verified with them on a GPU in this project yet.
+  """
+  if impl == "auto":
+    return "xla"
+  if impl == "cudnn" and (jax.default_backend() != "gpu" or jnp.dtype(dtype).itemsize != 2):
+    raise ValueError("model.attention_impl=cudnn needs an NVIDIA GPU and compute_dtype "
+                     f"bfloat16/float16 (backend {jax.default_backend()}, dtype {jnp.dtype(dtype)})")
+  return impl
+
+
 class Attention(nnx.Module):
   """Multi-head attention; self-attention when x_kv is x_q, cross-attention otherwise."""
 
@@ -84,6 +99,7 @@ class Attention(nnx.Module):
     self.wo = param(rngs, (num_heads, head_dim, d_q), ("heads", "kv", "embed"), out_std, pd)
     self.theta = cfg.rope_theta
     self.dtype = cfg.dtype
+    self.impl = cfg.attention_impl
 
   def __call__(self, x_q: jax.Array, pos_q: jax.Array, x_kv: jax.Array, pos_kv: jax.Array,
                mask: jax.Array) -> jax.Array:
@@ -100,7 +116,8 @@ class Attention(nnx.Module):
     # Logits and softmax in fp32 inside. A query with no allowed key (padding; a CMS query whose
     # document has no token in the other half) would get a uniform softmax over *all* keys, leaking
     # across documents and halves: its output is zeroed instead.
-    o = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, :, :])    # [B, Sq, H, D]
+    o = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, :, :],
+                                     implementation=attention_implementation(self.impl, q.dtype))  # [B, Sq, H, D]
     o = constrain(o * jnp.any(mask, axis=-1)[:, :, None, None].astype(o.dtype), names)
     b, sq = o.shape[:2]
     return dense(o.reshape(b, sq, -1), self.wo[...].astype(dt).reshape(-1, self.wo.shape[-1]))

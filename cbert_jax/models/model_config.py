@@ -26,6 +26,8 @@ class ModelConfig:
   depth_init: str = "none"        # output-projection std divisor: none | global (sqrt(2(L+1))) | current (sqrt(2(l+1)))
   tie_embeddings: bool = False    # head = embedding table transposed
   compute_dtype: str = "float32"  # matmul/activation dtype (bfloat16 on TPU/GPU); params stay param_dtype
+  remat: str = "none"             # recompute block activations in backward: none | full | dots (save matmul outputs)
+  attention_impl: str = "auto"    # jax.nn.dot_product_attention implementation: auto (xla) | xla | cudnn
   param_dtype: str = "float32"    # storage dtype of parameters and optimizer state
   # CrossBERT predictor (ignored by BERT).
   predictor_layers: int = 1       # cross-attention blocks
