@@ -10,6 +10,7 @@ same shapes, alternating between contestants round by round so machine noise hit
   cbert_jax BERT                 20% masking, vocabulary head on the masked positions only
   cbert_jax CrossBERT            50% masking, no CMS (the encoder sees half the tokens)
   cbert_jax CrossBERT+CMS        two complementary views of T/2, every token a target
+  ... ce_chunk=32                the same, vocabulary head + CE 32 positions at a time (memory)
   HF BertForMaskedLM             transformers, built from a config (GELU FFN, dropout 0)
   HF ModernBertForMaskedLM       transformers, built from a config (GLU FFN, RoPE, no biases)
 Shapes (the Performance issue): tiny = 4 layers, d 256, 4 heads, FFN 1024, vocab 8192, seq 128,
@@ -68,14 +69,15 @@ SHAPES = {
     "small": Shape(layers=6, d=512, heads=8, ffn=2048, vocab=32768, seq=128, batch=16),
 }
 CONTESTANTS = ("cbert_jax BERT", "cbert_jax CrossBERT", "cbert_jax CrossBERT+CMS",
-               "HF BertForMaskedLM", "HF ModernBertForMaskedLM")
+               "cbert_jax CrossBERT+CMS ce_chunk=32", "HF BertForMaskedLM",
+               "HF ModernBertForMaskedLM")
 
 
 # ----------------------------------------------------------------------------------- cbert_jax --
 class JaxStep:
   """One cbert_jax model's jitted, donated train step on a fixed random batch."""
 
-  def __init__(self, family: str, shape: Shape, mask_ratio: float, cms: bool):
+  def __init__(self, family: str, shape: Shape, mask_ratio: float, cms: bool, **model_kw):
     import jax
     import jax.numpy as jnp
     import ml_collections
@@ -88,7 +90,7 @@ class JaxStep:
 
     s = shape
     cfg = ModelConfig(vocab_size=s.vocab, d_model=s.d, num_layers=s.layers, num_heads=s.heads,
-                      ffn_dim=s.ffn, predictor_layers=max(1, s.layers // 4))
+                      ffn_dim=s.ffn, predictor_layers=max(1, s.layers // 4), **model_kw)
     mask = MaskConfig(mask_ratio=mask_ratio, mask_id=MASK_ID, special_ids=SPECIAL, cms=cms)
     with nnx.use_eager_sharding(False):
       model = FAMILIES[family](cfg, mask, nnx.Rngs(0))
@@ -196,6 +198,8 @@ def build(name: str, shape: Shape):
     return JaxStep("crossbert", shape, 0.5, cms=False)
   if name == "cbert_jax CrossBERT+CMS":
     return JaxStep("crossbert", shape, 0.5, cms=True)
+  if name == "cbert_jax CrossBERT+CMS ce_chunk=32":   # logits 32 positions at a time (memory)
+    return JaxStep("crossbert", shape, 0.5, cms=True, ce_chunk=32)
   if name == "HF BertForMaskedLM":
     return TorchStep("bert", shape)
   if name == "HF ModernBertForMaskedLM":

@@ -130,6 +130,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.param_dtype = "float32"  # parameters and optimizer state
   c.model.remat = "none"           # activation recomputation per block: none | full | dots (keep
                                    # matmul outputs, recompute the rest); trades FLOPs for memory
+  c.model.ce_chunk = 0             # vocab projection + cross-entropy over this many target positions
+                                   # at a time, recomputed in backward (0 = all logits at once);
+                                   # saves the [B, K, V] logits' memory (CMS: K = T/2 per view)
   c.model.attention_impl = "auto"  # auto (= xla) | xla | cudnn (fused; GPU with bf16/fp16 only,
                                    # opt-in: not yet verified with our masks on a GPU)
   c.model.predictor_layers = -1    # CrossBERT predictor depth; -1 = max(1, num_layers // 4)
@@ -229,6 +232,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}")
   if (m.head_dim or m.d_model // m.num_heads) % 2:
     raise ConfigError("model.head_dim must be even (RoPE rotates pairs)")
+  if m.ce_chunk < 0:
+    raise ConfigError(f"model.ce_chunk must be >= 0 (0 = off), got {m.ce_chunk}")
   if m.remat not in ("none", "full", "dots"):
     raise ConfigError(f"model.remat must be none|full|dots, got {m.remat!r}")
   if m.attention_impl not in ("auto", "xla", "cudnn"):

@@ -237,3 +237,33 @@ def test_remat_keeps_loss_and_gradients_and_saves_memory(model_name):
   assert temps["full"] < temps["none"], temps            # recomputation frees block activations
   with pytest.raises(ValueError, match="model.remat must be none|full|dots"):
     encoder_lib.remat_block("some")
+
+
+@pytest.mark.parametrize("model_name,kw,chunk", [("bert", {}, 2), ("crossbert", {"cms": True}, 3),
+                                                 ("crossbert", {"cms": False}, 5)])
+def test_chunked_cross_entropy_equals_the_full_logits(model_name, kw, chunk):
+  batch = helpers.packed_batch(b=3, t=16)
+  vals = {}
+  for c in (0, chunk):                       # chunk sizes that do not divide K: padded chunks
+    model = helpers.build(model_name, cfg=helpers.model_cfg(ce_chunk=c), **kw)
+    graphdef, params = nnx.split(model, nnx.Param)
+    vals[c] = jax.value_and_grad(lambda p: nnx.merge(graphdef, p).loss(batch, RNG), has_aux=True)(params)
+  (l0, m0), g0 = vals[0]
+  (l1, m1), g1 = vals[chunk]
+  np.testing.assert_allclose(l1, l0, rtol=1e-6)
+  for key in ("masked_acc", "num_targets"):
+    np.testing.assert_allclose(m1[key], m0[key], rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_chunked_cross_entropy_never_holds_all_logits():
+  batch = {k: jnp.asarray(v) for k, v in helpers.packed_batch(b=8, t=64).items()}
+  temps = {}
+  for c in (0, 8):
+    cfg = helpers.model_cfg(vocab_size=8192, ce_chunk=c)
+    graphdef, params = nnx.split(helpers.build("crossbert", cfg=cfg, cms=True), nnx.Param)
+    fn = jax.jit(jax.grad(lambda p: nnx.merge(graphdef, p).loss(batch, RNG)[0]))
+    temps[c] = fn.lower(params).compile().memory_analysis().temp_size_in_bytes
+  logits_bytes = 8 * 64 * 8192 * 4                               # every token's fp32 logits (CMS)
+  assert temps[0] - temps[8] > logits_bytes // 2, temps

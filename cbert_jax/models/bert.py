@@ -5,7 +5,7 @@ from flax import nnx
 from cbert_jax import masking
 from cbert_jax.models import layers
 from cbert_jax.models.encoder import Encoder, features
-from cbert_jax.models.losses import masked_cross_entropy
+from cbert_jax.models.losses import head_loss
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 
 
@@ -24,12 +24,11 @@ class Bert(nnx.Module):
 
   def loss(self, batch: dict, rng: jax.Array):
     """batch: tokens, positions, segment_ids [B, T]. Returns (loss, metrics)."""
-    out = self.forward(batch, rng)
-    return masked_cross_entropy(out["logits"], out["targets"], out["weights"])
+    return head_loss(self.head, self.forward(batch, rng), self.cfg.ce_chunk)
 
   def forward(self, batch: dict, rng: jax.Array) -> dict:
     """Masking + encoder + head: {"logits" [B, K, V], "targets" [B, K], "weights" [B, K],
-    "masked_idx" [B, K], "encoder_out" [B, T, d]}."""
+    "masked_idx" [B, K], "encoder_out" [B, T, d], "head_in" [B, K, d]}."""
     mc = self.mask_cfg
     tokens, positions, seg = batch["tokens"], batch["positions"], batch["segment_ids"]
     r_split, r_corrupt = jax.random.split(rng)
@@ -40,8 +39,9 @@ class Bert(nnx.Module):
         r_corrupt, tokens, masked_idx, mask_id=mc.mask_id, vocab_size=self.cfg.vocab_size,
         special_ids=mc.special_ids, p_mask=mc.p_mask, p_random=mc.p_random)  # [B, T]
     out = self.encoder(corrupted, positions, layers.attention_mask(seg, seg))  # [B, T, d]
-    logits = self.head(masking.gather(out, masked_idx))                     # [B, K, V]
+    head_in = masking.gather(out, masked_idx)                               # [B, K, d]
+    logits = self.head(head_in)                                             # [B, K, V]
     targets = masking.gather(tokens, masked_idx)                            # [B, K]
     weights = masking.gather(can_mask, masked_idx).astype(logits.dtype)     # [B, K]
     return {"logits": logits, "targets": targets, "weights": weights, "masked_idx": masked_idx,
-            "encoder_out": out}
+            "encoder_out": out, "head_in": head_in}

@@ -22,7 +22,7 @@ from flax import nnx
 from cbert_jax import masking
 from cbert_jax.models import layers
 from cbert_jax.models.encoder import Encoder, features
-from cbert_jax.models.losses import masked_cross_entropy
+from cbert_jax.models.losses import head_loss
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 
 
@@ -49,7 +49,8 @@ class Predictor(nnx.Module):
     self.dtype = cfg.dtype
 
   def __call__(self, enc_out, enc_pos, enc_seg, q_pos, q_seg, enc_view=None, q_view=None):
-    """enc_out: [B, S, d]; enc_pos/enc_seg: [B, S]; q_pos/q_seg: [B, Q] -> logits [B, Q, V] fp32.
+    """enc_out: [B, S, d]; enc_pos/enc_seg: [B, S]; q_pos/q_seg: [B, Q] ->
+    (logits [B, Q, V] fp32, the head's input [B, Q, d_pred]).
 
     With view ids ([B, S] and [B, Q], in-place CMS) a query only attends to keys of the other view.
     """
@@ -66,7 +67,8 @@ class Predictor(nnx.Module):
     self_mask = layers.attention_mask(q_seg, q_seg, q_view, q_view) if self.self_attn else None
     for block in self.blocks:
       x = block(x, q_pos, kv, enc_pos, cross_mask, self_mask)
-    return self.head(self.norm(x))
+    h = self.norm(x)                                                        # [B, Q, d_pred]
+    return self.head(h), h
 
 
 def _views(x: jax.Array, idx: jax.Array) -> jax.Array:
@@ -93,12 +95,12 @@ class CrossBert(nnx.Module):
 
   def loss(self, batch: dict, rng: jax.Array):
     """batch: tokens, positions, segment_ids [B, T]. Returns (loss, metrics)."""
-    out = self.forward(batch, rng)
-    return masked_cross_entropy(out["logits"], out["targets"], out["weights"])
+    return head_loss(self.predictor.head, self.forward(batch, rng), self.cfg.ce_chunk)
 
   def forward(self, batch: dict, rng: jax.Array) -> dict:
     """Masking + encoder + predictor: {"logits" [R, Q, V], "targets" [R, Q], "weights" [R, Q],
-    "query_idx" [R, Q] (original positions), "encoder_out"} with R = B (no CMS, in-place) or 2B
+    "query_idx" [R, Q] (original positions), "encoder_out", "head_in" [R, Q, d_pred]} with
+    R = B (no CMS, in-place) or 2B
     (gather CMS: rows 2b, 2b+1 are the two views of sequence b)."""
     mc = self.mask_cfg
     tokens, pos, seg = batch["tokens"], batch["positions"], batch["segment_ids"]
@@ -108,24 +110,26 @@ class CrossBert(nnx.Module):
       masked, visible = masking.random_split(rng, can_mask, masking.num_masked(t, mc.mask_ratio))
       g = masking.gather
       enc = self.forward_encoder(g(tokens, visible), g(pos, visible), g(seg, visible))  # [B, T-K, d]
-      logits = self.predictor(enc, g(pos, visible), g(seg, visible), g(pos, masked), g(seg, masked))
+      logits, head_in = self.predictor(enc, g(pos, visible), g(seg, visible), g(pos, masked),
+                                       g(seg, masked))
       targets, weights, q_idx = g(tokens, masked), g(can_mask, masked), masked  # [B, K]
     elif mc.cms_form == "gather":
       idx_a, idx_b, _ = masking.cms_split(rng, bsz, t)                     # [B, T/2] each
       enc_idx = jnp.stack([idx_a, idx_b], axis=1)                          # [B, 2, T/2]: encoder sees
       q_idx = jnp.stack([idx_b, idx_a], axis=1)                            # [B, 2, T/2]: ...predicts
       enc = self.forward_encoder(_views(tokens, enc_idx), _views(pos, enc_idx), _views(seg, enc_idx))
-      logits = self.predictor(enc, _views(pos, enc_idx), _views(seg, enc_idx),
-                              _views(pos, q_idx), _views(seg, q_idx))      # [2B, T/2, V]
+      logits, head_in = self.predictor(enc, _views(pos, enc_idx), _views(seg, enc_idx),
+                                       _views(pos, q_idx), _views(seg, q_idx))  # [2B, T/2, V]
       targets, weights = _views(tokens, q_idx), _views(can_mask, q_idx)    # [2B, T/2]
       q_idx = q_idx.reshape(2 * bsz, t // 2)
     elif mc.cms_form == "inplace":
       _, _, view = masking.cms_split(rng, bsz, t)                          # [B, T] in {0, 1}
       enc = self.forward_encoder(tokens, pos, seg, view)                   # [B, T, d]
-      logits = self.predictor(enc, pos, seg, pos, seg, enc_view=view, q_view=view)  # [B, T, V]
+      logits, head_in = self.predictor(enc, pos, seg, pos, seg, enc_view=view,
+                                       q_view=view)                        # [B, T, V]
       targets, weights = tokens, can_mask
       q_idx = jnp.broadcast_to(jnp.arange(t), (bsz, t))
     else:
       raise ValueError(f"masking.cms_form must be gather|inplace, got {mc.cms_form!r}")
     return {"logits": logits, "targets": targets, "weights": weights.astype(logits.dtype),
-            "query_idx": q_idx, "encoder_out": enc}
+            "query_idx": q_idx, "encoder_out": enc, "head_in": head_in}

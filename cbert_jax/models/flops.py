@@ -99,9 +99,12 @@ def flops_per_token(model_name: str, cfg: ModelConfig, mask_cfg: MaskConfig, seq
   d_attn = cfg.num_heads * cfg.head_size
   # Norm scales are elementwise, not matmul weights: take them out of the 6N term.
   enc_mm = pc.encoder - (2 * cfg.num_layers + 1) * cfg.d_model
+  # model.ce_chunk recomputes the vocabulary projection in the backward pass: 8 instead of 6
+  # FLOPs per weight per target, executed (the algorithmic count stays 6).
+  head_mult = 8 if (executed and cfg.ce_chunk > 0) else 6
   if model_name == "bert":
     k = num_masked(t, r) / t
-    return 6 * enc_mm + 12 * cfg.num_layers * t * d_attn + k * 6 * cfg.d_model * cfg.vocab_size
+    return 6 * enc_mm + 12 * cfg.num_layers * t * d_attn + k * head_mult * cfg.d_model * cfg.vocab_size
   if model_name == "electra":
     # Discriminator: encoder + head (d x d, then d x 1) on every token. Generator: its encoder on
     # every token, the width projection in, and at the K targets the projection out and the
@@ -126,7 +129,7 @@ def flops_per_token(model_name: str, cfg: ModelConfig, mask_cfg: MaskConfig, seq
   if cfg.predictor_positions == "learned":
     norms_q += cfg.max_positions * pd                                    # a table lookup, not a matmul
   pred_q_mm = pc.pred_q - norms_q
-  head = 6 * pd * cfg.vocab_size
+  head = head_mult * pd * cfg.vocab_size
   if mask_cfg.cms:
     # Every token is encoded once (in a context of T/2) and predicted once (from a context of T/2).
     ctx = t if (executed and mask_cfg.cms_form == "inplace") else t / 2

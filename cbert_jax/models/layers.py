@@ -209,7 +209,11 @@ class VocabHead(nnx.Module):
       self.w = param(rngs, (d, cfg.vocab_size), ("embed", "vocab"), d ** -0.5 * cfg.init_scale, cfg.pdtype)
     self.dtype = cfg.dtype
 
-  def __call__(self, h: jax.Array) -> jax.Array:  # h: [B, K, d] -> logits [B, K, V] fp32
+  def weight(self) -> jax.Array:
+    """[d, V] in the compute dtype (the embedding table transposed when tied)."""
     w = self.tied.table[...].T if self.tied is not None else self.w[...]
-    logits = dense(h, w.astype(self.dtype), preferred_element_type=jnp.float32)  # [B, K, V]
+    return w.astype(self.dtype)
+
+  def __call__(self, h: jax.Array) -> jax.Array:  # h: [B, K, d] -> logits [B, K, V] fp32
+    logits = dense(h, self.weight(), preferred_element_type=jnp.float32)    # [B, K, V]
     return constrain(logits, ("batch", "seq", "vocab"))

@@ -27,6 +27,7 @@ class ModelConfig:
   tie_embeddings: bool = False    # head = embedding table transposed
   compute_dtype: str = "float32"  # matmul/activation dtype (bfloat16 on TPU/GPU); params stay param_dtype
   remat: str = "none"             # recompute block activations in backward: none | full | dots (save matmul outputs)
+  ce_chunk: int = 0               # vocab head + CE over this many target positions at a time (0 = all at once)
   attention_impl: str = "auto"    # jax.nn.dot_product_attention implementation: auto (xla) | xla | cudnn
   param_dtype: str = "float32"    # storage dtype of parameters and optimizer state
   # CrossBERT predictor (ignored by BERT).
