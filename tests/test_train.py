@@ -65,8 +65,11 @@ def test_resumed_run_logs_the_same_losses(tmp_path, cache_dir, model):
   assert full.num_traces == 1                           # the train step compiled once for 8 steps
 
 
-def test_sharded_step_equals_single_device(tmp_path, cache_dir):
-  mesh_222 = tiny_config(cache_dir, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "total_steps": 4})
+@pytest.mark.parametrize("memory_options", [{}, {"model.ce_chunk": 8, "model.remat": "dots"}])
+def test_sharded_step_equals_single_device(tmp_path, cache_dir, memory_options):
+  # The sharded run may also chunk the CE and recompute activations: still the plain run's losses.
+  mesh_222 = tiny_config(cache_dir, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "total_steps": 4},
+                         **memory_options)
   single = tiny_config(cache_dir, num_devices=1, total_steps=4)
   a = train.run(mesh_222, str(tmp_path / "sharded"))
   b = train.run(single, str(tmp_path / "single"))
