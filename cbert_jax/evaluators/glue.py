@@ -43,7 +43,7 @@ from absl import logging
 from cbert_jax.data import tfds_tasks
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import features as features_lib
-from cbert_jax.evaluators import probes, suite
+from cbert_jax.evaluators import suite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,9 +193,4 @@ def markdown(results: dict, title: str = "") -> str:
       also = ", ".join(f"{m} {v:.4f}" for m, v in extra.items()) or "-"
       lines.append(f"| {name} | {split} | {r['metric']} | {fmt(r.get('ridge', {}).get(split))} | "
                    f"{fmt(r.get('knn', {}).get(split))} | {also} |")
-  avg = results.get("average", {})
-  lines += ["", "average (headline splits): " + ", ".join(f"{k} {v:.4f}" for k, v in avg.items())]
-  for name, r in results.items():
-    if name != "average" and "layerwise" in r:
-      lines += ["", f"layer-wise ridge, {name}:", "", probes.markdown_table(r["layerwise"])]
-  return "\n".join(lines)
+  return "\n".join(lines + suite.markdown_footer(results, "headline splits"))

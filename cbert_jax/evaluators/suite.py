@@ -306,9 +306,14 @@ def markdown(results: dict, title: str = "") -> str:
       g = lambda m: r[f"pooler_{m}"]["test"][key] if f"pooler_{m}" in r else None
       lines.append(f"| {name} | {key} | {fmt(r['test'][key])} | {fmt(g('frozen'))} | "
                    f"{fmt(g('unfrozen'))} |")
+  return "\n".join(lines + markdown_footer(results, "test"))
+
+
+def markdown_footer(results: dict, split_label: str) -> list[str]:
+  """The lines every suite's table ends with: the averages, then each layer-wise ridge table."""
   avg = results.get("average", {})
-  lines += ["", "average (test): " + ", ".join(f"{k} {v:.4f}" for k, v in avg.items())]
+  lines = ["", f"average ({split_label}): " + ", ".join(f"{k} {v:.4f}" for k, v in avg.items())]
   for name, r in results.items():
     if name != "average" and "layerwise" in r:
       lines += ["", f"layer-wise ridge, {name}:", "", probes.markdown_table(r["layerwise"])]
-  return "\n".join(lines)
+  return lines
