@@ -66,6 +66,22 @@ def bert_corrupt(rng: jax.Array, tokens: jax.Array, masked_idx: jax.Array, *, ma
   return jnp.asarray(tokens).at[rows, masked_idx].set(new.astype(tokens.dtype))
 
 
+def mlm_corrupt(r_split: jax.Array, r_corrupt: jax.Array, tokens: jax.Array,
+                segment_ids: jax.Array, mask_cfg, vocab_size: int):
+  """The masked-LM input of BERT and of ELECTRA's generator: K = round(ratio * T) targets per row
+  among the maskable tokens, corrupted by `bert_corrupt` with `mask_cfg`'s p_mask / p_random.
+
+  Returns (corrupted [B, T], masked_idx [B, K], can_mask [B, T] bool).
+  """
+  can_mask = maskable(tokens, segment_ids, mask_cfg.special_ids)            # [B, T]
+  k = num_masked(tokens.shape[1], mask_cfg.mask_ratio)
+  masked_idx, _ = random_split(r_split, can_mask, k)                        # [B, K]
+  corrupted = bert_corrupt(
+      r_corrupt, tokens, masked_idx, mask_id=mask_cfg.mask_id, vocab_size=vocab_size,
+      special_ids=mask_cfg.special_ids, p_mask=mask_cfg.p_mask, p_random=mask_cfg.p_random)
+  return corrupted, masked_idx, can_mask
+
+
 def gather(x: jax.Array, idx: jax.Array) -> jax.Array:
   """x[b, idx[b, k], ...]: [B, T, ...] x [B, K] -> [B, K, ...]."""
   idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))

@@ -29,15 +29,10 @@ class Bert(nnx.Module):
   def forward(self, batch: dict, rng: jax.Array) -> dict:
     """Masking + encoder + head: {"logits" [B, K, V], "targets" [B, K], "weights" [B, K],
     "masked_idx" [B, K], "encoder_out" [B, T, d], "head_in" [B, K, d]}."""
-    mc = self.mask_cfg
     tokens, positions, seg = batch["tokens"], batch["positions"], batch["segment_ids"]
     r_split, r_corrupt = jax.random.split(rng)
-    can_mask = masking.maskable(tokens, seg, mc.special_ids)               # [B, T]
-    k = masking.num_masked(tokens.shape[1], mc.mask_ratio)
-    masked_idx, _ = masking.random_split(r_split, can_mask, k)             # [B, K]
-    corrupted = masking.bert_corrupt(
-        r_corrupt, tokens, masked_idx, mask_id=mc.mask_id, vocab_size=self.cfg.vocab_size,
-        special_ids=mc.special_ids, p_mask=mc.p_mask, p_random=mc.p_random)  # [B, T]
+    corrupted, masked_idx, can_mask = masking.mlm_corrupt(
+        r_split, r_corrupt, tokens, seg, self.mask_cfg, self.cfg.vocab_size)  # [B, T], [B, K], [B, T]
     out = self.encoder(corrupted, positions, layers.attention_mask(seg, seg))  # [B, T, d]
     head_in = masking.gather(out, masked_idx)                               # [B, K, d]
     logits = self.head(head_in)                                             # [B, K, V]

@@ -166,12 +166,8 @@ class Electra(nnx.Module):
     mc = self.mask_cfg
     tokens, positions, seg = batch["tokens"], batch["positions"], batch["segment_ids"]
     r_split, r_corrupt, r_sample = jax.random.split(rng, 3)
-    can_mask = masking.maskable(tokens, seg, mc.special_ids)                # [B, T]
-    k = masking.num_masked(tokens.shape[1], mc.mask_ratio)
-    masked_idx, _ = masking.random_split(r_split, can_mask, k)              # [B, K]
-    gen_in = masking.bert_corrupt(
-        r_corrupt, tokens, masked_idx, mask_id=mc.mask_id, vocab_size=self.cfg.vocab_size,
-        special_ids=mc.special_ids, p_mask=mc.p_mask, p_random=mc.p_random)  # [B, T]
+    gen_in, masked_idx, can_mask = masking.mlm_corrupt(
+        r_split, r_corrupt, tokens, seg, mc, self.cfg.vocab_size)           # [B, T], [B, K], [B, T]
     attn = layers.attention_mask(seg, seg)                                  # [B, T, T]
     gen_logits = self.generator(gen_in, positions, attn, masked_idx)        # [B, K, V]
     weights = masking.gather(can_mask, masked_idx).astype(jnp.float32)     # [B, K]
