@@ -1,0 +1,35 @@
+"""The accelerator benchmark script runs end to end on CPU (bf16 compute switch included)."""
+import json
+
+import pytest
+
+from benchmarks import accelerator_step
+from cbert_jax.models import flops as flops_lib
+from cbert_jax.models.model_config import MaskConfig, ModelConfig
+
+
+def test_accelerator_step_cpu_dry_run_bf16(tmp_path):
+  info = accelerator_step.main(
+      ["--d", "64", "--layers", "2", "--heads", "2", "--vocab", "512", "--seq", "32",
+       "--batch", "4", "--dtype", "bfloat16", "--steps", "2", "--warmup", "1",
+       "--contestants", "BERT,CrossBERT+CMS", "--out", str(tmp_path)])
+  on_disk = json.loads((tmp_path / "accelerator_step.json").read_text())
+  assert on_disk["results"].keys() == {"BERT", "CrossBERT+CMS"}
+  assert on_disk["dtype"] == "bfloat16" and on_disk["shape"]["ffn"] == 256
+  for name, family, ratio, cms in (("BERT", "bert", 0.2, False),
+                                   ("CrossBERT+CMS", "crossbert", 0.5, True)):
+    r = info["results"][name]
+    cfg = ModelConfig(vocab_size=512, d_model=64, num_layers=2, num_heads=2, predictor_layers=1)
+    mask = MaskConfig(mask_ratio=ratio, mask_id=4, special_ids=(0, 2, 3, 4), cms=cms)
+    per_step = flops_lib.flops_per_token(family, cfg, mask, 32) * 4 * 32
+    assert r["tokens_per_s"] == pytest.approx(4 * 32 / r["step_s"])
+    assert r["model_flops_per_s"] == pytest.approx(per_step / r["step_s"])
+    assert r["mfu"] == pytest.approx(r["model_flops_per_s"] / info["peak_flops"])
+    assert r["step_s_min"] <= r["step_s"] <= r["step_s_max"]
+  assert "| CrossBERT+CMS |" in (tmp_path / "accelerator_step.md").read_text()
+
+
+def test_accelerator_step_rejects_unknown_contestant(capsys):
+  with pytest.raises(SystemExit):
+    accelerator_step.main(["--contestants", "BERT,GPT"])
+  assert "--contestants: unknown 'GPT'" in capsys.readouterr().err
