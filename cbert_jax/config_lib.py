@@ -8,6 +8,7 @@ any expensive work and raises `ConfigError` naming the field. The resolved confi
 """
 import ast
 import dataclasses
+import difflib
 
 import ml_collections
 
@@ -73,6 +74,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_every = 0                 # steps between validation-loss evals; 0 = only at the end
   c.eval_batches = 4               # validation batches per eval (fixed rows, fixed masks)
   c.stop_after_step = 0            # > 0: checkpoint and exit after this step, as on preemption
+  c.allow_config_change = False    # resume a workdir whose config.json differs in fields that
+                                   # change the run (the error lists them; cbert_jax/workdir.py)
   c.num_devices = 0                # use only the first N devices (0 = all): debugging, tests
   c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = table (TPU/GPU) or measured (CPU)
   c.compilation_cache_dir = ""     # JAX persistent compilation cache ("" = off)
@@ -177,6 +180,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.preprocess_workers = 0    # tokenize/pack worker processes; 0 = all cores (output is the same for any count)
   c.data.shard_input_mb = 256      # input MiB per task / output shard (part of the cache key)
 
+  c.faults = ml_collections.ConfigDict()  # numerical faults (cbert_jax/guard.py); non-finite always stops
+  c.faults.spike = "warn"          # on a loss spike: off | warn | skip (do not apply that update) |
+                                   # rollback (last checkpoint, data advanced past the batch);
+                                   # every spike also writes workdir/diagnostics/step_<n>/
+  c.faults.threshold = 6.0         # spike: loss above its running mean by > threshold running stds
+  c.faults.min_jump = 0.1          # ... and by > this fraction of the running mean
+  c.faults.ema = 0.98              # decay of the running mean and variance of the loss
+  c.faults.warmup = 50             # steps of statistics before spikes are judged
+  c.faults.max_rollbacks = 3       # rollback: stop with an error after this many in one run
+  c.faults.plant_nan_step = 0      # tests: update N's loss (and gradients) become NaN; 0 = off
+  c.faults.plant_spike_batches = ""  # tests: these 1-based global batches (e.g. "9,12") are
+                                   # corrupted (every token -> the last vocabulary id): a data spike
+
   c.optim = ml_collections.ConfigDict()
   c.optim.lr = 3e-3                # peak learning rate
   c.optim.b1 = 0.9                 # AdamW beta1
@@ -197,8 +213,77 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def check_fields(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError for a field `base_config` lacks or a value of the wrong type.
+
+  ml_collections accepts both inside an experiment file: a new key (`c.batchsize = 64`, a typo)
+  and None or a bool for a number. Command-line overrides are checked by the flag parser.
+  """
+  _check_fields(config, base_config(), "")
+
+
+def _check_fields(node, base, prefix: str) -> None:
+  for key in node.keys():
+    path, value = prefix + key, node[key]
+    if key not in base:
+      raise ConfigError(unknown_field(path))
+    want = base[key]
+    if isinstance(want, ml_collections.ConfigDict):
+      if not isinstance(value, (ml_collections.ConfigDict, dict)):
+        raise ConfigError(f"{path}: expected a group of fields ({', '.join(want.keys())}), "
+                          f"got {value!r}")
+      _check_fields(value, want, path + ".")
+    elif not _type_ok(value, want):
+      raise ConfigError(f"{path}: expected {_type_name(want)}, got {value!r}")
+
+
+def _type_ok(value, want) -> bool:
+  if isinstance(want, bool) or isinstance(value, bool):
+    return isinstance(want, bool) and isinstance(value, bool)
+  if isinstance(want, float):
+    return isinstance(value, (int, float))
+  if isinstance(want, (tuple, list)):
+    return isinstance(value, (tuple, list))
+  return isinstance(value, type(want))
+
+
+def _type_name(want) -> str:
+  if isinstance(want, bool):
+    return "true or false"
+  return "a tuple" if isinstance(want, (tuple, list)) else type(want).__name__
+
+
+def _leaves(node, prefix: str = ""):
+  for key in node.keys():
+    if isinstance(node[key], ml_collections.ConfigDict):
+      yield from _leaves(node[key], prefix + key + ".")
+    else:
+      yield prefix + key, node[key]
+
+
+def expected_type(path: str) -> str | None:
+  """What the field at dotted `path` holds ("int", "float", "true or false", ...); None if none."""
+  return next((_type_name(v) for k, v in _leaves(base_config()) if k == path), None)
+
+
+def unknown_field(path: str) -> str:
+  """The message for a dotted field path that `base_config` lacks, with the closest known one."""
+  known = [k for k, _ in _leaves(base_config())]
+  leaf = path.rsplit(".", 1)[-1]
+  same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == leaf]
+  guess = difflib.get_close_matches(path, same_leaf or known, n=1,
+                                    cutoff=0.0 if same_leaf else 0.75)
+  hint = f" (did you mean {guess[0]!r}?)" if guess else ""
+  return (f"unknown config field {path!r}{hint}; every field is listed in "
+          "cbert_jax/config_lib.py:base_config")
+
+
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Fill derived fields in place (size -> dims, predictor depth, mask ratio) and return config."""
+  """Fill derived fields in place (size -> dims, predictor depth, mask ratio) and return config.
+
+  Unknown fields and values of the wrong type (see `check_fields`) raise ConfigError first.
+  """
+  check_fields(config)
   if config.model_name not in FAMILIES:
     raise ConfigError(f"model_name: unknown model {config.model_name!r}; expected one of "
                       f"{', '.join(FAMILIES)}")
@@ -218,7 +303,8 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   """Everything checkable before data preparation or compilation; raises ConfigError."""
-  from cbert_jax import sharding  # local: imports jax, and config files should stay light
+  from cbert_jax import guard, sharding  # local: imports jax, and config files should stay light
+  check_fields(config)
   m, mk, d = config.model, config.masking, config.data
   if config.model_name not in FAMILIES:
     raise ConfigError(f"model_name: unknown model {config.model_name!r}; expected one of "
@@ -270,16 +356,41 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   for name in ("total_steps", "batch_size", "log_every", "checkpoint_every"):
     if config[name] <= 0:
       raise ConfigError(f"{name} must be positive, got {config[name]}")
+  for name, value in (("keep_checkpoints", config.keep_checkpoints),
+                      ("eval_batches", config.eval_batches)):
+    if value < 1:
+      raise ConfigError(f"{name} must be >= 1, got {value}")
+  for name, value, zero in (("eval_every", config.eval_every, "only at the end"),
+                            ("evals.every", config.evals.every, "off"),
+                            ("stop_after_step", config.stop_after_step, "off"),
+                            ("num_devices", config.num_devices, "all")):
+    if value < 0:
+      raise ConfigError(f"{name} must be >= 0 (0 = {zero}), got {value}")
+  if config.stop_after_step > config.total_steps:
+    raise ConfigError(f"stop_after_step={config.stop_after_step} is beyond total_steps="
+                      f"{config.total_steps}, so it would never stop the run (0 = off)")
+  if config.num_devices > num_devices:
+    raise ConfigError(f"num_devices={config.num_devices}, but only {num_devices} devices are "
+                      "available (0 = all)")
   if d.seq_len < 8:
     raise ConfigError(f"data.seq_len must be >= 8, got {d.seq_len}")
+  guard.GuardConfig.from_config(config.faults)   # faults.* ranges and names
+  guard.planted_batches(config.faults.plant_spike_batches)
+  if config.faults.max_rollbacks < 0:
+    raise ConfigError(f"faults.max_rollbacks must be >= 0, got {config.faults.max_rollbacks}")
   if config.optim.schedule not in ("wsd", "cosine", "constant"):
     raise ConfigError(f"optim.schedule must be wsd|cosine|constant, got {config.optim.schedule!r}")
   data_cfg = data_config(config)
+  if data_cfg.corpus not in (*corpus_lib.CORPUS_KINDS, "sources"):
+    raise ConfigError(f"data.corpus must be one of "
+                      f"{', '.join(repr(k) for k in (*corpus_lib.CORPUS_KINDS, 'sources'))}, "
+                      f"got {data_cfg.corpus!r}")
   if data_cfg.corpus == "sources":               # the data package validates its own fields
     sources_lib.check_sources_config(data_cfg)
   else:
     corpus_lib.check_corpus_config(data_cfg)
   tokenizer_lib.check_tokenizer_config(data_cfg)
+  _check_rules(config.sharding_rules, sharding.AXES)
   # Mesh against the devices, and the batch against the data-parallel part of the mesh.
   ici, dcn = sharding.mesh_shape(config.mesh, num_devices, config.mesh_dcn)
   dp = 1
@@ -289,6 +400,21 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   if config.batch_size % dp:
     raise ConfigError(f"batch_size={config.batch_size} is not divisible by the data-parallel size {dp} "
                       f"(mesh {shape})")
+
+
+def _check_rules(rules, mesh_axes: tuple[str, ...]) -> None:
+  """sharding_rules: (logical name, mesh axes) pairs, one for every logical name the models use."""
+  for rule in rules:
+    ok = isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)
+    axes = rule[1] if ok else None
+    axes = (axes,) if isinstance(axes, str) else axes or ()
+    if not ok or not isinstance(axes, (tuple, list)) or any(a not in mesh_axes for a in axes):
+      raise ConfigError(f"sharding_rules: expected (logical name, mesh axes) pairs, the mesh axes "
+                        f"None or among {', '.join(mesh_axes)}; got {rule!r}")
+  missing = [n for n, _ in DEFAULT_RULES if n not in {r[0] for r in rules}]
+  if missing:
+    raise ConfigError(f"sharding_rules: no rule for {', '.join(missing)} (every logical axis "
+                      "needs one; None = replicated)")
 
 
 def _batch_axes(rules) -> tuple[str, ...]:

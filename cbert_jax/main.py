@@ -1,10 +1,13 @@
 r"""Entry point: `python -m cbert_jax.main --config experiments/smoke.py[:arg] --workdir DIR`.
 
-Any config field can be overridden: `--config.total_steps=50 --config.model.size=d64L2`. Multi-host
-runs (TPU pods, multi-node GPU) call `jax.distributed.initialize()` when `--multiprocess` is set or a
-cluster environment is detected by JAX; single-host runs need nothing.
+Any config field can be overridden: `--config.total_steps=50 --config.model.size=d64L2`. Multi-process
+runs start one process per host (or several on one machine) with `--num_processes=N --process_id=i
+--coordinator_address=HOST:PORT` (process 0's host), or with `--multiprocess` where JAX detects the
+cluster (TPU pods, SLURM, Open MPI); single-process runs need nothing. Every process then checks
+that all are present and run the same code and config (`cbert_jax/distributed.py`).
 """
 import os
+import re
 import sys
 
 from absl import app, flags, logging
@@ -16,6 +19,12 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment file[:arg]
 _WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, metrics and config.json go")
 _MULTIPROCESS = flags.DEFINE_bool("multiprocess", False,
                                   "call jax.distributed.initialize() (auto-detected on TPU pods / SLURM)")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "HOST:PORT of process 0, where the coordinator listens")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 1, "processes in the run (> 1: multi-process)")
+_PROCESS_ID = flags.DEFINE_integer("process_id", 0, "this process's index in 0..num_processes-1")
+_INIT_TIMEOUT = flags.DEFINE_float("init_timeout", 300.0,
+                                   "seconds to wait for every process to join before exiting")
 
 
 class _QuietLibraries:
@@ -29,13 +38,22 @@ def main(argv):
   logging.get_absl_handler().addFilter(_QuietLibraries())
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  import jax  # after flag parsing, so XLA_FLAGS from the environment apply
-  if _MULTIPROCESS.value:
-    jax.distributed.initialize()
-  from cbert_jax import train  # imports the heavy stack
   config = _CONFIG.value
   if config is None:
     raise app.UsageError("--config is required, e.g. --config experiments/smoke.py")
+  from cbert_jax import distributed  # imports jax after flag parsing, so XLA_FLAGS from the env apply
+  try:
+    if _NUM_PROCESSES.value > 1:
+      if not _COORDINATOR.value:
+        raise app.UsageError("--num_processes > 1 needs --coordinator_address=HOST:PORT (process 0's)")
+      distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                             _INIT_TIMEOUT.value)
+    elif _MULTIPROCESS.value:
+      distributed.initialize(timeout_s=_INIT_TIMEOUT.value)
+  except distributed.DistributedError as e:
+    print(f"distributed error: {e}", file=sys.stderr)
+    sys.exit(distributed.EXIT_CODE)
+  from cbert_jax import train  # imports the heavy stack
   workdir = _WORKDIR.value or os.path.join("runs", config.get("name", "run"))
   logging.info("workdir: %s", os.path.abspath(workdir))
   try:
@@ -52,30 +70,91 @@ def main(argv):
   except train.NonFiniteError as e:
     print(f"training stopped: {e}", file=sys.stderr)
     sys.exit(3)
+  except distributed.DistributedError as e:
+    print(f"distributed error: {e}", file=sys.stderr)
+    sys.exit(distributed.EXIT_CODE)
   logging.info("done: step %d, train/loss %.4f -> %.4f, eval %s", summary.final_step,
                summary.first_loss, summary.last_loss, summary.eval)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl flag parsing, with an unknown `--config.FIELD` reported in one line (ml_collections
-  raises a bare AttributeError/KeyError there, which absl would print as a traceback)."""
+  """absl flag parsing, with bad `--config` input reported in one line and exit status 2.
+
+  ml_collections raises these as tracebacks or multi-line flag errors: an unknown `--config.FIELD`
+  (a bare AttributeError/KeyError), a value that does not parse as the field's type, a wrong type
+  or a ConfigError inside the experiment file, and an experiment file that does not exist.
+  """
   try:
-    return flags.FLAGS(argv)
+    rest = flags.FLAGS(argv)
   except flags.Error as e:
-    # An experiment file's get_config raised ConfigError: ml_collections wraps it with a traceback.
-    marker = "cbert_jax.errors.ConfigError: "
-    if marker in str(e):
-      print(f"config error: {str(e).split(marker)[-1].strip()}", file=sys.stderr)
-      sys.exit(2)
+    message = _flag_error_message(str(e), argv)
+    if message:
+      _config_error(message)
     print(f"FATAL Flags parsing error: {e}\nPass --helpshort or --helpfull to see help on flags.",
           file=sys.stderr)
     sys.exit(1)
+  except OSError as e:   # an override (--config.X=V) of an experiment file that failed to load
+    _config_error(_flag_error_message(str(e), argv) or f"--config={_config_spec(argv)}: {e}")
   except (AttributeError, KeyError) as e:
+    from cbert_jax import config_lib  # pylint: disable=g-import-not-at-top (the error path only)
     name = str(e).strip("\"'")
-    culprit = next((a for a in argv if a.startswith("--config.") and name in a), name)
-    print(f"config error: {culprit}: unknown config field {name!r} (every field is listed in "
-          f"cbert_jax/config_lib.py:base_config)", file=sys.stderr)
-    sys.exit(2)
+    args = [a for a in argv if a.startswith("--config.") and name in a.split("=")[0]]
+    unknown = [a for a in args if config_lib.expected_type(_field_path(a)) is None]
+    culprit = (unknown or args or [None])[0]
+    where = culprit or _config_spec(argv)
+    _config_error(f"{where}: {config_lib.unknown_field(_field_path(culprit) if culprit else name)}")
+  try:
+    if _CONFIG.value is not None:
+      _CONFIG.value.keys()  # an experiment file that failed to load raises here, not while parsing
+  except OSError as e:
+    _config_error(_flag_error_message(str(e), argv) or f"--config={_config_spec(argv)}: {e}")
+  return rest
+
+
+def _flag_error_message(text: str, argv: list[str]) -> str | None:
+  """The one-line message for an absl/ml_collections flag error about `--config`, or None."""
+  marker = "cbert_jax.errors.ConfigError: "  # an experiment file's get_config raised ConfigError
+  if marker in text:
+    return text.split(marker)[-1].strip()
+  if "Failed loading config file" in text:
+    detail = text.strip().splitlines()[-1].strip()
+    return f"--config={_config_spec(argv)}: cannot load the experiment file ({detail})"
+  cast = re.search(r"Could not override field '(\w+)' \(reference\)\. (.*) is of original type "
+                   r"<class '(\w+)'> and cannot be casted to type <class '([\w.]+)'>", text)
+  if cast:   # the experiment file assigned a value of another type
+    field, value, got, want = cast.groups()
+    return (f"{_config_spec(argv)} sets {field} to {value} ({got}); expected "
+            f"{'true or false' if want == 'bool' else want.rsplit('.', 1)[-1]}")
+  flag = re.match(r"flag --config\.([\w.]+)=", text.strip())
+  if flag:   # a --config.FIELD=VALUE that does not parse as the field's type
+    from cbert_jax import config_lib  # pylint: disable=g-import-not-at-top (the error path only)
+    path = flag.group(1)
+    given = [a for a in argv if a.startswith(f"--config.{path}=") and f"flag {a}: " in text]
+    value = given[-1].split("=", 1)[1] if given else text.strip()[flag.end():].split(": ")[0]
+    expected = config_lib.expected_type(path)
+    if expected:
+      return f"--config.{path}={value}: expected {expected}, got {value!r}"
+  return None
+
+
+def _field_path(arg: str) -> str:
+  """`--config.model.size=d64L2` -> `model.size`."""
+  return arg[len("--config."):].split("=", 1)[0]
+
+
+def _config_spec(argv: list[str]) -> str:
+  """The `--config` value (the experiment file[:arg]) as the user typed it."""
+  for i in reversed(range(len(argv))):   # absl keeps the last one
+    if argv[i].startswith("--config="):
+      return argv[i].split("=", 1)[1]
+    if argv[i] == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return "the experiment file"
+
+
+def _config_error(message: str) -> None:
+  print(f"config error: {message}", file=sys.stderr)
+  sys.exit(2)
 
 
 def run():

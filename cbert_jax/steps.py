@@ -10,27 +10,54 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from cbert_jax import guard
+
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, lr_schedule,
-                    trace_counter: list | None = None):
-  """train_step(params, opt_state, batch, step, rng) -> (params, opt_state, metrics)."""
+                    trace_counter: list | None = None, guard_cfg: guard.GuardConfig | None = None):
+  """train_step(params, opt_state, batch, step, rng) -> (params, opt_state, metrics).
 
-  def train_step(params, opt_state, batch, step, rng):
+  With `guard_cfg` (the trainer), the step also carries the loss statistics of `guard`:
+  train_step(params, opt_state, guard_state, batch, step, rng)
+    -> (params, opt_state, guard_state, metrics), metrics with spike / loss_z / skipped and
+  `grad_sq` ({parameter path: squared gradient norm}, for diagnostics); with
+  `guard_cfg.spike == "skip"` a spike's update is not applied.
+  """
+
+  def update(params, opt_state, batch, step, rng):
     if trace_counter is not None:
       trace_counter.append(1)  # Python side effect: runs once per trace, not per call
     step_rng = jax.random.fold_in(rng, step)
 
     def loss_fn(p):
-      return nnx.merge(graphdef, p).loss(batch, step_rng)
+      loss, metrics = nnx.merge(graphdef, p).loss(batch, step_rng)
+      if guard_cfg is not None:
+        loss = guard.plant(guard_cfg, loss, step)
+        metrics = dict(metrics, loss=loss)
+      return loss, metrics
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    metrics = dict(metrics, grad_norm=optax.tree.norm(grads), param_norm=optax.tree.norm(params),
-                   lr=lr_schedule(step))
-    return params, opt_state, metrics
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=lr_schedule(step))
+    return loss, grads, new_params, new_opt_state, metrics
 
-  return train_step
+  def train_step(params, opt_state, batch, step, rng):
+    _, _, params, opt_state, metrics = update(params, opt_state, batch, step, rng)
+    return params, opt_state, dict(metrics, param_norm=optax.tree.norm(params))
+
+  def guarded_train_step(params, opt_state, guard_state, batch, step, rng):
+    loss, grads, new_params, new_opt_state, metrics = update(params, opt_state, batch, step, rng)
+    _, apply, guard_state, guard_metrics = guard.step_check(guard_cfg, guard_state, loss)
+    if guard_cfg.spike == "skip":        # keep the old state where the step was a spike
+      keep = lambda new, old: jnp.where(apply, new, old)
+      new_params = jax.tree.map(keep, new_params, params)
+      new_opt_state = jax.tree.map(keep, new_opt_state, opt_state)
+    metrics = dict(metrics, **guard_metrics, param_norm=optax.tree.norm(new_params),
+                   grad_sq=guard.grad_sq_by_param(grads))
+    return new_params, new_opt_state, guard_state, metrics
+
+  return train_step if guard_cfg is None else guarded_train_step
 
 
 def make_eval_step(graphdef: nnx.GraphDef):

@@ -20,7 +20,8 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from cbert_jax import checkpoint as ckpt_lib
-from cbert_jax import config_lib, hardware, metrics as metrics_lib, optim, sharding, steps
+from cbert_jax import distributed
+from cbert_jax import config_lib, guard, hardware, metrics as metrics_lib, optim, sharding, steps
 from cbert_jax.data import packing, pipeline
 from cbert_jax.models import FAMILIES
 from cbert_jax.models import flops as flops_lib
@@ -46,9 +47,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
   """Train `config.model_name` as configured, in (or resuming from) `workdir`."""
   # ---------------------------------------------------------------- setup ---
   workdir = os.path.abspath(workdir)  # orbax needs absolute paths
+  if jax.process_count() > 1:  # first, so a config bad on one process cannot strand the others
+    distributed.check_same_run(config)
   config = config_lib.resolve(config)
   devices = jax.devices()[:config.num_devices] if config.num_devices > 0 else jax.devices()
   config_lib.validate(config, len(devices))
+  from cbert_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  # A workdir of a run with another config is refused here, before anything is written.
+  workdir_lib.check_config(workdir, config, is_primary=jax.process_index() == 0)
   is_primary = jax.process_index() == 0
   if is_primary:
     os.makedirs(workdir, exist_ok=True)
@@ -77,6 +83,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
   rules = tuple(tuple(r) for r in config.sharding_rules)
   total_steps = config.total_steps
   tx, lr_schedule = optim.make_optimizer(config.optim, total_steps)
+  guard_cfg = guard.GuardConfig.from_config(config.faults)
   make_model, graphdef, abs_params, p_sh = abstract_model(config.model_name, model_cfg, mask_cfg,
                                                           mesh, rules)
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
@@ -98,16 +105,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     if start_step:
       with timers.span("checkpoint"):
-        params, opt_state, data_state, _ = checkpointer.restore(
+        params, opt_state, data_state, meta = checkpointer.restore(
             start_step, ckpt_lib.abstract_like(abs_params, p_sh),
             ckpt_lib.abstract_like(jax.eval_shape(tx.init, abs_params), o_sh))
       train_iter.set_state(data_state)
+      guard_state = guard.state_from_json(meta.get("guard"))
       logging.info("resumed from checkpoint at step %d", start_step)
     else:
-      def init_fn(key):
-        params = nnx.state(make_model(key), nnx.Param)
-        return params, tx.init(params)
-      params, opt_state = jax.jit(init_fn, out_shardings=(p_sh, o_sh))(init_key)
+      params, opt_state = init_state(make_model, tx, p_sh, o_sh, init_key)
+      guard_state = guard.init_state()
 
   writer = metrics_lib.MetricWriter(workdir, is_primary=is_primary, resume_step=start_step or None)
   overview = metrics_lib.parameter_overview(params, include_stats=counts.total < 100_000_000)
@@ -133,15 +139,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
 
   # --------------------------------------------------------------- compile ---
   traces = []
-  train_step = jax.jit(steps.make_train_step(graphdef, tx, lr_schedule, traces),
-                       in_shardings=(p_sh, o_sh, batch_sh, rep, rep),
-                       out_shardings=(p_sh, o_sh, rep), donate_argnums=(0, 1))
+  train_step = jax.jit(steps.make_train_step(graphdef, tx, lr_schedule, traces, guard_cfg),
+                       in_shardings=(p_sh, o_sh, rep, batch_sh, rep, rep),
+                       out_shardings=(p_sh, o_sh, rep, rep), donate_argnums=(0, 1, 2))
   eval_step = jax.jit(steps.make_eval_step(graphdef), in_shardings=(p_sh, batch_sh, rep),
                       out_shardings=rep)
   abstract_batch = {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=batch_sh)
                     for k in ("tokens", "positions", "segment_ids")}
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules), timers.span("compile"):
-    compiled = train_step.lower(params, opt_state, abstract_batch, jnp.int32(0), mask_key).compile()
+    compiled = train_step.lower(params, opt_state, guard_state, abstract_batch, jnp.int32(0),
+                                mask_key).compile()
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -175,38 +182,126 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
     stop["signal"] = True
   previous_handler = signal.signal(signal.SIGTERM, on_sigterm) if _main_thread() else None
 
-  def save(step: int, last_metrics) -> None:
-    if last_metrics is not None and not _finite(jax.device_get(last_metrics)):
-      logging.error("not saving step %d: its metrics are non-finite", step)
-      return
+  def save(step: int) -> None:
+    """Checkpoint `step` (call `sync` first: only steps known to be finite are saved)."""
     with timers.span("checkpoint"):
-      checkpointer.save(step, params, opt_state, train_iter.get_state(),
-                        {"step": step, "tokens_seen": step * tokens_per_step})
+      checkpointer.save(step, params, opt_state, {"next_index": data_index},
+                        {"step": step, "tokens_seen": step * tokens_per_step,
+                         "guard": guard.state_to_json(guard_state)})
+
+  # Per-step metrics stay on the device until the next sync (a log step, a checkpoint, the end):
+  # one transfer then, not one per step. pending = [(step, device metrics, local batch, data index)].
+  pending: list[tuple[int, dict, dict, int]] = []
+
+  def sync() -> tuple[list[tuple[int, dict]], list[int]]:
+    """Fetch the pending steps' metrics; stop on a non-finite step, report spikes.
+
+    Returns ([(step, host metrics)], spike steps). Raises NonFiniteError naming the first
+    non-finite step (its batch and gradient norms are saved to workdir/diagnostics/)."""
+    fetched = jax.device_get([m for _, m, _, _ in pending])
+    window = [(s, m) for (s, _, _, _), m in zip(pending, fetched)]
+    batches = {s: b for s, _, b, _ in pending}
+    pending.clear()
+    found = guard.scan(window)
+    by_step = dict(window)
+    for k in found.spike_steps:
+      where = (guard.save_diagnostics(workdir, k, f"loss spike ({guard_cfg.spike})", by_step[k],
+                                      batches[k]) if is_primary else "process 0's workdir")
+      logging.warning("loss spike at step %d: loss %.4f, %.1f running stds above its mean (%s); "
+                      "batch and per-layer gradient norms in %s", k, by_step[k]["loss"],
+                      by_step[k]["loss_z"], {"warn": "kept the update", "skip": "update skipped",
+                                              "rollback": "rolling back"}.get(guard_cfg.spike, "off"),
+                      where)
+    if found.nonfinite_step is not None:
+      k = found.nonfinite_step
+      where = (guard.save_diagnostics(workdir, k, "non-finite", by_step[k], batches[k])
+               if is_primary else "process 0's workdir")
+      writer.write(k, {f"train/{n}": float(v) for n, v in by_step[k].items() if n != "grad_sq"})
+      writer.flush()
+      last_good = checkpointer.latest_step()
+      raise NonFiniteError(
+          f"non-finite training metrics at step {k} (loss={by_step[k]['loss']}, grad_norm="
+          f"{by_step[k]['grad_norm']}); stopped. The last good checkpoint is step {last_good} in "
+          f"{os.path.join(workdir, 'checkpoints')}; the batch and per-layer gradient norms are in "
+          f"{where}; lower optim.lr or model.init_scale and rerun")
+    return window, found.spike_steps
+
+  def rollback(bad_step: int, bad_index: int) -> int:
+    """Restore the last checkpoint (or the initial state), with the data iterator moved past
+    global batch `bad_index`; returns the step to continue from."""
+    nonlocal params, opt_state, guard_state, writer, rollbacks
+    rollbacks += 1
+    if rollbacks > config.faults.max_rollbacks:
+      raise NonFiniteError(f"loss spike at step {bad_step}: already rolled back "
+                           f"{config.faults.max_rollbacks} times (faults.max_rollbacks); stopped. "
+                           f"Diagnostics in {os.path.join(workdir, 'diagnostics')}")
+    back = checkpointer.latest_step()
+    with timers.span("checkpoint"), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+      if back:
+        params, opt_state, _, meta = checkpointer.restore(
+            back, ckpt_lib.abstract_like(abs_params, p_sh),
+            ckpt_lib.abstract_like(jax.eval_shape(tx.init, abs_params), o_sh))
+        guard_state = guard.state_from_json(meta.get("guard"))
+      else:
+        params, opt_state = init_state(make_model, tx, p_sh, o_sh, init_key)
+        guard_state = guard.init_state()
+    train_iter.set_state({"next_index": bad_index + 1})
+    writer.close()
+    writer = metrics_lib.MetricWriter(workdir, is_primary=is_primary, resume_step=back or None)
+    logging.warning("rolled back from step %d to step %d; the data continues after the spike's "
+                    "batch (global batch %d)", bad_step, back or 0, bad_index)
+    return back or 0
 
   progress = metrics_lib.Progress(total_steps, start_step)
   first_loss = last_loss = float("nan")
   last_eval: dict = {}
   step = start_step
-  metrics = None
+  data_index = int(train_iter.get_state()["next_index"])   # global batches consumed so far
+  rollbacks = 0
+  planted = guard.planted_batches(config.faults.plant_spike_batches)
   last_log_time, last_log_step = time.perf_counter(), start_step
   lost_at_last_log = _lost(timers)
   stopped_early = False
   try:
     while step < total_steps:
       with timers.span("data_wait"):
-        batch = sharding.global_batch(next(train_iter), batch_sh)
+        local = next(train_iter)
+        if data_index + 1 in planted:                    # tests: a bad batch
+          local = guard.corrupt(local, tok.vocab_size - 1)
+        batch = sharding.global_batch(local, batch_sh)
       with jax.set_mesh(mesh):
-        params, opt_state, metrics = compiled(params, opt_state, batch, jnp.int32(step), mask_key)
+        params, opt_state, guard_state, metrics = compiled(params, opt_state, guard_state, batch,
+                                                           jnp.int32(step), mask_key)
       step += 1
+      data_index += 1
+      pending.append((step, metrics, local, data_index - 1))
 
-      if step % config.log_every == 0 or step == total_steps or step == start_step + 1:
-        host = jax.device_get(metrics)                                      # the only host sync
+      is_log = step % config.log_every == 0 or step == total_steps or step == start_step + 1
+      stopping = stop["signal"] or (config.stop_after_step and step == config.stop_after_step)
+      saving = step % config.checkpoint_every == 0 and step < total_steps
+      probing = config.evals.every and step % config.evals.every == 0
+      if not (is_log or stopping or saving or probing or step == total_steps):
+        continue
+      index_of = {s: i for s, _, _, i in pending}
+      window, spikes = sync()                           # the only host sync; raises on NaN/inf
+      if spikes and guard_cfg.spike == "rollback":
+        step = rollback(spikes[0], index_of[spikes[0]])
+        data_index = index_of[spikes[0]] + 1
+        progress = metrics_lib.Progress(total_steps, step)
+        last_log_time, last_log_step, lost_at_last_log = time.perf_counter(), step, _lost(timers)
+        continue
+
+      if is_log:
+        host = window[-1][1]
         now = time.perf_counter()
         lost = _lost(timers)
         step_time = max(now - last_log_time - (lost - lost_at_last_log), 1e-9)
         tok_s = (step - last_log_step) * tokens_per_step / step_time
-        out = {f"train/{k}": float(v) for k, v in host.items()}
-        out |= {"tokens_seen": step * tokens_per_step,
+        out = {f"train/{k}": float(v) for k, v in host.items()
+               if k not in ("grad_sq", "spike", "skipped")}
+        out |= {"train/spikes": float(len(spikes)),     # since the previous log line
+                "train/skipped": float(sum(m["skipped"] for _, m in window)),
+                "tokens_seen": step * tokens_per_step,
                 "flops_seen": step * tokens_per_step * flops_per_token,
                 "perf/tokens_per_sec": tok_s,
                 "perf/steps_per_sec": (step - last_log_step) / step_time,
@@ -217,14 +312,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
         out |= timers.as_metrics()          # time/<name>_s and _frac: compile, data_wait, checkpoint, eval
         if step == start_step + 1:   # the first step's time includes dispatch warm-up, not the rate
           out.pop("perf/tokens_per_sec"); out.pop("perf/mfu"); out.pop("perf/steps_per_sec")
-        if not _finite(host):
-          writer.write(step, out)
-          writer.flush()
-          last_good = checkpointer.latest_step()
-          raise NonFiniteError(
-              f"non-finite training metrics at step {step} (loss={host['loss']}, grad_norm="
-              f"{host['grad_norm']}); stopped. The last good checkpoint is step {last_good} in "
-              f"{os.path.join(workdir, 'checkpoints')}; lower optim.lr or model.init_scale and rerun")
         if config.eval_every and step % config.eval_every == 0 and step < total_steps:
           last_eval = evaluate()
           out |= last_eval
@@ -237,18 +324,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
         last_log_time, last_log_step, lost_at_last_log = time.perf_counter(), step, _lost(timers)
         if jax.process_count() > 1:  # every process must agree to stop at the same step
           stop["signal"] = bool(multihost_utils.process_allgather(np.array(stop["signal"])).any())
+          stopping = stopping or stop["signal"]
 
-      if config.evals.every and step % config.evals.every == 0:
+      if probing:
         writer.write(step, probe())
 
-      if stop["signal"] or (config.stop_after_step and step == config.stop_after_step):
+      if stopping:
         logging.warning("stopping at step %d (%s); saving a checkpoint", step,
                         "SIGTERM" if stop["signal"] else "stop_after_step")
-        save(step, metrics)
+        save(step)
         stopped_early = True
         break
-      if step % config.checkpoint_every == 0 and step < total_steps:
-        save(step, metrics)
+      if saving:
+        save(step)
 
     # ------------------------------------------------------------- finish ---
     if not stopped_early:
@@ -256,7 +344,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
       writer.write(step, last_eval)
       logging.info("final eval at step %d: %s", step, last_eval)
       if checkpointer.latest_step() != step:
-        save(step, metrics)
+        save(step)
   finally:
     checkpointer.close()
     writer.close()
@@ -281,8 +369,12 @@ def abstract_model(model_name: str, model_cfg, mask_cfg, mesh, rules):
     return make_model, graphdef, abs_params, nnx.get_named_sharding(abs_params, mesh)
 
 
-def _finite(host_metrics: dict) -> bool:
-  return all(np.isfinite(np.asarray(v)).all() for v in host_metrics.values())
+def init_state(make_model, tx, p_sh, o_sh, key):
+  """Freshly initialised (params, opt_state), laid out as the shardings say."""
+  def init_fn(key):
+    params = nnx.state(make_model(key), nnx.Param)
+    return params, tx.init(params)
+  return jax.jit(init_fn, out_shardings=(p_sh, o_sh))(key)
 
 
 def _lost(timers) -> float:

@@ -97,25 +97,64 @@ def test_metrics_and_config_json(tmp_path, cache_dir):
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["4"]
 
 
-def test_nonfinite_guard_stops_and_keeps_last_good_checkpoint(tmp_path, cache_dir, monkeypatch):
-  real = steps.make_train_step
-
-  def poisoned(graphdef, tx, lr, counter=None):
-    step_fn = real(graphdef, tx, lr, counter)
-
-    def wrapped(params, opt_state, batch, step, rng):
-      params, opt_state, m = step_fn(params, opt_state, batch, step, rng)
-      bad = step >= 4                                   # steps are 0-based: the 5th update goes bad
-      params = jax.tree.map(lambda p: jnp.where(bad, p * jnp.nan, p), params)
-      m = dict(m, loss=jnp.where(bad, jnp.nan, m["loss"]))
-      return params, opt_state, m
-    return wrapped
-
-  monkeypatch.setattr(steps, "make_train_step", poisoned)
-  cfg = tiny_config(cache_dir, checkpoint_every=2, log_every=3, total_steps=8)
-  with pytest.raises(train.NonFiniteError, match="step 6.*last good checkpoint is step 4"):
+def test_planted_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, cache_dir):
+  # Update 5 goes NaN; logs every 3 steps, checkpoints every 2: detected at the step-6 sync, but
+  # the message names step 5, and checkpoint 6 is never written.
+  cfg = tiny_config(cache_dir, checkpoint_every=2, log_every=3, total_steps=8,
+                    **{"faults.plant_nan_step": 5})
+  with pytest.raises(train.NonFiniteError, match="at step 5 .*last good checkpoint is step 4"):
     train.run(cfg, str(tmp_path))
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "4"]
+  report = json.loads((tmp_path / "diagnostics" / "step_5" / "report.json").read_text())
+  assert report["reason"] == "non-finite" and not np.isfinite(report["metrics"]["loss"])
+  assert any("blocks/1" in k for k in report["grad_norm_per_layer"])
+  batch = np.load(tmp_path / "diagnostics" / "step_5" / "batch.npz")
+  assert batch["tokens"].shape == (8, 32)
+
+
+def _spike_run(tmp_path, cache_dir, mode, **kw):
+  cfg = tiny_config(cache_dir, total_steps=14, checkpoint_every=4, log_every=2, **{
+      "faults.spike": mode, "faults.warmup": 4, "faults.threshold": 4.0,
+      "faults.plant_spike_batches": "9", **kw})
+  summary = train.run(cfg, str(tmp_path / mode))
+  rows = metrics_lib.read_metrics(os.path.join(tmp_path / mode, "metrics.jsonl"))
+  return summary, {r["step"]: r for r in rows if "train/loss" in r}
+
+
+def test_planted_spike_warn_skip_and_rollback(tmp_path, cache_dir):
+  _, off = _spike_run(tmp_path, cache_dir, "off")
+  _, warn = _spike_run(tmp_path, cache_dir, "warn")
+  _, skip = _spike_run(tmp_path, cache_dir, "skip")
+  roll, rolled = _spike_run(tmp_path, cache_dir, "rollback")
+  # warn: same training as off (the update is kept), the spike counted and diagnosed.
+  assert [warn[s]["train/loss"] for s in warn] == [off[s]["train/loss"] for s in off]
+  assert warn[10]["train/spikes"] == 1 and off[10]["train/spikes"] == 1
+  report = json.loads((tmp_path / "warn" / "diagnostics" / "step_9" / "report.json").read_text())
+  assert report["metrics"]["loss_z"] > 6 and report["grad_norm_per_layer"]
+  assert np.load(tmp_path / "warn" / "diagnostics" / "step_9" / "batch.npz")["tokens"].shape == (8, 32)
+  # skip: identical up to the spike, then the update of step 9 is not applied -> different after.
+  assert skip[8]["train/loss"] == off[8]["train/loss"]
+  assert skip[10]["train/skipped"] == 1 and off[10]["train/skipped"] == 0
+  assert skip[12]["train/loss"] != off[12]["train/loss"]
+  # rollback: back to checkpoint 8, batch 9 (global batch index 8) skipped, so the logged step
+  # 10 is trained on the data of uninterrupted step 11: the weights differ but the run finishes.
+  assert roll.final_step == 14 and rolled[8]["train/loss"] == off[8]["train/loss"]
+  assert rolled[10]["train/spikes"] == 0 and rolled[10]["train/loss"] != off[10]["train/loss"]
+  assert sorted(rolled) == sorted(off)          # the metrics file was rewound, no duplicate steps
+
+
+def test_rollback_gives_up_after_max_rollbacks(tmp_path, cache_dir):
+  with pytest.raises(train.NonFiniteError, match="loss spike at step 9: already rolled back 1 times"):
+    _spike_run(tmp_path, cache_dir, "rollback", **{"faults.plant_spike_batches": "9,10",
+                                                   "faults.max_rollbacks": 1})
+
+
+def test_uninterrupted_and_skip_of_a_spike_free_run_agree(tmp_path, cache_dir):
+  # With no spike, skip mode's where(apply, new, old) must not change training at all.
+  _, off = _spike_run(tmp_path, cache_dir, "off", **{"faults.plant_spike_batches": ""})
+  _, skip = _spike_run(tmp_path, cache_dir, "skip", **{"faults.plant_spike_batches": ""})
+  assert [off[s]["train/loss"] for s in off] == [skip[s]["train/loss"] for s in skip]
+  assert all(r["train/spikes"] == 0 for r in off.values())
 
 
 @pytest.mark.parametrize("overrides,field", [
