@@ -7,3 +7,8 @@ prints it as one line, without a traceback.
 
 class ConfigError(ValueError):
   """Bad user input. The message names the field or file and what was expected."""
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint could not be written (e.g. the disk is full) or none could be read. The message
+  names the directory and the last complete checkpoint; nothing already written is removed."""

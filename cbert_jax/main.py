@@ -13,7 +13,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from cbert_jax.errors import ConfigError
+from cbert_jax.errors import CheckpointError, ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment file[:arg]", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, metrics and config.json go")
@@ -70,6 +70,9 @@ def main(argv):
   except train.NonFiniteError as e:
     print(f"training stopped: {e}", file=sys.stderr)
     sys.exit(3)
+  except CheckpointError as e:
+    print(f"checkpoint error: {e}", file=sys.stderr)
+    sys.exit(5)
   except distributed.DistributedError as e:
     print(f"distributed error: {e}", file=sys.stderr)
     sys.exit(distributed.EXIT_CODE)

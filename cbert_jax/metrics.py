@@ -723,7 +723,8 @@ _PLOT_PANELS: tuple[tuple[str, tuple[str, ...], float], ...] = (
 
 def plot_metrics(metrics_path: str | os.PathLike[str],
                  out_png: str | os.PathLike[str],
-                 x: str = "step") -> list[str]:
+                 x: str = "step",
+                 mpl_cache_dir: str | None = None) -> list[str]:
   """Plots the main training curves from metrics.jsonl into a PNG.
 
   Panels: loss (train and eval), masked accuracy, learning rate, gradient norm, tokens/s and
@@ -735,13 +736,14 @@ def plot_metrics(metrics_path: str | os.PathLike[str],
     out_png: Output file; written atomically.
     x: Name of the x-axis value, "step" or a metric such as "tokens_seen". Records without it
       are not plotted.
+    mpl_cache_dir: MPLCONFIGDIR for matplotlib's first import in this process (its font cache
+      and config go there instead of ~/.cache/matplotlib); ignored when MPLCONFIGDIR is set or
+      matplotlib is already imported. None: matplotlib's defaults.
 
   Returns:
     Titles of the panels drawn (empty if there was nothing to plot; the PNG then says so).
   """
-  # pylint: disable=g-import-not-at-top  # matplotlib is slow to import; only needed here.
-  from matplotlib.figure import Figure
-  # pylint: enable=g-import-not-at-top
+  Figure = _matplotlib_figure(mpl_cache_dir)  # pylint: disable=invalid-name
   records = [r for r in read_metrics(metrics_path) if x in r]
   panels = []
   for title, names, scale in _PLOT_PANELS:
@@ -780,3 +782,23 @@ def plot_metrics(metrics_path: str | os.PathLike[str],
   finally:
     tmp.unlink(missing_ok=True)
   return [title for title, _ in panels]
+
+
+def _matplotlib_figure(config_dir: str | None):
+  """matplotlib's Figure class, imported with MPLCONFIGDIR=config_dir the first time (see above).
+
+  matplotlib reads MPLCONFIGDIR once, when first imported (its config and cache directories are
+  memoized), so the variable is set only around that import and the process's environment (and
+  its child processes') is left as it was.
+  """
+  # pylint: disable=g-import-not-at-top  # matplotlib is slow to import; only needed here.
+  if config_dir and "matplotlib" not in sys.modules and "MPLCONFIGDIR" not in os.environ:
+    os.makedirs(config_dir, exist_ok=True)
+    os.environ["MPLCONFIGDIR"] = config_dir
+    try:
+      from matplotlib.figure import Figure
+    finally:
+      del os.environ["MPLCONFIGDIR"]
+    return Figure
+  from matplotlib.figure import Figure
+  return Figure

@@ -22,7 +22,7 @@ from jax.experimental import multihost_utils
 from cbert_jax import checkpoint as ckpt_lib
 from cbert_jax import distributed
 from cbert_jax import config_lib, guard, hardware, metrics as metrics_lib, optim, sharding, steps
-from cbert_jax.data import packing, pipeline
+from cbert_jax.data import corpus as corpus_lib, packing, pipeline
 from cbert_jax.models import FAMILIES
 from cbert_jax.models import flops as flops_lib
 
@@ -101,13 +101,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
   train_iter = pipeline.train_iterator(
       data.train, global_batch=batch_size, seed=config.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
-  start_step = checkpointer.latest_step() or 0
+  abs_opt_state = ckpt_lib.abstract_like(jax.eval_shape(tx.init, abs_params), o_sh)
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    if start_step:
-      with timers.span("checkpoint"):
-        params, opt_state, data_state, meta = checkpointer.restore(
-            start_step, ckpt_lib.abstract_like(abs_params, p_sh),
-            ckpt_lib.abstract_like(jax.eval_shape(tx.init, abs_params), o_sh))
+    with timers.span("checkpoint"):   # the newest readable one (an unreadable one is moved aside)
+      restored = checkpointer.restore_latest(ckpt_lib.abstract_like(abs_params, p_sh), abs_opt_state)
+    start_step = restored[0] if restored else 0
+    if restored:
+      _, params, opt_state, data_state, meta = restored
       train_iter.set_state(data_state)
       guard_state = guard.state_from_json(meta.get("guard"))
       logging.info("resumed from checkpoint at step %d", start_step)
@@ -239,8 +239,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
     with timers.span("checkpoint"), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
       if back:
         params, opt_state, _, meta = checkpointer.restore(
-            back, ckpt_lib.abstract_like(abs_params, p_sh),
-            ckpt_lib.abstract_like(jax.eval_shape(tx.init, abs_params), o_sh))
+            back, ckpt_lib.abstract_like(abs_params, p_sh), abs_opt_state)
         guard_state = guard.state_from_json(meta.get("guard"))
       else:
         params, opt_state = init_state(make_model, tx, p_sh, o_sh, init_key)
@@ -351,7 +350,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
     if previous_handler is not None:
       signal.signal(signal.SIGTERM, previous_handler)
   if is_primary and config.plot:
-    metrics_lib.plot_metrics(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "metrics.png"))
+    # matplotlib's font cache goes to the data cache (not ~/.cache, ~/.config): a run writes only
+    # to its workdir and the cache.
+    metrics_lib.plot_metrics(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "metrics.png"),
+                             mpl_cache_dir=os.path.join(corpus_lib.resolve_cache_dir(config.data),
+                                                        "matplotlib"))
   logging.info("time outside the step: %s", {k: round(v, 2) for k, v in timers.totals().items()})
   return Summary(final_step=step, first_loss=first_loss, last_loss=last_loss, eval=last_eval,
                  num_traces=len(traces), stopped_early=stopped_early, workdir=workdir)
