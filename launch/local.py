@@ -5,15 +5,35 @@ r"""Run several members of an experiment one after another on this machine.
   python -m launch.local ... --run              # runs them, each in runs/smoke_pair/<arg>
 
 Every member is the ordinary training command, so any one can be rerun by hand (and resumes from
-its own workdir). A member that fails is reported and the others go on; the exit status is non-zero
-if any failed. Pod backends (SLURM, TPU VMs, xpk) come with the scaling sweep.
+its own workdir). A member that exits non-zero is retried up to `--retries` more times (default 1;
+each retry resumes from its workdir); if it still fails it is marked failed and the others go on.
+
+`<workdir_root>/sweep_status.json` records every member (name, command, workdir, state pending |
+running | done | failed, attempts, return code, error) and is rewritten atomically after every
+change of state. A failed member's error is its last stderr line starting with "config error:",
+"training stopped:", "checkpoint error:" or "distributed error:", else its last stderr line. The
+full stderr of every attempt is kept in `<workdir_root>/logs/<member>.attempt<k>.log` (k counts
+across reruns, so no log is overwritten; the member's workdir may not exist after a config error).
+
+Rerunning the same sweep skips members that are done with the same command and whose workdir holds
+the checkpoint of its final step; failed (or interrupted) members run again. A summary table
+(member, state, attempts, error) ends the run; the exit status is non-zero if any member failed.
+Pod backends (SLURM, TPU VMs, xpk) come with the scaling sweep.
 """
 import argparse
+import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+import tempfile
+import time
+
+STATUS_FILE = "sweep_status.json"
+LOG_DIR = "logs"
+# One-line errors the trainer prints (cbert_jax/main.py), preferred over the last stderr line.
+ERROR_PREFIXES = ("config error:", "training stopped:", "checkpoint error:", "distributed error:")
 
 
 def member_name(arg: str) -> str:
@@ -31,6 +51,81 @@ def commands(config: str, args: list[str], workdir_root: str, overrides: list[st
   return out
 
 
+def error_line(stderr: str, returncode: int) -> str:
+  """The one line that says why a member failed (see the module docstring)."""
+  lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+  known = [line for line in lines if line.startswith(ERROR_PREFIXES)]
+  if known:
+    return known[-1]
+  if lines:
+    return lines[-1]
+  return f"killed by signal {-returncode}" if returncode < 0 else f"exit status {returncode}, no stderr"
+
+
+def final_checkpoint(workdir: str) -> int | None:
+  """The final step if `workdir` holds its checkpoint (step = config.json's total_steps), else None."""
+  try:
+    with open(os.path.join(workdir, "config.json")) as f:
+      total = int(json.load(f)["config"]["total_steps"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+  return total if os.path.isdir(os.path.join(workdir, "checkpoints", str(total))) else None
+
+
+def read_status(workdir_root: str) -> dict:
+  """The members of an earlier run's status file by name ({} if there is none or it is unreadable)."""
+  try:
+    with open(os.path.join(workdir_root, STATUS_FILE)) as f:
+      return {m["name"]: m for m in json.load(f)["members"]}
+  except (OSError, ValueError, KeyError, TypeError):
+    return {}
+
+
+def write_status(workdir_root: str, members: list[dict]) -> None:
+  """Writes the status file atomically (a temp file in the same directory, then os.replace)."""
+  os.makedirs(workdir_root, exist_ok=True)
+  body = {"updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "members": members}
+  fd, tmp = tempfile.mkstemp(dir=workdir_root, prefix=f".{STATUS_FILE}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(body, f, indent=2)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(workdir_root, STATUS_FILE))
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def run_attempt(cmd: list[str], log_path: str) -> tuple[int, str]:
+  """Runs `cmd`, its stderr shown live and copied to `log_path`; -> (return code, stderr)."""
+  os.makedirs(os.path.dirname(log_path), exist_ok=True)
+  lines = []
+  with open(log_path, "w", buffering=1) as log:
+    log.write(f"$ {shlex.join(cmd)}\n")
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
+    try:
+      for line in proc.stderr:
+        sys.stderr.write(line)
+        log.write(line)
+        lines.append(line)
+      returncode = proc.wait()
+    finally:
+      if proc.poll() is None:   # the launcher was interrupted: stop the member too
+        proc.terminate()
+        proc.wait()
+  return returncode, "".join(lines)
+
+
+def summary(members: list[dict]) -> str:
+  """A plain-text table: member, state, attempts, error."""
+  rows = [("member", "state", "attempts", "error")]
+  rows += [(m["name"], m["state"], str(m["attempts"]), m.get("error") or "") for m in members]
+  widths = [max(len(r[i]) for r in rows) for i in range(3)]
+  return "\n".join("  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", required=True, help="experiment file, e.g. experiments/smoke.py")
@@ -38,17 +133,77 @@ def main(argv=None) -> int:
   parser.add_argument("--workdir_root", required=True, help="members go to <root>/<arg>")
   parser.add_argument("--override", action="append", default=[],
                       help="extra flag for every member, e.g. --override=--config.total_steps=50")
+  parser.add_argument("--retries", type=int, default=1,
+                      help="retry a member that exits non-zero up to this many more times")
   parser.add_argument("--run", action="store_true", help="run (default: print the commands)")
   ns = parser.parse_args(argv)
+  if ns.retries < 0:
+    parser.error(f"--retries must be >= 0, got {ns.retries}")
   cmds = commands(ns.config, ns.args, ns.workdir_root, ns.override)
-  failed = []
-  for i, cmd in enumerate(cmds):
-    print(f"[{i + 1}/{len(cmds)}] {shlex.join(cmd)}", flush=True)
-    if ns.run and subprocess.call(cmd) != 0:
-      failed.append(cmd)
-      print(f"[{i + 1}/{len(cmds)}] FAILED; continuing with the others", flush=True)
+  names = [member_name(a) for a in ns.args or [""]]
+  if len(set(names)) != len(names):
+    parser.error(f"two members would share a workdir: {names}")
+  n = len(cmds)
+  if not ns.run:
+    for i, cmd in enumerate(cmds):
+      print(f"[{i + 1}/{n}] {shlex.join(cmd)}", flush=True)
+    return 0
+
+  previous = read_status(ns.workdir_root)
+  members = []
+  for name, cmd in zip(names, cmds):
+    old = previous.get(name, {})
+    workdir = os.path.join(ns.workdir_root, name)
+    finished = (old.get("state") == "done" and old.get("command") == shlex.join(cmd)
+                and final_checkpoint(workdir) is not None)
+    members.append({"name": name, "command": shlex.join(cmd), "workdir": workdir,
+                    "state": "done" if finished else "pending", "attempts": old.get("attempts", 0),
+                    "returncode": old.get("returncode") if finished else None, "error": None,
+                    "logs": old.get("logs", [])})
+  others = [m for name, m in previous.items() if name not in names]   # members of other sweeps
+  save = lambda: write_status(ns.workdir_root, members + others)
+  save()
+
+  for i, (m, cmd) in enumerate(zip(members, cmds)):
+    tag = f"[{i + 1}/{n}] {m['name']}"
+    if m["state"] == "done":
+      print(f"{tag}: skipped, done (checkpoint of the final step {final_checkpoint(m['workdir'])})",
+            flush=True)
+      continue
+    for k in range(ns.retries + 1):
+      m["attempts"] += 1
+      log = os.path.join(ns.workdir_root, LOG_DIR, f"{m['name']}.attempt{m['attempts']}.log")
+      while os.path.exists(log):   # a log of an earlier sweep whose status file is gone: keep it
+        m["attempts"] += 1
+        log = os.path.join(ns.workdir_root, LOG_DIR, f"{m['name']}.attempt{m['attempts']}.log")
+      m.update(state="running", returncode=None, error=None)
+      m["logs"].append(log)
+      save()
+      print(f"{tag} (attempt {m['attempts']}): {shlex.join(cmd)}", flush=True)
+      try:
+        returncode, stderr = run_attempt(cmd, log)
+      except BaseException:
+        m.update(state="failed", error="interrupted (the launcher stopped)")
+        save()
+        raise
+      m["returncode"] = returncode
+      if returncode == 0:
+        m["state"] = "done"
+        save()
+        break
+      m.update(state="failed", error=error_line(stderr, returncode))
+      save()
+      more = ns.retries - k
+      print(f"{tag}: attempt {m['attempts']} failed (exit {returncode}): {m['error']}; "
+            + (f"retrying ({more} left)" if more else "FAILED; continuing with the others"),
+            flush=True)
+
+  print(f"\nsweep {ns.workdir_root} ({os.path.join(ns.workdir_root, STATUS_FILE)}):\n{summary(members)}",
+        flush=True)
+  failed = [m for m in members if m["state"] != "done"]
   if failed:
-    print(f"{len(failed)} of {len(cmds)} members failed", file=sys.stderr)
+    print(f"{len(failed)} of {n} members failed; their stderr is in "
+          f"{os.path.join(ns.workdir_root, LOG_DIR)}/", file=sys.stderr)
   return 1 if failed else 0
 
 
