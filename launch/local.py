@@ -15,9 +15,10 @@ change of state. A failed member's error is its last stderr line starting with "
 full stderr of every attempt is kept in `<workdir_root>/logs/<member>.attempt<k>.log` (k counts
 across reruns, so no log is overwritten; the member's workdir may not exist after a config error).
 
-Rerunning the same sweep skips members that are done with the same command and whose workdir holds
-the checkpoint of its final step; failed (or interrupted) members run again. A summary table
-(member, state, attempts, error) ends the run; the exit status is non-zero if any member failed.
+Rerunning the same sweep skips members that are done with the same command (the Python
+interpreter aside) and whose workdir holds the checkpoint of its final step; failed (or
+interrupted) members run again. A summary table (member, state, attempts, error) ends the run; the
+exit status is non-zero if any member failed.
 Pod backends (SLURM, TPU VMs, xpk) come with the scaling sweep.
 """
 import argparse
@@ -51,15 +52,24 @@ def commands(config: str, args: list[str], workdir_root: str, overrides: list[st
   return out
 
 
-def error_line(stderr: str, returncode: int) -> str:
-  """The one line that says why a member failed (see the module docstring)."""
-  lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-  known = [line for line in lines if line.startswith(ERROR_PREFIXES)]
-  if known:
-    return known[-1]
-  if lines:
-    return lines[-1]
-  return f"killed by signal {-returncode}" if returncode < 0 else f"exit status {returncode}, no stderr"
+class ErrorLine:
+  """Follows a member's stderr line by line and keeps the line that says why it failed."""
+
+  def __init__(self):
+    self.known = self.last = None
+
+  def add(self, line: str) -> None:
+    line = line.strip()
+    if line:
+      self.last = line
+      if line.startswith(ERROR_PREFIXES):
+        self.known = line
+
+  def get(self, returncode: int) -> str:
+    """The last line with a known prefix, else the last non-empty line, else the exit status."""
+    if self.known or self.last:
+      return self.known or self.last
+    return f"killed by signal {-returncode}" if returncode < 0 else f"exit status {returncode}, no stderr"
 
 
 def final_checkpoint(workdir: str) -> int | None:
@@ -99,9 +109,9 @@ def write_status(workdir_root: str, members: list[dict]) -> None:
 
 
 def run_attempt(cmd: list[str], log_path: str) -> tuple[int, str]:
-  """Runs `cmd`, its stderr shown live and copied to `log_path`; -> (return code, stderr)."""
+  """Runs `cmd`, its stderr shown live and copied to `log_path`; -> (return code, error line)."""
   os.makedirs(os.path.dirname(log_path), exist_ok=True)
-  lines = []
+  error = ErrorLine()
   with open(log_path, "w", buffering=1) as log:
     log.write(f"$ {shlex.join(cmd)}\n")
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
@@ -109,13 +119,13 @@ def run_attempt(cmd: list[str], log_path: str) -> tuple[int, str]:
       for line in proc.stderr:
         sys.stderr.write(line)
         log.write(line)
-        lines.append(line)
+        error.add(line)
       returncode = proc.wait()
     finally:
       if proc.poll() is None:   # the launcher was interrupted: stop the member too
         proc.terminate()
         proc.wait()
-  return returncode, "".join(lines)
+  return returncode, error.get(returncode)
 
 
 def summary(members: list[dict]) -> str:
@@ -123,7 +133,8 @@ def summary(members: list[dict]) -> str:
   rows = [("member", "state", "attempts", "error")]
   rows += [(m["name"], m["state"], str(m["attempts"]), m.get("error") or "") for m in members]
   widths = [max(len(r[i]) for r in rows) for i in range(3)]
-  return "\n".join("  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows)
+  return "\n".join(("  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3]).rstrip()
+                   for r in rows)
 
 
 def main(argv=None) -> int:
@@ -154,8 +165,8 @@ def main(argv=None) -> int:
   for name, cmd in zip(names, cmds):
     old = previous.get(name, {})
     workdir = os.path.join(ns.workdir_root, name)
-    finished = (old.get("state") == "done" and old.get("command") == shlex.join(cmd)
-                and final_checkpoint(workdir) is not None)
+    same_command = shlex.split(old.get("command", ""))[1:] == cmd[1:]   # any Python interpreter
+    finished = old.get("state") == "done" and same_command and final_checkpoint(workdir) is not None
     members.append({"name": name, "command": shlex.join(cmd), "workdir": workdir,
                     "state": "done" if finished else "pending", "attempts": old.get("attempts", 0),
                     "returncode": old.get("returncode") if finished else None, "error": None,
@@ -181,7 +192,7 @@ def main(argv=None) -> int:
       save()
       print(f"{tag} (attempt {m['attempts']}): {shlex.join(cmd)}", flush=True)
       try:
-        returncode, stderr = run_attempt(cmd, log)
+        returncode, error = run_attempt(cmd, log)
       except BaseException:
         m.update(state="failed", error="interrupted (the launcher stopped)")
         save()
@@ -191,7 +202,7 @@ def main(argv=None) -> int:
         m["state"] = "done"
         save()
         break
-      m.update(state="failed", error=error_line(stderr, returncode))
+      m.update(state="failed", error=error)
       save()
       more = ns.retries - k
       print(f"{tag}: attempt {m['attempts']} failed (exit {returncode}): {m['error']}; "
