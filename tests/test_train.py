@@ -132,8 +132,10 @@ def test_planted_spike_warn_skip_and_rollback(tmp_path, cache_dir):
   report = json.loads((tmp_path / "warn" / "diagnostics" / "step_9" / "report.json").read_text())
   assert report["metrics"]["loss_z"] > 6 and report["grad_norm_per_layer"]
   assert np.load(tmp_path / "warn" / "diagnostics" / "step_9" / "batch.npz")["tokens"].shape == (8, 32)
-  # skip: identical up to the spike, then the update of step 9 is not applied -> different after.
-  assert skip[8]["train/loss"] == off[8]["train/loss"]
+  # skip: identical up to the spike (where(apply, new, old) changes nothing while there is no
+  # spike), then the update of step 9 is not applied -> different after.
+  assert [skip[s]["train/loss"] for s in (1, 2, 4, 6, 8)] == [off[s]["train/loss"] for s in (1, 2, 4, 6, 8)]
+  assert all(off[s]["train/spikes"] == 0 for s in (1, 2, 4, 6, 8, 12, 14))   # no false alarm
   assert skip[10]["train/skipped"] == 1 and off[10]["train/skipped"] == 0
   assert skip[12]["train/loss"] != off[12]["train/loss"]
   # rollback: back to checkpoint 8, batch 9 (global batch index 8) skipped, so the logged step
@@ -147,14 +149,6 @@ def test_rollback_gives_up_after_max_rollbacks(tmp_path, cache_dir):
   with pytest.raises(train.NonFiniteError, match="loss spike at step 9: already rolled back 1 times"):
     _spike_run(tmp_path, cache_dir, "rollback", **{"faults.plant_spike_batches": "9,10",
                                                    "faults.max_rollbacks": 1})
-
-
-def test_uninterrupted_and_skip_of_a_spike_free_run_agree(tmp_path, cache_dir):
-  # With no spike, skip mode's where(apply, new, old) must not change training at all.
-  _, off = _spike_run(tmp_path, cache_dir, "off", **{"faults.plant_spike_batches": ""})
-  _, skip = _spike_run(tmp_path, cache_dir, "skip", **{"faults.plant_spike_batches": ""})
-  assert [off[s]["train/loss"] for s in off] == [skip[s]["train/loss"] for s in skip]
-  assert all(r["train/spikes"] == 0 for r in off.values())
 
 
 @pytest.mark.parametrize("overrides,field", [
