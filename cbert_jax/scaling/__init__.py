@@ -1,0 +1,1 @@
+"""Scaling laws: token budgets, hyperparameter power laws, fits of loss and probe scores vs compute."""

@@ -1,0 +1,44 @@
+"""Power-law fits recover known exponents from synthetic data."""
+import numpy as np
+import pytest
+
+from cbert_jax.scaling import fit
+
+
+def test_power_law_recovers_exact_and_noisy_exponents():
+  c = np.logspace(15, 20, 6)
+  exact = fit.fit_power_law(c, 3e3 * c ** -0.31)
+  assert exact.alpha == pytest.approx(-0.31, abs=1e-9) and exact.a == pytest.approx(3e3, rel=1e-6)
+  rng = np.random.default_rng(0)
+  noisy = fit.fit_power_law_ci(c, 0.02 * c ** 0.12 * np.exp(rng.normal(0, 0.05, c.size)), n=500)
+  assert noisy.alpha == pytest.approx(0.12, abs=0.03)
+  lo, hi = noisy.alpha_ci
+  assert lo < noisy.alpha < hi and lo < 0.12 < hi and hi - lo < 0.1
+
+
+def test_bootstrap_interval_widens_with_noise():
+  c = np.logspace(15, 20, 8)
+  rng = np.random.default_rng(1)
+  widths = []
+  for sigma in (0.01, 0.2):
+    law = fit.fit_power_law_ci(c, c ** 0.2 * np.exp(rng.normal(0, sigma, c.size)), n=300)
+    widths.append(law.alpha_ci[1] - law.alpha_ci[0])
+  assert widths[0] < widths[1] / 5
+
+
+def test_saturating_law_recovers_irreducible_loss_and_exponent():
+  c = np.logspace(15, 21, 9)
+  law = fit.fit_saturating(c, 1.8 + 4e3 * c ** -0.2)
+  assert law.e == pytest.approx(1.8, abs=0.02)
+  assert law.beta == pytest.approx(0.2, abs=0.01)
+  assert law(1e18) == pytest.approx(1.8 + 4e3 * 1e18 ** -0.2, rel=1e-3)
+
+
+@pytest.mark.parametrize("x,y,match", [
+    ([1, 2], [1], "differ in length"),
+    ([1], [1], "at least 2 points"),
+    ([1, -2], [1, 2], "positive"),
+])
+def test_bad_fit_input_is_named(x, y, match):
+  with pytest.raises(ValueError, match=match):
+    fit.fit_power_law(x, y)
