@@ -42,3 +42,19 @@ def test_saturating_law_recovers_irreducible_loss_and_exponent():
 def test_bad_fit_input_is_named(x, y, match):
   with pytest.raises(ValueError, match=match):
     fit.fit_power_law(x, y)
+
+
+def test_budget_arithmetic():
+  from cbert_jax.errors import ConfigError
+  from cbert_jax.models.flops import ParamCounts
+  from cbert_jax.scaling import budget
+  counts = ParamCounts(embedding=1000, encoder=50_000, head=1000, pred_q=3000, pred_kv=1000)
+  b = budget.make_budget(counts, "non_embedding", 20, batch_size=8, seq_len=64)
+  assert b.n_params == 54_000 and b.target_tokens == 1_080_000 and b.tokens_per_step == 512
+  assert b.steps == 2110 and b.tokens == 2110 * 512 >= b.target_tokens > (b.steps - 1) * 512
+  assert budget.make_budget(counts, "total", 20, 8, 64).n_params == 56_000
+  assert budget.make_budget(counts, "encoder", 1, 1000, 50).steps == 1
+  with pytest.raises(ConfigError, match="sweep.n_definition must be one of"):
+    budget.make_budget(counts, "all", 20, 8, 64)
+  with pytest.raises(ConfigError, match="sweep.tokens_per_param must be positive"):
+    budget.make_budget(counts, "total", 0, 8, 64)
