@@ -58,3 +58,20 @@ def test_budget_arithmetic():
     budget.make_budget(counts, "all", 20, 8, 64)
   with pytest.raises(ConfigError, match="sweep.tokens_per_param must be positive"):
     budget.make_budget(counts, "total", 0, 8, 64)
+
+
+def test_default_laws_and_round_trip(tmp_path):
+  from cbert_jax.errors import ConfigError
+  from cbert_jax.scaling import laws
+  lr, rows = laws.suggest(laws.DEFAULT, 1e21, seq_len=512, multiple=8)
+  assert lr == pytest.approx(0.3118 * 1e21 ** -0.125) and rows % 8 == 0
+  assert abs(rows * 512 - 0.2920 * 1e21 ** 0.3271) <= 4 * 512
+  assert laws.suggest(laws.DEFAULT, 1e6, seq_len=512, multiple=4)[1] == 4     # at least one multiple
+  fitted = laws.HyperLaws(lr=fit.fit_power_law_ci([1e15, 1e16, 1e17], [4e-3, 3e-3, 2.2e-3], n=50),
+                          batch_tokens=fit.fit_power_law([1e15, 1e16, 1e17], [2e4, 4e4, 8e4]),
+                          source="fit", provenance={"runs": ["a", "b", "c"]})
+  laws.save(str(tmp_path / "laws.json"), fitted)
+  assert laws.load(str(tmp_path / "laws.json")) == fitted
+  assert laws.load("") is laws.DEFAULT
+  with pytest.raises(ConfigError, match="sweep.laws: no such file"):
+    laws.load(str(tmp_path / "nope.json"))
