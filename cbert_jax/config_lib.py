@@ -81,7 +81,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.compilation_cache_dir = ""     # JAX persistent compilation cache ("" = off)
   c.plot = True                    # write workdir/metrics.png at the end
 
-  c.mode = "train"                 # train | eval (the offline probe suite on the workdir's latest checkpoint)
+  c.mode = "train"                 # train | eval (the offline probe suite on the workdir's latest
+                                   # checkpoint) | sweep (every member of config.sweep.experiment)
 
   c.evals = ml_collections.ConfigDict()  # frozen-feature probes (--config.mode=eval, or during training)
   c.evals.tasks = ("sentiment,news_topic,tweet_source,genre,graded_sentiment,claim_evidence,"
@@ -207,6 +208,39 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.decay_shape = "linear"   # wsd decay: linear | cosine
   c.optim.final_lr_frac = 0.0      # LR at the end, as a fraction of the peak
 
+  # Scaling sweeps (experiments/sweep.py, cbert_jax/scaling/). A member (tokens_per_param > 0) has
+  # total_steps, batch_size, optim.lr, checkpoint_every and eval_every derived in `resolve` from
+  # its token budget and the hyperparameter laws; set the sweep.* inputs, not those fields.
+  c.sweep = ml_collections.ConfigDict()
+  c.sweep.scale = ""               # paper | cpu | quick | auto (auto: cpu on a CPU-only machine,
+                                   # paper otherwise); "" = not part of a sweep
+  c.sweep.experiment = ""          # the sweep's experiment file (mode=sweep reads its members)
+  c.sweep.arg = ""                 # the experiment file's arg this config came from
+  c.sweep.models = ""              # mode=sweep: only these members' models, comma list ("" = all)
+  c.sweep.sizes = ""               # mode=sweep: only these sizes, comma list ("" = all)
+  c.sweep.probe = True             # mode=sweep: the offline probe suite on every final checkpoint
+  c.sweep.report = True            # mode=sweep: write the scaling report at the end
+  c.sweep.tokens_per_param = 0.0   # > 0: a sweep member trained on tokens_per_param x N tokens
+  c.sweep.n_definition = "non_embedding"  # which parameters N counts: non_embedding (blocks +
+                                   # predictor / generator) | total | encoder
+  c.sweep.laws = ""                # JSON of fitted lr(C), B(C) laws (cbert_jax.scaling.grid fit);
+                                   # "" = the shipped defaults (cbert_jax/scaling/laws.py says whose)
+  c.sweep.law_axis = "compute"     # the laws' x: compute (training FLOPs) | params (N)
+  c.sweep.batch_size = 0           # rows per step; 0 = from the batch-size law
+  c.sweep.lr = 0.0                 # peak LR; 0 = from the LR law
+  c.sweep.lr_scale = 1.0           # multiplier on the law's LR (grid experiments)
+  c.sweep.batch_multiple = 1       # round the law's batch to a multiple of this (data parallelism)
+  c.sweep.target_devices = 0       # devices the member is planned for (the compile check's mesh);
+                                   # 0 = whatever this machine has
+  c.sweep.checkpoints = 10         # checkpoints per run (checkpoint_every = steps / this)
+  c.sweep.evals = 20               # validation-loss evals per run (eval_every = steps / this)
+  # Derived by `resolve` for a member (recorded in config.json; inputs above):
+  c.sweep.n_params = 0             # N under n_definition
+  c.sweep.compute = 0.0            # training FLOPs of the run: FLOPs per data token x tokens
+  c.sweep.target_tokens = 0        # tokens_per_param x N
+  c.sweep.tokens = 0               # steps x batch_size x seq_len (>= target_tokens)
+  c.sweep.laws_source = ""         # where the LR and batch laws came from
+
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))      # ICI sizes; one -1 = fill
   c.mesh_dcn = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))  # sizes across slices/hosts
   c.sharding_rules = DEFAULT_RULES  # logical axis -> mesh axes
@@ -298,6 +332,9 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       config.masking.mask_ratio = DEFAULT_MASK_RATIO[config.model_name]
     if m.max_positions <= 0:
       m.max_positions = config.data.seq_len
+  if config.sweep.tokens_per_param > 0:
+    from cbert_jax.scaling import plan  # pylint: disable=import-outside-toplevel (imports the models)
+    plan.derive(config)
   return config
 
 

@@ -61,8 +61,15 @@ def main(argv):
       from cbert_jax import evaluate
       evaluate.run(config, workdir)
       return
+    if config.get("mode", "train") == "sweep":
+      from cbert_jax.scaling import runner
+      failed = runner.run(config, workdir)
+      if failed:
+        print(f"sweep: {failed} member(s) failed; see {workdir}/sweep_status.json", file=sys.stderr)
+        sys.exit(1)
+      return
     if config.get("mode", "train") != "train":
-      raise ConfigError(f"mode must be train|eval, got {config.mode!r}")
+      raise ConfigError(f"mode must be train|eval|sweep, got {config.mode!r}")
     summary = train.run(config, workdir)
   except ConfigError as e:
     print(f"config error: {e}", file=sys.stderr)

@@ -16,7 +16,9 @@ LADDER: dict[str, tuple[int, int, int]] = {
     # CPU rungs (laptop runs, tests, the CPU mini-sweep).
     "d32L2": (32, 2, 2),
     "d64L2": (64, 2, 2),
+    "d96L3": (96, 3, 3),
     "d128L2": (128, 2, 2),
+    "d128L3": (128, 3, 4),
     "d128L4": (128, 4, 4),
     "d192L4": (192, 4, 3),
     "d256L4": (256, 4, 4),

@@ -19,15 +19,31 @@ from cbert_jax.scaling.fit import PowerLaw
 
 @dataclasses.dataclass(frozen=True)
 class HyperLaws:
-  """lr(C) and batch size in tokens B(C); where they come from."""
+  """lr(C) and batch size in tokens B(C) (and, when fitted, the same against N); their source."""
   lr: PowerLaw
   batch_tokens: PowerLaw
   source: str
   provenance: dict = dataclasses.field(default_factory=dict)
+  lr_n: PowerLaw | None = None            # lr(N), N = the sweep's n_definition
+  batch_tokens_n: PowerLaw | None = None  # B(N) in tokens
 
   def to_dict(self) -> dict:
-    return {"lr": self.lr.to_dict(), "batch_tokens": self.batch_tokens.to_dict(),
-            "source": self.source, "provenance": self.provenance}
+    out = {"lr": self.lr.to_dict(), "batch_tokens": self.batch_tokens.to_dict(),
+           "source": self.source, "provenance": self.provenance}
+    if self.lr_n is not None and self.batch_tokens_n is not None:
+      out |= {"lr_n": self.lr_n.to_dict(), "batch_tokens_n": self.batch_tokens_n.to_dict()}
+    return out
+
+  def axis(self, law_axis: str) -> tuple[PowerLaw, PowerLaw]:
+    """(lr law, batch law) against `law_axis` (compute | params); ConfigError when not fitted."""
+    if law_axis == "compute":
+      return self.lr, self.batch_tokens
+    if law_axis == "params":
+      if self.lr_n is None or self.batch_tokens_n is None:
+        raise ConfigError(f"sweep.law_axis=params: the laws ({self.source}) have no fit against N; "
+                          "fit a grid (python -m cbert_jax.scaling.grid fit) or use compute")
+      return self.lr_n, self.batch_tokens_n
+    raise ConfigError(f"sweep.law_axis must be compute|params, got {law_axis!r}")
 
   @classmethod
   def from_dict(cls, d: dict) -> "HyperLaws":
@@ -36,7 +52,9 @@ class HyperLaws:
                       a_ci=tuple(x["a_ci"]) if x.get("a_ci") else None,
                       alpha_ci=tuple(x["alpha_ci"]) if x.get("alpha_ci") else None)
     return cls(lr=law(d["lr"]), batch_tokens=law(d["batch_tokens"]), source=str(d["source"]),
-               provenance=dict(d.get("provenance", {})))
+               provenance=dict(d.get("provenance", {})),
+               lr_n=law(d["lr_n"]) if d.get("lr_n") else None,
+               batch_tokens_n=law(d["batch_tokens_n"]) if d.get("batch_tokens_n") else None)
 
 
 DEFAULT = HyperLaws(
@@ -67,11 +85,14 @@ def save(path: str, laws: HyperLaws) -> None:
   os.replace(tmp, path)
 
 
-def suggest(laws: HyperLaws, compute: float, seq_len: int, multiple: int = 1) -> tuple[float, int]:
-  """(learning rate, batch size in rows) for a run of `compute` training FLOPs: rows = B(C) /
-  seq_len rounded to the nearest multiple of `multiple` (the data-parallel size), at least one."""
-  if not compute > 0:
-    raise ValueError(f"compute must be positive, got {compute}")
-  rows = laws.batch_tokens(compute) / seq_len
+def suggest(laws: HyperLaws, x: float, seq_len: int, multiple: int = 1,
+            law_axis: str = "compute") -> tuple[float, int]:
+  """(learning rate, batch size in rows) for a run at `x` (training FLOPs, or N for law_axis=params):
+  rows = B(x) / seq_len rounded to the nearest multiple of `multiple` (the data-parallel size), at
+  least one multiple."""
+  if not x > 0:
+    raise ValueError(f"{law_axis} must be positive, got {x}")
+  lr_law, batch_law = laws.axis(law_axis)
+  rows = batch_law(x) / seq_len
   rows = max(multiple, int(round(rows / multiple)) * multiple)
-  return float(laws.lr(compute)), int(rows)
+  return float(lr_law(x)), int(rows)

@@ -1,0 +1,73 @@
+"""A sweep member's derived training plan: N, budget, compute, LR and batch from the laws.
+
+`derive(config)` is called by `config_lib.resolve` for every config with
+`sweep.tokens_per_param > 0`, so the plan is computed in one place whichever way the member is
+started (the in-process sweep, `launch.sweep`, a single member by hand) and lands in the member's
+config.json. Order (no circularity): N from the analytic parameter counts -> target tokens =
+tokens_per_param x N -> compute C = training FLOPs per data token x target tokens -> lr(C), B(C)
+from the laws (or N, `sweep.law_axis`) -> steps = ceil(target / (rows x seq_len)).
+"""
+from __future__ import annotations
+
+import math
+
+import ml_collections
+
+from cbert_jax.errors import ConfigError
+from cbert_jax.models import flops as flops_lib
+from cbert_jax.models.model_config import MaskConfig, ModelConfig
+from cbert_jax.scaling import budget as budget_lib, laws as laws_lib
+
+# Ids only matter to the data path; FLOPs and counts do not depend on them.
+_MASK_ID, _SPECIAL = 4, (0, 2, 3, 4)
+
+
+def model_config(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MaskConfig]:
+  """The model and masking the member will train, before the tokenizer exists (vocabulary =
+  model.vocab_size if set, else data.vocab_size: what a trained tokenizer gets)."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  m, mk = config.model, config.masking
+  fields = {f.name for f in dataclasses.fields(ModelConfig)}
+  kw = {k: m[k] for k in m.keys() if k in fields}
+  kw["vocab_size"] = int(m.vocab_size or config.data.vocab_size)
+  mask = MaskConfig(mask_ratio=mk.mask_ratio, mask_id=_MASK_ID, special_ids=_SPECIAL,
+                    p_mask=mk.p_mask, p_random=mk.p_random,
+                    cms=mk.cms and config.model_name == "crossbert", cms_form=mk.cms_form)
+  return ModelConfig(**kw), mask
+
+
+def derive(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Fills total_steps, batch_size, optim.lr, checkpoint_every, eval_every and the derived
+  sweep.* fields of a resolved member config, in place."""
+  s = config.sweep
+  for name in ("checkpoints", "evals", "batch_multiple"):
+    if s[name] < (1 if name != "evals" else 0):
+      raise ConfigError(f"sweep.{name} must be >= {1 if name != 'evals' else 0}, got {s[name]}")
+  if s.lr < 0 or s.batch_size < 0 or not s.lr_scale > 0:
+    raise ConfigError(f"sweep.lr and sweep.batch_size must be >= 0 (0 = from the laws) and "
+                      f"sweep.lr_scale > 0; got {s.lr}, {s.batch_size}, {s.lr_scale}")
+  model_cfg, mask_cfg = model_config(config)
+  seq_len = config.data.seq_len
+  counts = flops_lib.param_counts(config.model_name, model_cfg)
+  n = budget_lib.n_params(counts, s.n_definition)
+  target = int(math.ceil(s.tokens_per_param * n))
+  per_token = flops_lib.flops_per_token(config.model_name, model_cfg, mask_cfg, seq_len)
+  compute = per_token * target
+  laws = laws_lib.load(s.laws)
+  lr, rows = laws_lib.suggest(laws, compute if s.law_axis == "compute" else n, seq_len,
+                              s.batch_multiple, s.law_axis)
+  rows = s.batch_size or rows
+  lr = s.lr or lr * s.lr_scale
+  plan = budget_lib.make_budget(counts, s.n_definition, s.tokens_per_param, rows, seq_len)
+  with config.unlocked():
+    config.total_steps = plan.steps
+    config.batch_size = plan.batch_size
+    config.optim.lr = float(lr)
+    config.checkpoint_every = max(1, -(-plan.steps // s.checkpoints))
+    config.eval_every = max(1, -(-plan.steps // s.evals)) if s.evals else 0
+    s.n_params = plan.n_params
+    s.target_tokens = plan.target_tokens
+    s.tokens = plan.tokens
+    s.compute = float(per_token * plan.tokens)
+    s.laws_source = laws.source
+  return config

@@ -1,0 +1,148 @@
+r"""The BERT-vs-CrossBERT scaling sweep (SPEC §5): every member trains on tokens_per_param x N
+tokens with its LR and batch size from the hyperparameter laws, then gets the frozen probe suite.
+
+  python -m cbert_jax.main --config experiments/sweep.py            # the whole sweep, in this
+                                                    # process: cpu scale on a CPU-only machine,
+                                                    # paper otherwise; then the scaling report
+  python -m cbert_jax.main --config experiments/sweep.py:quick      # < 30 min on 2 CPU cores
+  python -m cbert_jax.main --config experiments/sweep.py:model=crossbert,size=d96L3
+                                                    # one member (the scale follows from the size)
+  python -m launch.sweep --config experiments/sweep.py --backend slurm   # fan out (paper scale)
+
+Arguments: a scale name (`paper`, `cpu`, `quick`, `auto`), or `scale=`, `model=` (bert |
+crossbert), `size=` (a ladder rung) and `cms=` (CrossBERT's complementary masking; default true).
+With model and size the config is one member (mode=train); without, the whole sweep (mode=sweep).
+Any `--config.X=V` given for the whole sweep applies to every member.
+
+Scales:
+  paper  SPEC §5: 8 BERT sizes (d384L6 ... d2048L32) and 9 CrossBERT+CMS sizes (... d2304L32),
+         vocabulary 32768, 512-token rows, bf16 compute, 20 tokens per parameter, on a pod-scale
+         corpus you supply (--config.data.sources=...; data/preprocess.py). Each member is planned
+         for `target_devices` chips (FSDP over all of them; the batch is a multiple of that).
+  cpu    the CPU mini-reproduction: 4 sizes (d32L2 d64L2 d96L3 d128L3, N 57k-1.05M) x {BERT,
+         CrossBERT+CMS}, plus CrossBERT without CMS at d96L3 (the CMS sample-efficiency control),
+         vocabulary 4096, 128-token rows, 20 tokens per parameter, on offline_small; about 1.5 h
+         of training on 2 quiet cores (the largest CrossBERT+CMS alone ~40 min), plus the probes.
+  quick  3 sizes (d32L2 d64L2 d96L3) x {BERT, CrossBERT+CMS} at 5 tokens per parameter with the
+         probe suite capped at 2000 training texts per task: under 30 minutes.
+"""
+from cbert_jax import config_lib
+from cbert_jax.errors import ConfigError
+
+# The paper's ladder (SPEC §5 default shapes): CrossBERT gets all 9 rungs, BERT the first 8.
+PAPER_SIZES = ("d384L6", "d512L8", "d768L12", "d1024L16", "d1280L20", "d1536L24", "d2048L24",
+               "d2048L32", "d2304L32")
+# Chips each paper member is planned for (FSDP over all of them): the compile check's mesh.
+PAPER_DEVICES = {"d384L6": 8, "d512L8": 8, "d768L12": 8, "d1024L16": 16, "d1280L20": 16,
+                 "d1536L24": 32, "d2048L24": 64, "d2048L32": 64, "d2304L32": 64}
+CPU_SIZES = ("d32L2", "d64L2", "d96L3", "d128L3")
+
+SCALES = {
+    # scale: BERT sizes, CrossBERT+CMS sizes, controls (model, size, cms), tokens per parameter
+    "paper": dict(bert=PAPER_SIZES[:8], crossbert=PAPER_SIZES, controls=(), tokens_per_param=20.0),
+    "cpu": dict(bert=CPU_SIZES, crossbert=CPU_SIZES, controls=(("crossbert", "d96L3", False),),
+                tokens_per_param=20.0),
+    "quick": dict(bert=CPU_SIZES[:3], crossbert=CPU_SIZES[:3], controls=(), tokens_per_param=5.0),
+}
+SCALE_NAMES = (*SCALES, "auto")
+
+
+def _parse(arg):
+  arg = (arg or "").strip()
+  if arg in SCALE_NAMES:
+    arg = f"scale={arg}"
+  return config_lib.parse_arg(arg, scale="", model="", size="", cms=True)
+
+
+def _scale_of(size: str) -> str:
+  if size in PAPER_SIZES:
+    return "paper"
+  if size in CPU_SIZES:
+    return "cpu"
+  raise ConfigError(f"experiments/sweep.py: size {size!r} is in no sweep; paper: "
+                    f"{', '.join(PAPER_SIZES)}; cpu/quick: {', '.join(CPU_SIZES)}")
+
+
+def member_arg(scale: str, model: str, size: str, cms: bool = True) -> str:
+  return f"scale={scale},model={model},size={size}" + ("" if cms else ",cms=false")
+
+
+def get_sweep(arg=None) -> list[str]:
+  """Every member of the scale named by `arg` (default cpu), as get_config args, smallest first
+  (BERT before CrossBERT at each size, controls last)."""
+  scale = _parse(arg).scale or "cpu"
+  if scale not in SCALES:
+    raise ConfigError(f"experiments/sweep.py: scale must be one of {', '.join(SCALES)}, got "
+                      f"{scale!r} (auto is resolved by the sweep runner)")
+  s = SCALES[scale]
+  order = list(dict.fromkeys((*s["bert"], *s["crossbert"])))
+  members = []
+  for size in order:
+    members += [member_arg(scale, m, size) for m in ("bert", "crossbert") if size in s[m]]
+  members += [member_arg(scale, m, size, cms) for m, size, cms in s["controls"]]
+  return members
+
+
+def member_name(model: str, size: str, cms: bool = True) -> str:
+  """The member's sub-workdir: bert_d64L2, crossbert_d96L3, crossbert-nocms_d96L3."""
+  return f"{model}{'' if cms or model != 'crossbert' else '-nocms'}_{size}"
+
+
+def get_config(arg=None):
+  a = _parse(arg)
+  c = config_lib.base_config()
+  c.sweep.experiment = __file__
+  c.sweep.arg = arg or ""
+  if not (a.model or a.size):                        # the whole sweep
+    scale = a.scale or "auto"
+    if scale not in SCALE_NAMES:
+      raise ConfigError(f"experiments/sweep.py: scale must be one of {', '.join(SCALE_NAMES)}, "
+                        f"got {scale!r}")
+    c.mode = "sweep"
+    c.name = f"sweep_{scale}" if scale != "auto" else "sweep"
+    c.sweep.scale = scale
+    return c
+  if not (a.model and a.size):
+    raise ConfigError("experiments/sweep.py: a member needs both model= and size= "
+                      f"(got {arg!r}); give neither for the whole sweep")
+  if a.model not in ("bert", "crossbert"):
+    raise ConfigError(f"experiments/sweep.py: model must be bert|crossbert, got {a.model!r}")
+  scale = a.scale or _scale_of(a.size)
+  if scale not in SCALES:
+    raise ConfigError(f"experiments/sweep.py: scale must be one of {', '.join(SCALES)} for a "
+                      f"member, got {scale!r}")
+  s = SCALES[scale]
+  cms = a.cms or a.model == "bert"                   # cms only concerns CrossBERT
+  listed = (a.size in s[a.model]) if cms else ((a.model, a.size, False) in s["controls"])
+  if not listed:
+    raise ConfigError(f"experiments/sweep.py: {member_name(a.model, a.size, cms)} is not a "
+                      f"member of the {scale} sweep (members: {', '.join(get_sweep(scale))})")
+  c.mode = "train"
+  c.name = f"sweep_{scale}/{member_name(a.model, a.size, cms)}"
+  c.model_name = a.model
+  c.model.size = a.size
+  c.masking.cms = cms
+  c.sweep.scale = scale
+  c.sweep.tokens_per_param = s["tokens_per_param"]
+  c.log_every = 20
+  c.eval_batches = 8
+  c.faults.spike = "warn"
+  if scale == "paper":
+    c.data.corpus = "sources"          # your pod-scale corpus: --config.data.sources=...
+    c.data.vocab_size = 32768
+    c.data.seq_len = 512
+    c.model.compute_dtype = "bfloat16"
+    c.mesh.data, c.mesh.fsdp = 1, -1   # FSDP over every chip
+    c.sweep.target_devices = PAPER_DEVICES[a.size]
+    c.sweep.batch_multiple = PAPER_DEVICES[a.size]
+    c.log_every = 50
+    c.eval_batches = 16
+  else:
+    c.data.corpus = "offline_small"
+    c.data.vocab_size = 4096
+    c.data.seq_len = 128
+    c.log_every = 25
+    if scale == "quick":
+      c.evals.max_train = 2000
+      c.evals.max_eval = 1000
+  return c
