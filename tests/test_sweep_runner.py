@@ -1,0 +1,105 @@
+"""The in-process sweep runner: trains and probes every member, skips finished ones, resumes a
+member killed mid-run, and writes the status, the manifest and the scaling report."""
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cbert_jax import train
+from cbert_jax.scaling import runner, status
+from tests.test_eval_suite import toy_tasks  # noqa: F401  (fixture)
+from tests.test_train import TINY
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SWEEP = os.path.join(ROOT, "experiments", "sweep.py")
+
+
+def tiny_overrides(cache) -> dict:
+  """The quick scale's d32L2 members on the tiny corpus, 128-token steps."""
+  return {"data.corpus": "files", "data.corpus_files": TINY, "data.vocab_size": 400,
+          "data.cache_dir": str(cache), "data.seq_len": 32, "sweep.sizes": "d32L2",
+          "sweep.batch_size": 4, "num_devices": 1, "peak_flops": 1e11, "plot": False,
+          "eval_batches": 1}
+
+
+def whole_sweep_config(cache, **extra):
+  spec = importlib.util.spec_from_file_location("sweep_exp", SWEEP)
+  exp = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(exp)
+  c = exp.get_config("quick")
+  for path, value in (tiny_overrides(cache) | extra).items():
+    runner._set(c, path, value)  # pylint: disable=protected-access
+  return c
+
+
+def test_runner_trains_probes_reports_then_skips_finished_members(tmp_path, toy_tasks, monkeypatch):  # noqa: F811
+  root = tmp_path / "sweep"
+  c = whole_sweep_config(tmp_path / "cache", **{"sweep.tokens_per_param": 0.3,
+                                                "evals.tasks": "toy_cls,toy_retrieval",
+                                                "evals.seq_len": 16})
+  assert runner.run(c, str(root)) == 0
+  names = ["bert_d32L2", "crossbert_d32L2"]
+  st = json.loads((root / "sweep_status.json").read_text())
+  assert [m["state"] for m in st["members"]] == ["done", "done"] and st["flops_done"] == st["flops_total"]
+  manifest = json.loads((root / "sweep.json").read_text())
+  assert [m["name"] for m in manifest["members"]] == names and manifest["scale"] == "quick"
+  for name, m in zip(names, manifest["members"]):
+    cfg = json.loads((root / name / "config.json").read_text())["config"]
+    # the command-line overrides reached the member; the derived budget is in its config.json
+    assert cfg["data"]["seq_len"] == 32 and cfg["batch_size"] == 4 and cfg["evals"]["tasks"] == "toy_cls,toy_retrieval"
+    assert cfg["sweep"]["compute"] == m["compute"] > 0 and cfg["total_steps"] == m["steps"]
+    assert cfg["total_steps"] * 4 * 32 == cfg["sweep"]["tokens"] >= cfg["sweep"]["target_tokens"]
+    assert status.is_done(str(root / name), probe=True)
+  rep = (root / "report" / "report.md").read_text()
+  assert "| bert_d32L2 |" in rep and "| crossbert_d32L2 |" in rep and "## The four claims" in rep
+  ckpt_mtime = os.path.getmtime(root / "bert_d32L2" / "checkpoints")
+
+  def no_training(*a, **k):
+    raise AssertionError("a finished member was trained again")
+  monkeypatch.setattr(train, "run", no_training)
+  assert runner.run(c, str(root)) == 0                       # the rerun: everything skipped
+  assert os.path.getmtime(root / "bert_d32L2" / "checkpoints") == ckpt_mtime
+
+
+def _sweep_cmd(root, cache):
+  args = [f"--config.{k}={v}" for k, v in tiny_overrides(cache).items()]
+  return [sys.executable, "-m", "cbert_jax.main", f"--config={SWEEP}:quick", f"--workdir={root}",
+          *args, "--config.sweep.tokens_per_param=0.6", "--config.sweep.probe=false",
+          "--config.sweep.report=false"]
+
+
+def test_a_killed_sweep_resumes_the_interrupted_member_and_skips_the_finished_one(tmp_path):
+  root, cache = tmp_path / "sweep", tmp_path / "cache"
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  log = open(tmp_path / "first.log", "w")
+  proc = subprocess.Popen(_sweep_cmd(root, cache), cwd=ROOT, env=env, stdout=log, stderr=log)
+  second = root / "crossbert_d32L2"
+  deadline = time.time() + 240
+  while not status.checkpoint_steps(str(second)) and time.time() < deadline and proc.poll() is None:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)                           # mid-run: no clean shutdown
+  proc.wait()
+  log.close()
+  killed_at = status.checkpoint_steps(str(second))
+  total = status.total_steps(str(second))
+  assert killed_at and total not in killed_at, (tmp_path / "first.log").read_text()[-3000:]
+  assert status.is_done(str(root / "bert_d32L2"), probe=False)
+  first_mtime = os.path.getmtime(root / "bert_d32L2" / "metrics.jsonl")
+
+  r = subprocess.run(_sweep_cmd(root, cache), cwd=ROOT, env=env, capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "bert_d32L2: done already, skipped" in r.stderr
+  assert "resumed from checkpoint at step" in r.stderr
+  assert status.is_done(str(second), probe=False)
+  assert os.path.getmtime(root / "bert_d32L2" / "metrics.jsonl") == first_mtime
+  steps = [json.loads(line)["step"] for line in (second / "metrics.jsonl").read_text().splitlines()]
+  train_steps = sorted(set(steps))
+  assert train_steps[-1] == total                            # reached the end
+  st = json.loads((root / "sweep_status.json").read_text())
+  assert [m["state"] for m in st["members"]] == ["done", "done"]
