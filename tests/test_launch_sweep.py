@@ -1,0 +1,515 @@
+"""launch.sweep: golden renders per backend, dry runs that start nothing, a local run, bad flags.
+
+Nothing trains: the paper members resolve analytically (no data), the local run's members are a
+fake interpreter that writes what a finished member leaves, and the sbatch script's trap is run
+with fake srun / scontrol.
+"""
+import json
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cbert_jax.scaling import status as status_lib
+from launch import sweep
+
+EXP = "experiments/sweep.py"
+FIRST = "scale=paper,model=bert,size=d384L6"      # the first paper member, bert_d384L6
+
+
+def build(root, *argv):
+  """Renders a launch (nothing runs) -> the Launch."""
+  launch, _ = sweep.build(["--workdir_root", str(root), *argv])
+  return launch
+
+
+def job(launch, name):
+  return next(j for j in launch.jobs if j.member.name == name)
+
+
+def run_main(capsys, *argv):
+  """sweep.main in this process -> (exit status, stdout, stderr)."""
+  rc = sweep.main([str(a) for a in argv])
+  out = capsys.readouterr()
+  return rc, out.out, out.err
+
+
+# ------------------------------------------------------------------ golden ---
+
+
+def test_paper_members_and_local_commands(tmp_path):
+  root = tmp_path / "sweep"
+  launch = build(root, "--config", EXP, "--backend", "local", "--python", "python",
+                 "--override=--config.data.sources=/data/*.jsonl.zst")
+  names = [j.member.name for j in launch.jobs]
+  assert launch.scale == "paper" and launch.experiment == EXP and len(names) == 17
+  assert names[:3] == ["bert_d384L6", "crossbert_d384L6", "bert_d512L8"]
+  assert names[-1] == "crossbert_d2304L32" and len(set(names)) == 17
+  assert sum(n.startswith("bert_") for n in names) == 8
+  j = launch.jobs[0]
+  assert sweep.shell_join(j.train) == (
+      f"python -m cbert_jax.main --config=experiments/sweep.py:{FIRST} "
+      f"--workdir={root}/bert_d384L6 --config.data.sources='/data/*.jsonl.zst'")
+  assert j.probe == [*j.train, "--config.mode=eval"]
+  assert j.steps == [("train", j.train), ("probe", j.probe)]
+  assert j.member.target_devices == 8 and j.member.total_steps > 0
+  assert job(launch, "crossbert_d2304L32").member.target_devices == 64
+
+
+SBATCH = r"""#!/bin/bash
+#SBATCH --job-name=bert_d384L6
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --time=24:00:00
+#SBATCH --output=ROOT/logs/bert_d384L6.log
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@600
+#SBATCH --partition=gpu
+#SBATCH --account=lab
+# bert_d384L6 (scale=paper,model=bert,size=d384L6): SUMMARY.
+# Written by launch/sweep.py; the resolved config: ROOT/slurm/bert_d384L6.config.json
+# Near the time limit SLURM sends USR1 to this script: the running step gets SIGTERM (the trainer
+# checkpoints and exits), then the job is requeued and resumes from that checkpoint.
+set -uo pipefail
+cd ROOT/code/CODE || exit 1
+source /opt/venv/bin/activate
+workdir=ROOT/bert_d384L6
+step=""
+on_usr1() {
+  echo "$(date -Is) USR1: time limit near; checkpointing, then requeueing job $SLURM_JOB_ID"
+  if [ -n "$step" ]; then
+    kill -TERM "$step"  # srun forwards SIGTERM to its tasks: the trainer checkpoints and exits
+    wait "$step"
+  fi
+  scontrol requeue "$SLURM_JOB_ID"  # back to the queue; the rerun resumes from the checkpoint
+  exit 0
+}
+trap on_usr1 USR1
+run_step() {
+  srun --nodes=1 --ntasks-per-node=1 "$@" &  # in the background: USR1 runs the trap during the wait
+  step=$!
+  wait "$step"
+  local rc=$?
+  step=""
+  return "$rc"
+}
+fail() {  # the member's FAILED marker, read by `python -m launch.sweep status`
+  echo "slurm job $SLURM_JOB_ID: $1 exited with status $2; log: "ROOT/logs/bert_d384L6.log > "$workdir/FAILED"
+  exit "$2"
+}
+echo "$(date -Is) job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST"
+mkdir -p "$workdir" && rm -f "$workdir/FAILED"
+if [ ! -d "$workdir/checkpoints/STEPS" ]; then  # no final checkpoint yet
+  run_step python -m cbert_jax.main --config=experiments/sweep.py:scale=paper,model=bert,size=d384L6 --workdir=ROOT/bert_d384L6 --multiprocess --config.data.sources=/data/c.jsonl || fail train $?
+fi
+run_step python -m cbert_jax.main --config=experiments/sweep.py:scale=paper,model=bert,size=d384L6 --workdir=ROOT/bert_d384L6 --multiprocess --config.data.sources=/data/c.jsonl --config.mode=eval || fail probe $?
+"""
+
+SLURM_ARGS = ("--config", EXP, "--backend", "slurm", "--partition", "gpu", "--account", "lab",
+              "--time", "24:00:00", "--signal_seconds", "600",
+              "--setup", "source /opt/venv/bin/activate",
+              "--override=--config.data.sources=/data/c.jsonl")
+
+
+def test_slurm_script_golden(tmp_path):
+  root = tmp_path / "sweep"
+  launch = build(root, *SLURM_ARGS)
+  j = job(launch, "bert_d384L6")
+  expected = (SBATCH.replace("ROOT", str(root)).replace("CODE", sweep.snapshot_id())
+              .replace("SUMMARY", j.member.summary()).replace("STEPS", str(j.member.total_steps)))
+  assert j.script == expected
+  assert j.script_path == f"{root}/slurm/bert_d384L6.sbatch"
+  assert j.steps == [("submit", ["sbatch", j.script_path])]
+  assert launch.code_dir == f"{root}/code/{sweep.snapshot_id()}" and launch.snapshot
+  assert len(launch.jobs) == 17
+  big = job(launch, "crossbert_d2304L32").script            # 64 GPUs: 8 nodes of 8
+  assert "#SBATCH --nodes=8\n" in big and "  srun --nodes=8 --ntasks-per-node=1 " in big
+  wide = build(root, *SLURM_ARGS, "--gpus_per_node", "4")   # 8 GPUs: 2 nodes of 4
+  assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=4\n" in (
+      job(wide, "bert_d384L6").script)
+  mine = build(root, *SLURM_ARGS, "--code_dir", "/shared/cbert")   # a checkout: no snapshot
+  assert not mine.snapshot and "\ncd /shared/cbert || exit 1\n" in mine.jobs[0].script
+
+
+def test_tpu_vm_commands_golden(tmp_path):
+  root = tmp_path / "sweep"
+  launch = build(root, "--config", f"{EXP}:paper", "--backend", "tpu-vm", "--zone", "us-east5-a",
+                 "--project", "my-proj", "--override=--config.data.sources=gs://b/c/*.zst")
+  assert len(launch.jobs) == 17
+  j = job(launch, "bert_d384L6")
+  member = (f"--config=experiments/sweep.py:{FIRST} --workdir={root}/bert_d384L6 --multiprocess "
+            "--config.data.sources='gs://b/c/*.zst'")
+  remote = (f"cd {root}/code/{sweep.snapshot_id()} && python3 -m cbert_jax.main {member} && "
+            f"python3 -m cbert_jax.main {member} --config.mode=eval")
+  assert [k for k, _ in j.steps] == ["ssh"]
+  assert sweep.shell_join(j.steps[0][1]) == (
+      "gcloud compute tpus tpu-vm ssh cbert-bert-d384l6 --zone=us-east5-a --project=my-proj "
+      "--worker=all --command=" + shlex.quote(remote))
+  assert j.steps[0][1][-1] == "--command=" + remote          # one argv item, no shell needed
+  assert j.info["create"] == (
+      "gcloud compute tpus tpu-vm create cbert-bert-d384l6 --zone=us-east5-a --project=my-proj "
+      "--accelerator-type=v5p-16 --version=v2-alpha-tpuv5")
+  big = job(launch, "crossbert_d2304L32")
+  assert big.info == {**big.info, "tpu_name": "cbert-crossbert-d2304l32", "tpu_type": "v5p-128"}
+  v6e = build(root, "--config", EXP, "--backend", "tpu-vm", "--zone", "z", "--project", "p",
+              "--tpu_generation", "v6e", "--create_tpus", "--code_dir", "~/cbert_jax",
+              "--tpu_prefix", "run7-", "--members", "bert_d1024L16")
+  create, ssh = v6e.jobs[0].steps                             # --create_tpus: created, then run
+  assert create[0] == "create" and create[1][-2:] == ["--accelerator-type=v6e-16",
+                                                      "--version=v2-alpha-tpuv6e"]
+  assert ssh[1][5] == "run7-bert-d1024l16" and ssh[1][-1].startswith("--command=cd ~/cbert_jax && ")
+
+
+def test_tpu_type_mapping():
+  assert sweep.tpu_type("v4", 8) == "v4-16" and sweep.tpu_type("v5p", 64) == "v5p-128"
+  assert sweep.tpu_type("v5e", 8) == "v5litepod-8" and sweep.tpu_type("v6e", 256) == "v6e-256"
+  assert sweep.tpu_type("v5p", 4) == "v5p-8"
+  with pytest.raises(sweep.LaunchError, match=r"--tpu_generation=v5e has no slice of 12 chips"):
+    sweep.tpu_type("v5e", 12, "m")
+  with pytest.raises(sweep.LaunchError, match=r"whole hosts of 4 chips; target_devices=6"):
+    sweep.tpu_type("v4", 6, "m")
+
+
+def test_xpk_command_golden_and_names(tmp_path):
+  root = tmp_path / "sweep"
+  launch = build(root, "--config", EXP, "--backend", "xpk", "--cluster", "pod1",
+                 "--docker_image", "gcr.io/p/cbert:1", "--tpu_generation", "v5e",
+                 "--max_restarts", "3")
+  assert len(launch.jobs) == 17
+  j = job(launch, "bert_d384L6")
+  member = f"--config=experiments/sweep.py:{FIRST} --workdir={root}/bert_d384L6 --multiprocess"
+  remote = (f"python -m cbert_jax.main {member} && "
+            f"python -m cbert_jax.main {member} --config.mode=eval")
+  assert sweep.shell_join(j.steps[0][1]) == (
+      "xpk workload create --cluster=pod1 --workload=cbert-bert-d384l6 --tpu-type=v5litepod-8 "
+      "--num-slices=1 --docker-image=gcr.io/p/cbert:1 --max-restarts=3 --command='" + remote + "'")
+  assert job(launch, "crossbert_d2304L32").info["tpu_type"] == "v5litepod-64"
+  names = [jb.info["workload"] for jb in launch.jobs]
+  assert len(set(names)) == 17
+  assert all(len(n) <= 40 and re.fullmatch(r"[a-z][a-z0-9-]*[a-z0-9]", n) for n in names)
+  long = sweep.xpk_names("a-very-long-team-prefix-for-runs-", ["crossbert_d2304L32", "bert_d384L6"])
+  assert all(len(n) <= 40 for n in long.values()) and len(set(long.values())) == 2
+  assert long["crossbert_d2304L32"].startswith("a-very-long-team-prefix-for-runs-")
+  assert re.fullmatch(r".*-[0-9a-f]{6}", long["crossbert_d2304L32"])   # the hash suffix
+  same = sweep.xpk_names("x-", ["Bert_A", "bert-a"])            # equal once lowercased: suffixed
+  assert len(set(same.values())) == 2
+
+
+# ----------------------------------------------------------------- dry run ---
+
+
+BACKEND_ARGS = {
+    "local": [],
+    "slurm": [],
+    "tpu-vm": ["--zone", "z", "--project", "p"],
+    "xpk": ["--cluster", "c", "--docker_image", "img"],
+}
+
+
+@pytest.mark.parametrize("backend", list(BACKEND_ARGS))
+def test_dry_run_starts_no_process_and_writes_nothing(tmp_path, monkeypatch, capsys, backend):
+  def refuse(*a, **k):
+    raise AssertionError(f"the dry run started a process: {a}")
+  for mod, name in ((subprocess, "Popen"), (subprocess, "run"), (subprocess, "call"),
+                    (subprocess, "check_call"), (subprocess, "check_output"), (os, "system"),
+                    (os, "posix_spawn"), (os, "fork")):
+    monkeypatch.setattr(mod, name, refuse)
+  root = tmp_path / "sweep"
+  rc, out, err = run_main(capsys, "--config", EXP, "--backend", backend, "--workdir_root", root,
+                          *BACKEND_ARGS[backend])
+  assert rc == 0, err
+  assert not root.exists()                                   # nothing written
+  assert "dry run: nothing is started or written" in out and f"{root}/launch_manifest.json" in out
+  assert out.count("\n[") == 17 and "[17/17] crossbert_d2304L32 (pending; " in out
+  assert {"local": "--config.mode=eval", "slurm": "#SBATCH --requeue", "tpu-vm": "--worker=all",
+          "xpk": "--tpu-type=v5p-16"}[backend] in out
+
+
+# --------------------------------------------------------- local --execute ---
+
+
+FAKE = r"""
+import json, os, sys
+# A stand-in for `python -m cbert_jax.main`: a member's train or probe, in milliseconds.
+flags = dict(a.split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
+workdir, arg = flags["--workdir"], flags["--config"].split(":", 1)[1]
+name = os.path.basename(workdir)
+here = os.path.dirname(os.path.abspath(__file__))
+mode = flags.get("--config.mode", "train")
+with open(os.path.join(here, "calls.txt"), "a") as f:
+  f.write(f"{name} {mode}\n")
+if os.path.exists(os.path.join(here, "fail_" + name)):
+  print("I0101 train.py] some log line", file=sys.stderr)
+  print("config error: planted failure", file=sys.stderr)
+  print("W0101 a warning after it", file=sys.stderr)
+  sys.exit(2)
+os.makedirs(workdir, exist_ok=True)
+if mode == "eval":
+  os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
+  with open(os.path.join(workdir, "eval", "step_4.json"), "w") as f:
+    json.dump({"suite": "offline"}, f)
+else:
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump({"config": {"total_steps": 4}}, f)
+  os.makedirs(os.path.join(workdir, "checkpoints", "4"), exist_ok=True)
+  print(f"{name}: step 4/4")
+"""
+
+TRIO = "bert_d32L2,crossbert_d32L2,bert_d64L2"
+
+
+def local_sweep(capsys, tmp_path, root):
+  return run_main(capsys, "--config", f"{EXP}:quick", "--backend", "local", "--workdir_root", root,
+                  "--members", TRIO, "--parallel", "2", "--execute",
+                  "--python", f"{sys.executable} {tmp_path / 'fake.py'}",
+                  "--override=--config.log_every=5")
+
+
+def calls(tmp_path) -> list[str]:
+  return sorted((tmp_path / "calls.txt").read_text().splitlines())
+
+
+def test_local_execute_runs_members_in_parallel_marks_failures_and_skips_done(tmp_path, capsys):
+  (tmp_path / "fake.py").write_text(FAKE)
+  (tmp_path / "fail_bert_d64L2").write_text("")
+  root = tmp_path / "sweep"
+  rc, out, err = local_sweep(capsys, tmp_path, root)
+  assert rc == 1 and "1 of 3 members failed: bert_d64L2" in err
+  assert calls(tmp_path) == ["bert_d32L2 eval", "bert_d32L2 train", "bert_d64L2 train",
+                             "crossbert_d32L2 eval", "crossbert_d32L2 train"]
+  states = {n: status_lib.member_state(n, str(root / n)).state for n in TRIO.split(",")}
+  assert states == {"bert_d32L2": "done", "crossbert_d32L2": "done", "bert_d64L2": "failed"}
+  assert (root / "bert_d64L2" / "FAILED").read_text() == "train: config error: planted failure\n"
+  log = (root / "logs" / "bert_d32L2.log").read_text()
+  assert "bert_d32L2: step 4/4" in log and log.count("==== ") == 2   # train and probe, headed
+  assert "train: " in log and "--config.log_every=5 --config.mode=eval" in log
+  assert "W0101 a warning after it" in (root / "logs" / "bert_d64L2.log").read_text()
+  manifest = json.loads((root / "launch_manifest.json").read_text())
+  assert manifest["backend"] == "local" and manifest["scale"] == "quick"
+  assert manifest["experiment"] == EXP and manifest["overrides"] == ["--config.log_every=5"]
+  assert [m["name"] for m in manifest["members"]] == TRIO.split(",")
+  first = manifest["members"][0]
+  assert first["workdir"] == str(root / "bert_d32L2") and first["target_devices"] == 0
+  assert first["commands"]["probe"].endswith("--config.mode=eval")
+  assert first["arg"] == "scale=quick,model=bert,size=d32L2" and first["script"] == ""
+
+  rc, out, err = run_main(capsys, "status", "--workdir_root", root)
+  assert rc == 0 and "3 members, 2 done, 0 running, 0 pending, 1 failed" in out
+  rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:]}
+  assert rows["bert_d32L2"][:2] == ["done", "4/4"] and rows["bert_d64L2"][0] == "failed"
+  assert out.splitlines()[-1].endswith("train: config error: planted failure")
+
+  (tmp_path / "calls.txt").unlink()                         # a rerun: only the failed member runs
+  rc, out, err = local_sweep(capsys, tmp_path, root)
+  assert rc == 1 and calls(tmp_path) == ["bert_d64L2 train"]
+  assert "bert_d32L2: done, skipped" in out and "crossbert_d32L2: done, skipped" in out
+
+  (tmp_path / "fail_bert_d64L2").unlink()                   # fixed: the rerun finishes it
+  (tmp_path / "calls.txt").unlink()
+  rc, out, err = local_sweep(capsys, tmp_path, root)
+  assert rc == 0, err
+  assert calls(tmp_path) == ["bert_d64L2 eval", "bert_d64L2 train"]
+  assert not (root / "bert_d64L2" / "FAILED").exists()
+  rc, out, _ = run_main(capsys, "status", "--workdir_root", root)
+  assert "3 members, 3 done" in out
+
+
+def test_a_member_that_looks_running_is_skipped_unless_asked(tmp_path, capsys):
+  (tmp_path / "fake.py").write_text(FAKE)
+  root = tmp_path / "sweep"
+  (root / "bert_d32L2").mkdir(parents=True)
+  (root / "bert_d32L2" / "metrics.jsonl").write_text("{}\n")   # just written: another trainer?
+  args = ("--config", f"{EXP}:quick", "--backend", "local", "--workdir_root", root, "--members",
+          "bert_d32L2", "--execute", "--python", f"{sys.executable} {tmp_path / 'fake.py'}")
+  rc, out, _ = run_main(capsys, *args)
+  assert rc == 0
+  assert "bert_d32L2: running (metrics.jsonl written in the last 10 min), skipped" in out
+  assert not (tmp_path / "calls.txt").exists()
+  rc, out, _ = run_main(capsys, *args, "--include_running")
+  assert rc == 0 and calls(tmp_path) == ["bert_d32L2 eval", "bert_d32L2 train"]
+
+
+def test_slurm_execute_writes_snapshot_scripts_configs_and_submits(tmp_path, capsys):
+  root = tmp_path / "sweep"
+  fake_sbatch = (f"{sys.executable} -c "                       # prints what sbatch prints
+                 "'import sys; print(\"Submitted batch job 7 for\", sys.argv[1])'")
+  rc, out, err = run_main(capsys, "--config", EXP, "--backend", "slurm", "--workdir_root", root,
+                          "--members", "bert_d384L6,crossbert_d384L6", "--sbatch", fake_sbatch,
+                          "--execute")
+  assert rc == 0, err
+  script = root / "slurm" / "bert_d384L6.sbatch"
+  assert f"bert_d384L6: Submitted batch job 7 for {script}" in out
+  assert os.access(script, os.X_OK) and (root / "logs").is_dir()
+  config = json.loads((root / "slurm" / "bert_d384L6.config.json").read_text())
+  assert config["arg"] == FIRST and config["config"]["sweep"]["target_devices"] == 8
+  code = root / "code" / sweep.snapshot_id()
+  for rel in ("cbert_jax/main.py", "experiments/sweep.py", "launch/sweep.py", "pyproject.toml"):
+    assert (code / rel).read_bytes() == (pathlib.Path(sweep.REPO) / rel).read_bytes()
+  assert not list(code.rglob("__pycache__"))
+  manifest = json.loads((root / "launch_manifest.json").read_text())
+  assert manifest["code_dir"] == str(code) and manifest["members"][0]["script"] == str(script)
+  assert manifest["members"][0]["launch"][0].endswith(f" {script}")   # the sbatch command
+  # A later launch of other members keeps these in the manifest; another scale is refused.
+  rc, out, err = run_main(capsys, "--config", EXP, "--backend", "slurm", "--workdir_root", root,
+                          "--members", "bert_d512L8", "--sbatch", fake_sbatch, "--execute")
+  assert rc == 0 and "(exists: same code)" in out
+  names = [m["name"] for m in json.loads((root / "launch_manifest.json").read_text())["members"]]
+  assert names == ["bert_d384L6", "crossbert_d384L6", "bert_d512L8"]
+  rc, out, err = run_main(capsys, "--config", f"{EXP}:cpu", "--backend", "local",
+                          "--workdir_root", root)
+  assert rc == 2 and err == (f"error: --workdir_root={root} holds a paper sweep "
+                             "(launch_manifest.json); this is the cpu sweep: use another "
+                             "--workdir_root\n")
+
+
+# -------------------------------------------------------- the sbatch trap ---
+
+
+FAKE_TRAIN = r"""#!/bin/bash
+# A member step under a fake srun: probe returns at once; train waits to be stopped or fails.
+case "$*" in *--config.mode=eval*) echo probe >> "$EVENTS"; exit 0;; esac
+if [ -n "${TRAIN_FAILS:-}" ]; then echo "config error: planted" >&2; exit 3; fi
+trap 'echo term >> "$EVENTS"; kill $sleeper; exit 0' TERM
+echo started >> "$EVENTS"
+sleep 30 & sleeper=$!
+wait $sleeper
+"""
+
+
+def sbatch_run(tmp_path, fails: bool):
+  """The first paper member's sbatch script under bash, with fake srun and scontrol."""
+  bindir = tmp_path / "bin"
+  bindir.mkdir()
+  (bindir / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+  (bindir / "scontrol").write_text('#!/bin/bash\necho "scontrol $*" >> "$EVENTS"\n')
+  (tmp_path / "train.sh").write_text(FAKE_TRAIN)
+  for f in ("srun", "scontrol"):
+    os.chmod(bindir / f, 0o755)
+  launch = build(tmp_path / "sweep", "--config", EXP, "--backend", "slurm", "--members",
+                 "bert_d384L6", "--code_dir", str(tmp_path), "--python",
+                 f"bash {tmp_path / 'train.sh'}")
+  script = tmp_path / "job.sbatch"
+  script.write_text(launch.jobs[0].script)
+  events = tmp_path / "events"
+  env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", EVENTS=str(events),
+             SLURM_JOB_ID="42", SLURM_JOB_NODELIST="node1")
+  if fails:
+    env["TRAIN_FAILS"] = "1"                               # the fake train exits 3
+  proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  return proc, events, launch.jobs[0].member.workdir
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_sbatch_usr1_stops_the_step_and_requeues(tmp_path):
+  proc, events, _ = sbatch_run(tmp_path, fails=False)
+  deadline = time.time() + 20
+  while not (events.exists() and "started" in events.read_text()):
+    assert time.time() < deadline and proc.poll() is None, proc.communicate()[0]
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGUSR1)                         # what --signal=B:USR1@600 sends
+  out, _ = proc.communicate(timeout=20)
+  assert proc.returncode == 0, out
+  assert events.read_text().splitlines() == ["started", "term", "scontrol requeue 42"]   # no probe
+  assert "USR1: time limit near" in out
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_sbatch_failing_step_writes_the_failed_marker(tmp_path):
+  proc, events, workdir = sbatch_run(tmp_path, fails=True)
+  out, _ = proc.communicate(timeout=20)
+  assert proc.returncode == 3, out
+  assert not events.exists()                               # no probe, no requeue
+  marker = open(os.path.join(workdir, "FAILED")).read()
+  assert marker.startswith("slurm job 42: train exited with status 3; log: ")
+  assert status_lib.member_state("bert_d384L6", workdir).state == "failed"
+
+
+# ------------------------------------------------------------ status input ---
+
+
+def test_status_reads_the_runner_manifest_or_member_directories(tmp_path, capsys):
+  root = tmp_path / "sweep"
+  for name in ("bert_d32L2", "crossbert_d32L2"):
+    (root / name / "checkpoints" / "2").mkdir(parents=True)
+    (root / name / "config.json").write_text(json.dumps({"config": {"total_steps": 4}}))
+  rc, out, _ = run_main(capsys, "status", "--workdir_root", root)
+  assert rc == 0 and "(member directories): 2 members, 0 done, 0 running, 2 pending" in out
+  assert "bert_d32L2       pending  2/4" in out
+  (root / "sweep.json").write_text(json.dumps({"scale": "cpu", "members": [
+      {"name": "bert_d32L2"}, {"name": "bert_d64L2"}]}))
+  rc, out, _ = run_main(capsys, "status", "--workdir_root", root, "--no-probe")
+  assert rc == 0 and "(sweep.json): 2 members" in out and "bert_d64L2  pending  0/?" in out
+  rc, _, err = run_main(capsys, "status", "--workdir_root", tmp_path / "nope")
+  assert rc == 2 and err.startswith("error: --workdir_root=")
+
+
+# --------------------------------------------------------------- bad input ---
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--backend", "slurm", "--gpus_per_node", "3"],
+     "error: --gpus_per_node=3 does not divide target_devices=8 of member bert_d384L6"),
+    (["--backend", "slurm", "--time", "2 days"],
+     "error: --time=2 days: expected a SLURM time (e.g. 48:00:00 or 2-00:00:00)"),
+    (["--backend", "slurm", "--time", "5:00"],
+     "error: --signal_seconds=300 must be in 1..65535 and below --time=5:00 (300 s)"),
+    (["--backend", "tpu-vm", "--project", "p"], "error: --backend tpu-vm needs --zone"),
+    (["--backend", "tpu-vm"], "error: --backend tpu-vm needs --zone and --project"),
+    (["--backend", "tpu-vm", "--zone", "z", "--project", "p", "--tpu_prefix", "Big_"],
+     "error: --tpu_prefix='Big_': must start with a lowercase letter and hold only [a-z0-9-]"),
+    (["--backend", "xpk", "--docker_image", "i"], "error: --backend xpk needs --cluster"),
+    (["--backend", "xpk", "--cluster", "c"], "error: --backend xpk needs --docker_image"),
+    (["--backend", "local", "--members", "bert_d384L6,gpt_d1"],
+     "error: --members: gpt_d1 not in the paper sweep; its members: bert_d384L6, "),
+    (["--backend", "local", "--parallel", "0"], "error: --parallel=0 must be >= 1"),
+    (["--backend", "local", "--override=--config.batchsize=3"],
+     "error: --override=--config.batchsize=3: unknown config field 'batchsize'"),
+    (["--backend", "local", "--override=--config.total_steps=many"],
+     "error: --override=--config.total_steps=many: expected int, got 'many'"),
+    (["--backend", "local", "--override=--workdir=/x"],
+     "error: --override=--workdir=/x: the launcher sets --config, --workdir"),
+    (["--backend", "local", "--override=config.seed=1"],
+     "error: --override=config.seed=1: expected a trainer flag"),
+])
+def test_bad_flags_are_one_error_line(tmp_path, capsys, argv, message):
+  rc, out, err = run_main(capsys, "--config", EXP, "--workdir_root", tmp_path / "r", *argv)
+  assert rc == 2 and err.startswith(message) and err.count("\n") == 1, err
+  assert out == "" and not (tmp_path / "r").exists()        # nothing rendered, nothing written
+
+
+@pytest.mark.parametrize("config, message", [
+    (f"{EXP}:cpu", "error: member bert_d32L2 has target_devices=0 (planned for this machine)"),
+    (f"{EXP}:model=bert,size=d384L6", "error: --config=experiments/sweep.py:model=bert,size=d384L6:"
+                                      " 'model=bert,size=d384L6' is one member"),
+    (f"{EXP}:auto", "error: --config=experiments/sweep.py:auto: the launcher needs a scale"),
+    ("experiments/nope.py", "error: --config=experiments/nope.py: no such experiment file"),
+    (f"{EXP}:scale=huge", "config error: experiments/sweep.py: scale must be one of"),
+])
+def test_bad_configs(tmp_path, capsys, config, message):
+  rc, out, err = run_main(capsys, "--config", config, "--backend", "slurm", "--workdir_root",
+                          tmp_path / "r")
+  assert rc == 2 and err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_argparse_rejects_an_unknown_backend(tmp_path, capsys):
+  with pytest.raises(SystemExit) as e:
+    sweep.main(["--config", EXP, "--backend", "k8s", "--workdir_root", str(tmp_path)])
+  assert e.value.code == 2 and "invalid choice: 'k8s'" in capsys.readouterr().err
+
+
+def test_slurm_time_formats():
+  assert sweep.slurm_seconds("48:00:00") == 48 * 3600 and sweep.slurm_seconds("90") == 5400
+  assert sweep.slurm_seconds("1:30") == 90 and sweep.slurm_seconds("2-00:00:00") == 2 * 86400
+  assert sweep.slurm_seconds("1-12") == 36 * 3600 and sweep.slurm_seconds("1-0:30") == 86400 + 1800
+  with pytest.raises(ValueError):
+    sweep.slurm_seconds("1:2:3:4")
