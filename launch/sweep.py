@@ -910,6 +910,15 @@ def launch_main(argv: list[str]) -> int:
   except ConfigError as e:
     print(f"config error: {e}", file=sys.stderr)
     return 2
+  no_corpus = [j.member.name for j in launch.jobs
+               if j.member.config.data.corpus == "sources" and not j.member.config.data.sources]
+  if no_corpus:   # the paper scale trains on a corpus only the user has
+    message = (f"data.sources is empty for {len(no_corpus)} member(s) ({no_corpus[0]}, ...): pass "
+               "--override=--config.data.sources=PATTERN (your preprocessed pod corpus)")
+    if ns.execute:
+      print(f"error: {message}", file=sys.stderr)
+      return 2
+    print(f"warning: {message}; --execute refuses until then", file=sys.stderr)
   states = member_states(launch.jobs)
   show(launch, states, ns.execute, ns.include_running)
   return execute(launch, ns, states) if ns.execute else 0

@@ -342,9 +342,11 @@ def test_slurm_execute_writes_snapshot_scripts_configs_and_submits(tmp_path, cap
   root = tmp_path / "sweep"
   fake_sbatch = (f"{sys.executable} -c "                       # prints what sbatch prints
                  "'import sys; print(\"Submitted batch job 7 for\", sys.argv[1])'")
-  rc, out, err = run_main(capsys, "--config", EXP, "--backend", "slurm", "--workdir_root", root,
-                          "--members", "bert_d384L6,crossbert_d384L6", "--sbatch", fake_sbatch,
-                          "--execute")
+  args = ("--config", EXP, "--backend", "slurm", "--workdir_root", root,
+          "--members", "bert_d384L6,crossbert_d384L6", "--sbatch", fake_sbatch, "--execute")
+  rc, out, err = run_main(capsys, *args)                        # no corpus given: refused
+  assert rc == 2 and "data.sources is empty for 2 member(s)" in err and not root.exists()
+  rc, out, err = run_main(capsys, *args, "--override=--config.data.sources=/data/dclm/*.jsonl.zst")
   assert rc == 0, err
   script = root / "slurm" / "bert_d384L6.sbatch"
   assert f"bert_d384L6: Submitted batch job 7 for {script}" in out
@@ -360,7 +362,8 @@ def test_slurm_execute_writes_snapshot_scripts_configs_and_submits(tmp_path, cap
   assert manifest["members"][0]["launch"][0].endswith(f" {script}")   # the sbatch command
   # A later launch of other members keeps these in the manifest; another scale is refused.
   rc, out, err = run_main(capsys, "--config", EXP, "--backend", "slurm", "--workdir_root", root,
-                          "--members", "bert_d512L8", "--sbatch", fake_sbatch, "--execute")
+                          "--members", "bert_d512L8", "--sbatch", fake_sbatch, "--execute",
+                          "--override=--config.data.sources=/data/dclm/*.jsonl.zst")
   assert rc == 0 and "(exists: same code)" in out
   names = [m["name"] for m in json.loads((root / "launch_manifest.json").read_text())["members"]]
   assert names == ["bert_d384L6", "crossbert_d384L6", "bert_d512L8"]

@@ -1,0 +1,213 @@
+r"""The hyperparameter-law grid (SPEC §5): batch size x peak LR on the small rungs of the sweep.
+
+  python -m cbert_jax.main --config experiments/hparam_grid.py:cpu --workdir runs/hparam_grid_cpu
+                                                    # the whole grid, in this process (no probes,
+                                                    # no scaling report: the members differ only
+                                                    # in B and LR)
+  python -m cbert_jax.scaling.grid fit --grid runs/hparam_grid_cpu
+                                                    # best (B, lr) per size -> lr* = a C^alpha,
+                                                    # B* = b C^beta -> <grid>/laws.json, laws.png
+  python -m cbert_jax.main --config experiments/sweep.py:cpu \
+      --config.sweep.laws=runs/hparam_grid_cpu/laws.json --workdir runs/sweep_cpu_fitted
+                                                    # the sweep on the fitted laws
+  python -m cbert_jax.main --config \
+      experiments/hparam_grid.py:scale=cpu,model=bert,size=d32L2,batch=16,lr=0.004 \
+      --workdir runs/hparam_grid_cpu/bert_d32L2_b16_lr0.004   # one member (any B and LR: extend a
+                                                    # grid by hand; the fit reads every member)
+
+Arguments: a scale name (`cpu`, `paper`, `auto`), or `scale=`, `model=` (bert | crossbert),
+`size=` (a rung of the scale), `batch=` (rows per step) and `lr=` (peak LR). With model, size,
+batch and lr the config is one member (mode=train); with none of them, the whole grid
+(mode=sweep, run by `cbert_jax.scaling.runner`). A member is experiments/sweep.py's member of the
+same model and size (data, tokenizer, model, masking, schedule, evals: imported from that file, not
+copied) with `sweep.batch_size` and `sweep.lr` set explicitly and the grid's tokens per parameter;
+its workdir is `<model>_<size>_b<rows>_lr<lr>`. Any `--config.X=V` given for the whole grid applies
+to every member (e.g. `--config.sweep.tokens_per_param=20` for the sweep's own budget on cpu).
+
+Each size's grid is centred on what the shipped laws (`cbert_jax.scaling.laws.DEFAULT`, DeepSeek
+LLM's) suggest for that member: rows = B(C) / seq_len times `batch_factors` (rounded to the
+member's batch multiple, duplicates dropped) and lr(C) times `lr_factors`, C being the member's
+training FLOPs at the grid's budget. If the fit reports a best point on the edge of a grid, widen
+the factors and rerun: members already done are skipped.
+
+Scales:
+  cpu    BERT and CrossBERT+CMS at d32L2, d64L2, d96L3 (N 57k-443k), batch x {0.5, 1, 2} and
+         LR x {0.5, 1, 2}: 9 members per size, 54 in all, on experiments/sweep.py's cpu data
+         (offline_small, vocabulary 4096, 128-token rows) at 5 tokens per parameter (the sweep
+         trains on 20). Cost on 2 quiet cores, from measured throughput (BERT 45k / 43k / 27k
+         tokens/s, CrossBERT+CMS 30k / 25k / 16k at d32L2 / d64L2 / d96L3): 9 x (6 + 15 + 61 s
+         BERT + 14 + 40 + 139 s CrossBERT) = ~41 min of training, plus an assumed ~10 s of
+         compile, data and eval per member (~9 min): about 50 min; the 0.5x-batch members run
+         below the measured throughput (fixed per-step overhead), so plan an hour. At the
+         sweep's 20 tokens per parameter (--config.sweep.tokens_per_param=20): ~2.8 h of
+         training. Fitting the laws against C at 5 tokens per parameter and using them at 20
+         assumes, as DeepSeek LLM's compute-indexed laws do, that the optimum depends on C; the
+         fits against N hold only at the grid's own budget.
+  paper  the paper ladder's rungs with 50M-700M non-embedding parameters (BERT d768L12 d1024L16
+         d1280L20 d1536L24, N 85M-680M; CrossBERT+CMS d768L12 d1024L16 d1280L20, N 106M-508M;
+         computed, not typed in: `N_RANGE`), batch x {0.5, 1, 2} and LR x {0.25, 0.5, 1, 2, 4}:
+         15 members per size, 105 in all, at the sweep's 20 tokens per parameter, vocabulary
+         32768, 512-token rows, bf16, FSDP on the sweep's device count per rung. About 2.0e21
+         training FLOPs in all (15 x the 7 sizes' 1.33e20; BERT d1536L24 alone is 45% of it),
+         ~0.8x the paper sweep's 2.4e21.
+"""
+import functools
+import importlib.util
+import os
+
+import ml_collections
+
+from cbert_jax import config_lib
+from cbert_jax.errors import ConfigError
+
+
+def _load_sweep():
+  """experiments/sweep.py, loaded by path (experiments/ is not a package)."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sweep.py")
+  spec = importlib.util.spec_from_file_location("cbert_hparam_grid_sweep", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+SWEEP = _load_sweep()
+
+# Non-embedding N of the paper grid's rungs (SPEC §5: the small rungs, 50M-700M).
+N_RANGE = (50e6, 700e6)
+
+GRIDS = {
+    # scale: candidate sizes (smallest first), models, multipliers on the laws' batch and LR
+    # around each member's suggestion, tokens per parameter, N range (None = every candidate)
+    "cpu": dict(sizes=SWEEP.CPU_SIZES[:3], models=("bert", "crossbert"),
+                batch_factors=(0.5, 1.0, 2.0), lr_factors=(0.5, 1.0, 2.0),
+                tokens_per_param=5.0, n_range=None),
+    "paper": dict(sizes=SWEEP.PAPER_SIZES, models=("bert", "crossbert"),
+                  batch_factors=(0.5, 1.0, 2.0), lr_factors=(0.25, 0.5, 1.0, 2.0, 4.0),
+                  tokens_per_param=20.0, n_range=N_RANGE),
+}
+SCALE_NAMES = (*GRIDS, "auto")
+
+
+def _parse(arg):
+  arg = (arg or "").strip()
+  if arg in SCALE_NAMES:
+    arg = f"scale={arg}"
+  return config_lib.parse_arg(arg, scale="", model="", size="", batch=0, lr=0.0)
+
+
+def _lr_text(lr: float) -> str:
+  """The LR as it appears in member args and workdir names (3 significant digits)."""
+  return f"{lr:.3g}"
+
+
+def member_arg(scale: str, model: str, size: str, batch: int, lr: float) -> str:
+  return f"scale={scale},model={model},size={size},batch={batch},lr={_lr_text(lr)}"
+
+
+def workdir_name(arg) -> str:
+  """A member's sub-workdir: bert_d32L2_b16_lr0.004 (distinct for every B and LR)."""
+  a = _parse(arg)
+  if not (a.model and a.size and a.batch > 0 and a.lr > 0):
+    raise ConfigError(f"experiments/hparam_grid.py: {arg!r} is not a grid member "
+                      "(model=, size=, batch=, lr=)")
+  return f"{a.model}_{a.size}_b{a.batch}_lr{_lr_text(a.lr)}"
+
+
+def _member_base(scale: str, model: str, size: str) -> ml_collections.ConfigDict:
+  """experiments/sweep.py's member of this model and size, on the grid's budget, B and LR from
+  the laws (the grid sets them)."""
+  c = SWEEP.get_config(SWEEP.member_arg(scale, model, size))
+  c.sweep.experiment = __file__
+  c.sweep.tokens_per_param = GRIDS[scale]["tokens_per_param"]
+  c.sweep.probe = False                # the grid needs validation losses only
+  c.sweep.report = False
+  return c
+
+
+@functools.lru_cache(maxsize=None)
+def law_point(scale: str, model: str, size: str) -> tuple[float, int, int, int]:
+  """(lr, rows, N, batch multiple) the shipped laws give this member: the grid's centre."""
+  c = config_lib.resolve(_member_base(scale, model, size))
+  return float(c.optim.lr), int(c.batch_size), int(c.sweep.n_params), int(c.sweep.batch_multiple)
+
+
+def grid_sizes(scale: str, model: str) -> tuple[str, ...]:
+  """The sizes `model` is gridded at on `scale`: the candidates experiments/sweep.py trains for
+  the model, those with N in the scale's range."""
+  g = GRIDS[scale]
+  swept = SWEEP.SCALES[scale][model]
+  sizes = [s for s in g["sizes"] if s in swept]
+  if g["n_range"] is not None:
+    lo, hi = g["n_range"]
+    sizes = [s for s in sizes if lo <= law_point(scale, model, s)[2] <= hi]
+  return tuple(sizes)
+
+
+def grid_values(scale: str, model: str, size: str) -> tuple[list[int], list[float]]:
+  """(rows, LRs) of one size's grid: the laws' suggestion times the scale's factors."""
+  g = GRIDS[scale]
+  lr, rows, _, multiple = law_point(scale, model, size)
+  batches = [max(multiple, int(round(rows * f / multiple)) * multiple) for f in g["batch_factors"]]
+  lrs = [float(_lr_text(lr * f)) for f in g["lr_factors"]]
+  return list(dict.fromkeys(batches)), list(dict.fromkeys(lrs))
+
+
+def _check_scale(scale: str, allowed) -> None:
+  if scale not in allowed:
+    raise ConfigError(f"experiments/hparam_grid.py: scale must be one of {', '.join(allowed)}, "
+                      f"got {scale!r}")
+
+
+def get_sweep(arg=None) -> list[str]:
+  """Every member of the grid named by `arg` (default cpu), as get_config args: size by size,
+  smallest first (BERT before CrossBERT), so a partly run grid already has whole sizes to fit."""
+  scale = _parse(arg).scale or "cpu"
+  _check_scale(scale, tuple(GRIDS))
+  members = []
+  for size in GRIDS[scale]["sizes"]:
+    for model in GRIDS[scale]["models"]:
+      if size not in grid_sizes(scale, model):
+        continue
+      batches, lrs = grid_values(scale, model, size)
+      members += [member_arg(scale, model, size, b, lr) for b in batches for lr in lrs]
+  return members
+
+
+def _scale_of(size: str) -> str:
+  for scale, g in GRIDS.items():
+    if size in g["sizes"]:
+      return scale
+  raise ConfigError(f"experiments/hparam_grid.py: size {size!r} is in no grid; "
+                    + "; ".join(f"{s}: {', '.join(g['sizes'])}" for s, g in GRIDS.items()))
+
+
+def get_config(arg=None):
+  a = _parse(arg)
+  if not (a.model or a.size or a.batch or a.lr):     # the whole grid
+    scale = a.scale or "auto"
+    _check_scale(scale, SCALE_NAMES)
+    c = config_lib.base_config()
+    c.mode = "sweep"
+    c.name = f"hparam_grid_{scale}" if scale != "auto" else "hparam_grid"
+    c.sweep.experiment = __file__
+    c.sweep.arg = arg or ""
+    c.sweep.scale = scale
+    c.sweep.probe = False              # no probes in a grid: only the final validation loss counts
+    c.sweep.report = False             # the scaling report is for sweeps; fit with scaling.grid
+    return c
+  if not (a.model and a.size and a.batch > 0 and a.lr > 0):
+    raise ConfigError("experiments/hparam_grid.py: a member needs model=, size=, batch= (rows > 0) "
+                      f"and lr= (> 0), got {arg!r}; give none of them for the whole grid")
+  if a.model not in GRIDS["cpu"]["models"]:
+    raise ConfigError(f"experiments/hparam_grid.py: model must be bert|crossbert, got {a.model!r}")
+  scale = a.scale or _scale_of(a.size)
+  _check_scale(scale, tuple(GRIDS))
+  if a.size not in grid_sizes(scale, a.model):
+    raise ConfigError(f"experiments/hparam_grid.py: {a.model} {a.size} is not in the {scale} grid "
+                      f"({a.model} sizes: {', '.join(grid_sizes(scale, a.model))})")
+  c = _member_base(scale, a.model, a.size)
+  c.name = f"hparam_grid_{scale}/{workdir_name(arg)}"
+  c.sweep.arg = arg
+  c.sweep.batch_size = a.batch         # explicit: the grid's point, not the law's
+  c.sweep.lr = a.lr
+  return c

@@ -1,0 +1,267 @@
+"""The hyperparameter-law grid: `cbert_jax.scaling.grid fit` recovers known exponents from a
+synthetic grid (losses from a bowl whose optimum follows lr* = a C^alpha, B* = b C^beta), writes a
+laws file the sweep reads, skips unfinished members and warns about optima on a grid's edge;
+every member of experiments/hparam_grid.py resolves to its own workdir with the B and LR it
+names."""
+import importlib.util
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from cbert_jax import config_lib
+from cbert_jax.scaling import grid as grid_lib, laws as laws_lib, runner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEQ_LEN = 128
+# The bowl's optimum: lr* = LR_A C^LR_ALPHA, B* (tokens) = B_A C^B_BETA.
+LR_A, LR_ALPHA = 0.5, -0.15
+B_A, B_BETA = 0.05, 0.4
+
+
+# The fields a grid member may differ in from the sweep's member: name, and the plan (B, LR, steps).
+PLAN_FIELDS = {"name", "total_steps", "batch_size", "optim.lr", "checkpoint_every", "eval_every"}
+
+
+def load_module(name, path):
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def write_member(root, name, model, size, n, compute, rows, lr, loss, final_step=None,
+                 total_steps=100, failed=""):
+  """A member workdir as train.run leaves it: config.json and metrics.jsonl (eval/loss at the
+  end), optionally cut short at `final_step` or marked FAILED."""
+  wd = os.path.join(root, name)
+  os.makedirs(wd)
+  cfg = {"name": name, "model_name": model, "total_steps": total_steps, "batch_size": rows,
+         "model": {"size": size}, "masking": {"cms": True}, "data": {"seq_len": SEQ_LEN},
+         "optim": {"lr": lr}, "sweep": {"n_params": n, "compute": compute,
+                                        "n_definition": "non_embedding"}}
+  with open(os.path.join(wd, "config.json"), "w") as f:
+    json.dump({"config": cfg, "provenance": {}}, f)
+  last = total_steps if final_step is None else final_step
+  rows_out = [{"step": 10, "train/loss": loss + 1.0}, {"step": last // 2, "eval/loss": loss + 0.5},
+              {"step": last, "train/loss": loss + 0.1}, {"step": last, "eval/loss": loss}]
+  with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in rows_out))
+  if failed:
+    with open(os.path.join(wd, "FAILED"), "w") as f:
+      f.write(failed + "\n")
+  return wd
+
+
+def bowl(compute, rows, lr):
+  """Final loss: a level falling with C plus a quadratic bowl in log lr and log B."""
+  b_tokens = rows * SEQ_LEN
+  return (3.0 * compute ** -0.05 + 0.3 * math.log(lr / (LR_A * compute ** LR_ALPHA)) ** 2
+          + 0.2 * math.log(b_tokens / (B_A * compute ** B_BETA)) ** 2)
+
+
+# (model, size, N); C = 6 N x 20 N (the sweep's budget), so lr* and B* are power laws in N too.
+SIZES = [("bert", "d32L2", 5e4), ("bert", "d64L2", 1.5e5), ("bert", "d96L3", 4e5),
+         ("bert", "d128L3", 1e6), ("crossbert", "d32L2", 8e4), ("crossbert", "d64L2", 2.5e5),
+         ("crossbert", "d96L3", 6e5)]
+# Off-centre grids (per size, in octaves): the best grid point misses the true optimum a little.
+OFFSETS = [0.1, -0.15, 0.05, -0.05, 0.15, -0.1, 0.0]
+
+
+def make_grid(root, sizes=SIZES, lr_shift=0.0):
+  """A 5 x 5 grid per size around the true optimum (shifted by `lr_shift` octaves); returns
+  {(model, size): the best member's (name, C, N, rows, lr)}."""
+  best = {}
+  for (model, size, n), u in zip(sizes, OFFSETS):
+    compute = 120.0 * n * n
+    lr0, rows0 = LR_A * compute ** LR_ALPHA, B_A * compute ** B_BETA / SEQ_LEN
+    cands = []
+    for i in range(-2, 3):
+      for j in range(-2, 3):
+        lr = float(f"{lr0 * 2.0 ** (i + u + lr_shift):.3g}")
+        rows = max(1, int(round(rows0 * 2.0 ** (j - u))))
+        name = f"{model}_{size}_b{rows}_lr{lr:.3g}"
+        if os.path.exists(os.path.join(root, name)):
+          continue                       # rounding made two points equal
+        loss = bowl(compute, rows, lr)
+        write_member(root, name, model, size, int(n), compute, rows, lr, loss)
+        cands.append((loss, name, compute, n, rows, lr))
+    best[(model, size)] = min(cands)[1:]
+  return best
+
+
+def test_fit_recovers_exponents_writes_laws_and_plot_the_sweep_reads(tmp_path, capsys):
+  root = str(tmp_path / "grid")
+  best = make_grid(root)
+  assert grid_lib.main(["fit", "--grid", root, "--bootstrap", "100"]) == 0
+  out = capsys.readouterr()
+  assert "lr* =" in out.out and "B* (tokens) =" in out.out and "d128L3" in out.out
+  laws = laws_lib.load(os.path.join(root, "laws.json"))
+  # The exact least-squares fit of the best grid points, and close to the bowl's true exponents.
+  c = np.array([b[1] for b in best.values()])
+  n = np.array([b[2] for b in best.values()])
+  lr = np.array([b[4] for b in best.values()])
+  bt = np.array([b[3] * SEQ_LEN for b in best.values()], np.float64)
+  for law, x, y in ((laws.lr, c, lr), (laws.batch_tokens, c, bt), (laws.lr_n, n, lr),
+                    (laws.batch_tokens_n, n, bt)):
+    alpha, log_a = np.polyfit(np.log(x), np.log(y), 1)
+    assert law.alpha == pytest.approx(alpha, abs=1e-9) and law.a == pytest.approx(math.exp(log_a))
+    assert law.n_points == len(SIZES)
+    assert law.alpha_ci[0] <= law.alpha <= law.alpha_ci[1]
+  assert laws.lr.alpha == pytest.approx(LR_ALPHA, abs=0.03)
+  assert laws.batch_tokens.alpha == pytest.approx(B_BETA, abs=0.03)
+  assert laws.lr_n.alpha == pytest.approx(2 * LR_ALPHA, abs=0.06)       # C ∝ N^2 here
+  # Provenance: which runs, which models, when; the source names the grid.
+  prov = laws.provenance
+  assert sorted(r["name"] for r in prov["runs"]) == sorted(b[0] for b in best.values())
+  run = next(r for r in prov["runs"] if r["size"] == "d96L3" and r["model"] == "bert")
+  assert run["batch_tokens"] == run["batch_size"] * SEQ_LEN and len(run["grid_members"]) == 25
+  assert prov["models"] == ["bert", "crossbert"] and prov["skipped"] == [] and prov["created"]
+  assert prov["grid"] == os.path.abspath(root) and "grid fit --grid" in prov["command"]
+  assert laws.source.startswith(f"fit: {os.path.abspath(root)} (7 sizes), 20")
+  with open(os.path.join(root, "laws.png"), "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  # One architecture alone; another output path (the plot goes next to it).
+  out_file = str(tmp_path / "fits" / "bert.json")
+  assert grid_lib.main(["fit", "--grid", root, "--model", "bert", "--bootstrap", "0",
+                        "--out", out_file]) == 0
+  bert = laws_lib.load(out_file)
+  assert bert.lr.n_points == 4 and bert.lr.alpha_ci is None
+  assert {r["model"] for r in bert.provenance["runs"]} == {"bert"}
+  assert os.path.exists(str(tmp_path / "fits" / "laws.png"))
+  # experiments/sweep.py reads the file through sweep.laws: the member's LR and batch follow it.
+  sweep = load_module("sweep_for_grid_test", os.path.join(ROOT, "experiments", "sweep.py"))
+  for axis in ("compute", "params"):
+    m = sweep.get_config("model=bert,size=d64L2")
+    m.sweep.laws, m.sweep.law_axis = os.path.join(root, "laws.json"), axis
+    m = config_lib.resolve(m)
+    assert m.sweep.laws_source == laws.source
+    # The laws see the planned compute (target tokens); sweep.compute counts the rounded-up steps.
+    planned = m.sweep.compute * m.sweep.target_tokens / m.sweep.tokens
+    want_lr, want_rows = laws_lib.suggest(laws, planned if axis == "compute" else m.sweep.n_params,
+                                          m.data.seq_len, law_axis=axis)
+    assert m.optim.lr == pytest.approx(want_lr) and m.batch_size == want_rows
+
+
+def test_unfinished_skipped_diverged_kept_and_edge_warned(tmp_path, capsys):
+  root = str(tmp_path / "grid")
+  # Grids shifted 3 octaves below the optimum LR: the best is on the highest-LR edge.
+  best = make_grid(root, SIZES[:3], lr_shift=-3.0)
+  model, size, n = SIZES[0]
+  compute = 120.0 * n * n
+  # An unfinished member with a (partial) loss lower than anything: skipped, not chosen.
+  write_member(root, "bert_d32L2_b999_lr0.5", model, size, int(n), compute, 999, 0.5, -5.0,
+               final_step=40)
+  # A diverged member (NaN loss, FAILED by the runner): part of the grid, never the best.
+  wd = write_member(root, "bert_d32L2_b8_lr9", model, size, int(n), compute, 8, 9.0, -9.0,
+                    final_step=30, failed="NonFiniteError: loss is nan at step 30")
+  with open(os.path.join(wd, "metrics.jsonl"), "a") as f:
+    f.write(json.dumps({"step": 30, "train/loss": "nan"}) + "\n")
+  # A torn last line (a crash mid-write) is ignored.
+  with open(os.path.join(root, best[("bert", "d64L2")][0], "metrics.jsonl"), "a") as f:
+    f.write('{"step": 100, "eval/lo')
+  assert grid_lib.main(["fit", "--grid", root, "--bootstrap", "50"]) == 0
+  err = capsys.readouterr().err
+  assert "1 unfinished member(s) skipped: bert_d32L2_b999_lr0.5 (step 40/100)" in err
+  assert "bert d64L2: the best run" in err and "highest lr" in err and "may lie outside" in err
+  laws = laws_lib.load(os.path.join(root, "laws.json"))
+  prov = laws.provenance
+  assert prov["skipped"] == [{"name": "bert_d32L2_b999_lr0.5", "reason": "step 40/100"}]
+  assert prov["diverged"] == ["bert_d32L2_b8_lr9"]
+  runs = {r["size"]: r for r in prov["runs"]}
+  assert runs["d32L2"]["name"] == best[("bert", "d32L2")][0]
+  assert "highest lr" in runs["d64L2"]["edge"] and "highest lr" in runs["d96L3"]["edge"]
+  assert "highest lr" not in runs["d32L2"]["edge"]     # the diverged lr=9 run bounds that grid
+  # With the optimum inside the grid, no edge warning.
+  inner = str(tmp_path / "inner")
+  make_grid(inner, SIZES[:3])
+  result = grid_lib.fit_grid(inner, n_boot=0, plot=False)
+  assert not any("edge" in w for w in result.warnings) and not result.skipped
+  assert result.plot_path is None and os.path.exists(os.path.join(inner, "laws.json"))
+
+
+def test_bad_grid_input_is_one_line_naming_the_path_exit_2(tmp_path, capsys):
+  missing = str(tmp_path / "nope")
+  empty = tmp_path / "empty"
+  (empty / "compilation_cache").mkdir(parents=True)
+  one = str(tmp_path / "one")
+  make_grid(one, SIZES[:1])
+  half = str(tmp_path / "half")                     # two sizes, but one is unfinished
+  write_member(half, "a", "bert", "d32L2", 50_000, 3e11, 8, 1e-2, 3.0)
+  write_member(half, "b", "bert", "d64L2", 150_000, 3e12, 8, 1e-2, 3.0, final_step=5)
+  for argv, path, words in (
+      (["fit", "--grid", missing], missing, "no such directory"),
+      (["fit", "--grid", str(empty)], str(empty), "holds no member workdirs"),
+      (["fit", "--grid", one], one, "need at least 2 sizes"),
+      (["fit", "--grid", half], half, "1 member(s) unfinished"),
+      (["fit", "--grid", one, "--model", "crossbert"], "crossbert", "has no crossbert members")):
+    assert grid_lib.main(argv) == 2, argv
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and path in err and words in err, err
+  with pytest.raises(SystemExit) as e:
+    grid_lib.main(["fit", "--grid", one, "--bootstrap", "-1"])
+  assert e.value.code == 2
+  capsys.readouterr()
+
+
+def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
+  path = os.path.join(ROOT, "experiments", "hparam_grid.py")
+  exp = load_module("hparam_grid_exp", path)
+  sweep = exp.SWEEP
+  for scale, want, per_size in (("cpu", 54, 9), ("paper", 105, 15)):
+    members = exp.get_sweep(scale)
+    assert len(members) == want
+    names = [exp.workdir_name(a) for a in members]
+    assert len(set(names)) == len(names)
+    per = {}
+    for arg in members:
+      a = config_lib.parse_arg(arg, scale="", model="", size="", batch=0, lr=0.0)
+      c = config_lib.resolve(exp.get_config(arg))
+      assert c.mode == "train" and c.sweep.scale == scale and not c.sweep.probe
+      assert (c.batch_size, c.optim.lr) == (a.batch, a.lr)
+      assert c.sweep.tokens_per_param == exp.GRIDS[scale]["tokens_per_param"]
+      assert c.name == f"hparam_grid_{scale}/{exp.workdir_name(arg)}"
+      tokens = c.total_steps * c.batch_size * c.data.seq_len
+      assert tokens == c.sweep.tokens >= c.sweep.target_tokens
+      assert c.batch_size % c.sweep.batch_multiple == 0
+      per.setdefault((a.model, a.size), []).append(arg)
+      if scale == "paper":
+        assert 50e6 <= c.sweep.n_params <= 700e6
+      # Everything but B, LR, budget and bookkeeping is the sweep's member.
+      ref = config_lib.resolve(sweep.get_config(sweep.member_arg(scale, a.model, a.size)))
+      leaves = runner._leaves  # pylint: disable=protected-access
+      ours, theirs = dict(leaves(c)), dict(leaves(ref))
+      differ = {k for k in ours if ours[k] != theirs[k]}
+      assert differ <= PLAN_FIELDS | {k for k in differ if k.startswith("sweep.")}, differ
+    assert set(map(len, per.values())) == {per_size}
+    # The law's own suggestion is the centre of every size's grid.
+    for (model, size), args in per.items():
+      lr0, rows0, _, _ = exp.law_point(scale, model, size)
+      assert f"batch={rows0},lr={float(f'{lr0:.3g}'):.3g}" in ",".join(args)
+  assert {s for _, s in per} == {"d768L12", "d1024L16", "d1280L20", "d1536L24"}   # paper
+  assert "d1536L24" in exp.grid_sizes("paper", "bert")
+  assert "d1536L24" not in exp.grid_sizes("paper", "crossbert")        # N 849M > 700M
+  cpu = exp.get_sweep("cpu")
+  assert {exp.workdir_name(a).split("_b")[0] for a in cpu} == {
+      f"{m}_{s}" for m in ("bert", "crossbert") for s in ("d32L2", "d64L2", "d96L3")}
+  # The whole grid: mode=sweep, no probes, no scaling report; the runner plans it (1 device).
+  for arg, scale in ((None, "auto"), ("cpu", "cpu"), ("paper", "paper")):
+    c = exp.get_config(arg)
+    assert c.mode == "sweep" and c.sweep.scale == scale and c.sweep.experiment == path
+    assert not c.sweep.probe and not c.sweep.report
+  c = exp.get_config("cpu")
+  with c.unlocked():
+    c.num_devices = 1
+  scale, planned = runner.plan(c, "/nonexistent/root")
+  assert scale == "cpu" and [n for n, _, _ in planned] == [exp.workdir_name(a) for a in cpu]
+  # Bad member args are named.
+  from cbert_jax.errors import ConfigError
+  for bad, words in (("model=bert,size=d32L2", "needs model=, size=, batch="),
+                     ("model=bert,size=d128L3,batch=8,lr=0.01", "is in no grid"),
+                     ("scale=paper,model=crossbert,size=d1536L24,batch=8,lr=0.01",
+                      "not in the paper grid"),
+                     ("scale=quick", "scale must be one of")):
+    with pytest.raises(ConfigError, match=words):
+      exp.get_config(bad)
