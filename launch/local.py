@@ -19,7 +19,7 @@ Rerunning the same sweep skips members that are done with the same command (the 
 interpreter aside) and whose workdir holds the checkpoint of its final step; failed (or
 interrupted) members run again. A summary table (member, state, attempts, error) ends the run; the
 exit status is non-zero if any member failed.
-Pod backends (SLURM, TPU VMs, xpk) come with the scaling sweep.
+Pod backends (SLURM, TPU VMs, xpk) and concurrency: `launch/sweep.py`.
 """
 import argparse
 import json

@@ -89,6 +89,7 @@ import time
 from typing import Any
 
 from cbert_jax.errors import ConfigError
+from cbert_jax.metrics import format_duration
 from cbert_jax.scaling import status as status_lib
 from launch import local
 
@@ -959,7 +960,30 @@ def status_main(argv: list[str]) -> int:
         + ", ".join(f"{v} {k}" for k, v in counts.items()))
   if states:
     print(status_lib.table(states))
+  progress = read_json(os.path.join(root, status_lib.STATUS_FILE)) or {}
+  if progress.get("progress"):   # the in-process runner's last line: FLOPs done, rate, ETA
+    print(f"runner ({progress.get('updated', '?')}): {progress['progress']}")
+  live = live_eta(root, states, progress.get("flops_per_sec") or 0.0)
+  if live:
+    print(live)
   return 0
+
+
+def live_eta(root: str, states: list, rate: float) -> str:
+  """Now: the FLOPs done (finished members + the running ones' logged fraction) and the time the
+  rest takes at the runner's measured FLOP/s; "" without a manifest with per-member compute."""
+  manifest = read_json(os.path.join(root, "sweep.json")) or read_json(
+      os.path.join(root, "launch_manifest.json")) or {}
+  compute = {m["name"]: float(m.get("compute") or 0) for m in manifest.get("members", [])}
+  total = sum(compute.values())
+  if not total:
+    return ""
+  done = sum(compute.get(st.name, 0.0) * (1.0 if st.state == "done" else
+                                          st.step / st.total_steps if st.total_steps else 0.0)
+             for st in states)
+  eta = (f", ETA {format_duration((total - done) / rate)} at {rate:.3g} FLOP/s"
+         if rate > 0 else "")
+  return f"now: {100 * done / total:.1f}% of the sweep's {total:.3g} training FLOPs done{eta}"
 
 
 def main(argv: list[str] | None = None) -> int:

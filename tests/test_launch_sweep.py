@@ -306,7 +306,13 @@ def test_local_execute_runs_members_in_parallel_marks_failures_and_skips_done(tm
   assert rc == 0 and "3 members, 2 done, 0 running, 0 pending, 1 failed" in out
   rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:]}
   assert rows["bert_d32L2"][:2] == ["done", "4/4"] and rows["bert_d64L2"][0] == "failed"
-  assert out.splitlines()[-1].endswith("train: config error: planted failure")
+  row = next(line for line in out.splitlines() if line.startswith("bert_d64L2 "))
+  assert row.endswith("train: config error: planted failure")
+  # the FLOPs done: the two finished members' share of the manifest's planned compute
+  manifest = json.loads((root / "launch_manifest.json").read_text())
+  c = {m["name"]: m["compute"] for m in manifest["members"]}
+  share = 100 * (c["bert_d32L2"] + c["crossbert_d32L2"]) / sum(c.values())
+  assert out.splitlines()[-1] == f"now: {share:.1f}% of the sweep's {sum(c.values()):.3g} training FLOPs done"
 
   (tmp_path / "calls.txt").unlink()                         # a rerun: only the failed member runs
   rc, out, err = local_sweep(capsys, tmp_path, root)

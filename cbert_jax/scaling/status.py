@@ -26,7 +26,7 @@ STATUS_FILE = "sweep_status.json"
 class MemberState:
   name: str
   state: str                 # pending | running | done | failed
-  step: int = 0              # latest checkpoint step
+  step: int = 0              # latest checkpoint step (running: the latest logged step)
   total_steps: int = 0
   error: str = ""
 
@@ -64,6 +64,23 @@ def probe_results(workdir: str, step: int) -> str | None:
   return None
 
 
+def last_logged_step(workdir: str) -> int:
+  """The step of metrics.jsonl's last complete line (0 if none): where a running member is."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  try:
+    with open(path, "rb") as f:
+      f.seek(max(0, os.path.getsize(path) - 65536))
+      lines = f.read().decode("utf-8", "replace").splitlines()
+  except OSError:
+    return 0
+  for line in reversed(lines):
+    try:
+      return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+      continue
+  return 0
+
+
 def is_done(workdir: str, probe: bool) -> bool:
   total = total_steps(workdir)
   return bool(total) and total in checkpoint_steps(workdir) and (
@@ -99,6 +116,7 @@ def member_state(name: str, workdir: str, probe: bool = True, now: float | None 
     st.state = "failed"
   elif log_time is not None and now - log_time < RUNNING_WINDOW_S:
     st.state = "running"
+    st.step = max(st.step, last_logged_step(workdir))
   return st
 
 
