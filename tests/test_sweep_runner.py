@@ -103,3 +103,37 @@ def test_a_killed_sweep_resumes_the_interrupted_member_and_skips_the_finished_on
   assert train_steps[-1] == total                            # reached the end
   st = json.loads((root / "sweep_status.json").read_text())
   assert [m["state"] for m in st["members"]] == ["done", "done"]
+
+
+def test_a_failing_member_is_marked_and_the_others_go_on(tmp_path, toy_tasks):  # noqa: F811
+  root = tmp_path / "sweep"
+  c = whole_sweep_config(tmp_path / "cache", **{"sweep.tokens_per_param": 0.1,
+                                                "sweep.probe": False, "sweep.report": False})
+  c.sweep.models = "crossbert"
+  assert runner.run(c, str(root)) == 0
+  c.sweep.models = ""
+  c.faults.plant_nan_step = 2                     # every member that trains now diverges at step 2
+  assert runner.run(c, str(root)) == 1            # bert fails; crossbert was done and is skipped
+  st = {m["name"]: m for m in json.loads((root / "sweep_status.json").read_text())["members"]}
+  assert st["crossbert_d32L2"]["state"] == "done" and st["bert_d32L2"]["state"] == "failed"
+  assert st["bert_d32L2"]["error"].startswith("NonFiniteError: non-finite training metrics at step 2")
+  assert (root / "bert_d32L2" / "FAILED").read_text().startswith("NonFiniteError: non-finite")
+  assert status.member_state("bert_d32L2", str(root / "bert_d32L2"), probe=False).state == "failed"
+
+
+def test_sweep_level_bad_input_is_refused_before_training(tmp_path, monkeypatch):
+  monkeypatch.setattr(train, "run", lambda *a, **k: pytest.fail("trained despite bad input"))
+  root = tmp_path / "sweep"
+  root.mkdir()
+  (root / "sweep.json").write_text(json.dumps({"scale": "cpu", "members": []}))
+  c = whole_sweep_config(tmp_path / "cache")
+  with pytest.raises(runner.ConfigError, match=r"holds a cpu sweep; this is the quick sweep"):
+    runner.run(c, str(root))
+  c.sweep.sizes = "d2304L32"
+  with pytest.raises(runner.ConfigError, match=r"select no member of the quick sweep"):
+    runner.run(c, str(tmp_path / "other"))
+  c = whole_sweep_config(tmp_path / "cache", **{"batch_size": 0, "sweep.batch_size": 6,
+                                                "num_devices": 4})
+  with pytest.raises(runner.ConfigError, match=r"batch_size=6 is not divisible by the data-parallel size 4"):
+    runner.run(c, str(tmp_path / "third"))
+  assert not (tmp_path / "third").exists()
