@@ -247,7 +247,7 @@ def plot_loss(members, fits, path, root) -> None:
     f = fits.get(arch)
     if f and len(pts) >= 2:
       xs = np.geomspace(c.min(), c.max(), 50)
-      if "saturating" in f:
+      if "saturating" in f and f["saturating"]["e"] > 0.01 * min(m["final_loss"] for m in pts):
         s = f["saturating"]
         ax.plot(xs, s["e"] + s["b"] * xs ** -s["beta"], color=COLORS[arch], lw=1,
                 label=f"{arch}: {s['e']:.2f} + b C^-{s['beta']:.3f}")
@@ -256,6 +256,7 @@ def plot_loss(members, fits, path, root) -> None:
         ax.plot(xs, p["a"] * xs ** p["alpha"], color=COLORS[arch], lw=1,
                 label=f"{arch}: a C^{p['alpha']:.3f}")
   ax.set_xscale("log")
+  ax.set_yscale("log")
   ax.set_xlabel("training compute C (FLOPs)")
   ax.set_ylabel("final validation MLM loss")
   ax.set_title("MLM loss vs compute (levels differ by task: compare trends)", fontsize=9)
@@ -358,7 +359,10 @@ def claims(members, loss_fits, probe_fits, ratios, eff) -> list[str]:
     out.append("1. **Throughput** (paper: CrossBERT 207k vs BERT 123k tokens/s, 1.68x): "
                + "; ".join(parts) + ". CMS puts the predictor and the vocabulary head on every "
                "token, so it is expected below 1x per data token; the paper's gain is from the "
-               "encoder seeing half the tokens.")
+               "encoder seeing half the tokens. These are medians over each member's own training "
+               "log: members that ran under different machine load are not comparable to better "
+               "than that load's effect (`benchmarks/train_step.py` alternates the contestants "
+               "step by step for a clean ratio).")
   else:
     out.append("1. **Throughput**: not measured (no BERT/CrossBERT pair with throughput).")
   # 2. CMS sample efficiency
