@@ -473,13 +473,15 @@ def write(root: str, out_dir: str | None = None) -> str:
   eff = cms_efficiency(members)
   plots = [os.path.join(out_dir, "loss_vs_flops.png"), os.path.join(out_dir, "probes_vs_flops.png"),
            os.path.join(out_dir, "throughput.png")]
-  plot_loss(members, loss_fits, plots[0], out_dir)
-  plot_probes(members, probe_fits, plots[1], out_dir)
-  plot_throughput(members, plots[2], out_dir)
+  # matplotlib's font cache goes into the sweep directory, never into the report's
+  plot_loss(members, loss_fits, plots[0], root)
+  plot_probes(members, probe_fits, plots[1], root)
+  plot_throughput(members, plots[2], root)
   if eff:
     plots.append(os.path.join(out_dir, "cms_efficiency.png"))
-    plot_cms(members, eff, plots[-1], out_dir)
-  text = markdown(root, members, loss_fits, probe_fits, ratios, eff, plots)
+    plot_cms(members, eff, plots[-1], root)
+  shown = os.path.relpath(root) if not os.path.relpath(root).startswith("..") else root
+  text = markdown(shown, members, loss_fits, probe_fits, ratios, eff, plots)
   path = os.path.join(out_dir, "report.md")
   with open(path, "w") as f:
     f.write(text)

@@ -279,7 +279,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
       stopping = stop["signal"] or (config.stop_after_step and step == config.stop_after_step)
       saving = step % config.checkpoint_every == 0 and step < total_steps
       probing = config.evals.every and step % config.evals.every == 0
-      if not (is_log or stopping or saving or probing or step == total_steps):
+      evaluating = config.eval_every and step % config.eval_every == 0 and step < total_steps
+      if not (is_log or stopping or saving or probing or evaluating or step == total_steps):
         continue
       index_of = {s: i for s, _, _, i in pending}
       window, spikes = sync()                           # the only host sync; raises on NaN/inf
@@ -311,7 +312,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
         out |= timers.as_metrics()          # time/<name>_s and _frac: compile, data_wait, checkpoint, eval
         if step == start_step + 1:   # the first step's time includes dispatch warm-up, not the rate
           out.pop("perf/tokens_per_sec"); out.pop("perf/mfu"); out.pop("perf/steps_per_sec")
-        if config.eval_every and step % config.eval_every == 0 and step < total_steps:
+        if evaluating:
           last_eval = evaluate()
           out |= last_eval
         writer.write(step, out)
@@ -324,6 +325,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
         if jax.process_count() > 1:  # every process must agree to stop at the same step
           stop["signal"] = bool(multihost_utils.process_allgather(np.array(stop["signal"])).any())
           stopping = stopping or stop["signal"]
+
+      elif evaluating:                                  # an eval step between log steps
+        last_eval = evaluate()
+        writer.write(step, last_eval | {"tokens_seen": step * tokens_per_step})
 
       if probing:
         writer.write(step, probe())

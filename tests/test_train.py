@@ -79,10 +79,13 @@ def test_sharded_step_equals_single_device(tmp_path, cache_dir, memory_options):
 
 
 def test_metrics_and_config_json(tmp_path, cache_dir):
-  train.run(tiny_config(cache_dir, total_steps=4, log_every=2), str(tmp_path))
+  train.run(tiny_config(cache_dir, total_steps=4, log_every=2, eval_every=3), str(tmp_path))
   rows = metrics_lib.read_metrics(tmp_path / "metrics.jsonl")
   logged = [r for r in rows if "train/loss" in r]
   assert [r["step"] for r in logged] == [1, 2, 4]
+  # eval_every need not be a multiple of log_every: step 3 is evaluated, then the final step
+  evals = [r for r in rows if "eval/loss" in r]
+  assert [r["step"] for r in evals] == [3, 4] and evals[0]["tokens_seen"] == 3 * 8 * 32
   required = {"step", "train/loss", "train/masked_acc", "train/grad_norm", "train/lr", "tokens_seen",
               "flops_seen", "perf/tokens_per_sec", "perf/mfu", "time/compile_s", "time/data_wait_s"}
   assert required <= set(logged[-1])

@@ -64,7 +64,9 @@ def derive(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     config.batch_size = plan.batch_size
     config.optim.lr = float(lr)
     config.checkpoint_every = max(1, -(-plan.steps // s.checkpoints))
-    config.eval_every = max(1, -(-plan.steps // s.evals)) if s.evals else 0
+    # validation evals land on log steps (a multiple of log_every), about sweep.evals per run
+    every = max(1, round(plan.steps / s.evals / config.log_every)) * config.log_every if s.evals else 0
+    config.eval_every = every if every < plan.steps else 0
     s.n_params = plan.n_params
     s.target_tokens = plan.target_tokens
     s.tokens = plan.tokens
