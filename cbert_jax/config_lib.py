@@ -287,22 +287,23 @@ def _type_name(want) -> str:
   return "a tuple" if isinstance(want, (tuple, list)) else type(want).__name__
 
 
-def _leaves(node, prefix: str = ""):
+def leaves(node, prefix: str = ""):
+  """(dotted path, value) of every non-group field of a ConfigDict, depth first."""
   for key in node.keys():
     if isinstance(node[key], ml_collections.ConfigDict):
-      yield from _leaves(node[key], prefix + key + ".")
+      yield from leaves(node[key], prefix + key + ".")
     else:
       yield prefix + key, node[key]
 
 
 def expected_type(path: str) -> str | None:
   """What the field at dotted `path` holds ("int", "float", "true or false", ...); None if none."""
-  return next((_type_name(v) for k, v in _leaves(base_config()) if k == path), None)
+  return next((_type_name(v) for k, v in leaves(base_config()) if k == path), None)
 
 
 def unknown_field(path: str) -> str:
   """The message for a dotted field path that `base_config` lacks, with the closest known one."""
-  known = [k for k, _ in _leaves(base_config())]
+  known = [k for k, _ in leaves(base_config())]
   leaf = path.rsplit(".", 1)[-1]
   same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == leaf]
   guess = difflib.get_close_matches(path, same_leaf or known, n=1,
@@ -474,9 +475,16 @@ def model_configs(config, vocab_size: int, mask_id: int,
   """The frozen dataclasses the models are built from; records vocab_size in the config."""
   with config.unlocked():
     config.model.vocab_size = int(vocab_size)
+  return build_model_configs(config, vocab_size, mask_id, special_ids)
+
+
+def build_model_configs(config, vocab_size: int, mask_id: int,
+                        special_ids: tuple[int, ...]) -> tuple[ModelConfig, MaskConfig]:
+  """`model_configs` without recording anything in `config` (e.g. planning before a tokenizer)."""
   m = config.model
   fields = {f.name for f in dataclasses.fields(ModelConfig)}
-  model_cfg = ModelConfig(**{k: m[k] for k in m.keys() if k in fields})
+  model_cfg = ModelConfig(**({k: m[k] for k in m.keys() if k in fields}
+                             | {"vocab_size": int(vocab_size)}))
   mk = config.masking
   mask_cfg = MaskConfig(mask_ratio=mk.mask_ratio, mask_id=int(mask_id),
                         special_ids=tuple(int(i) for i in special_ids), p_mask=mk.p_mask,

@@ -110,11 +110,12 @@ def _parse_lines(text: str, path: pathlib.Path) -> tuple[list[str], list[dict[st
   return lines, records
 
 
-def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def read_metrics(path: str | os.PathLike[str], missing_ok: bool = False) -> list[dict[str, Any]]:
   """Reads a metrics.jsonl file written by `MetricWriter`.
 
   Args:
     path: The metrics.jsonl file (or a workdir containing one).
+    missing_ok: Return [] when the file does not exist (a run that has not logged yet).
 
   Returns:
     One dict per line, in file order, with `"step"` first and "nan"/"inf"/"-inf" turned back
@@ -123,6 +124,8 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
   path = pathlib.Path(path)
   if path.is_dir():
     path = path / METRICS_FILENAME
+  if missing_ok and not path.exists():
+    return []
   _, records = _parse_lines(path.read_text(encoding="utf-8"), path)
   return [_decode_record(record) for record in records]
 

@@ -22,7 +22,6 @@ not their levels. A member without probe results (or unfinished) is listed and l
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import statistics
@@ -31,7 +30,8 @@ import time
 
 import numpy as np
 
-from cbert_jax.scaling import fit as fit_lib
+from cbert_jax import metrics as metrics_lib
+from cbert_jax.scaling import fit as fit_lib, status as status_lib
 
 ARCHS = ("bert", "crossbert")            # the curves; other members (controls) are listed only
 COLORS = {"bert": "tab:blue", "crossbert": "tab:red", "crossbert-nocms": "tab:orange"}
@@ -44,22 +44,6 @@ class ReportError(ValueError):
 
 
 # ------------------------------------------------------------------------------- reading ---
-def _read_jsonl(path: str) -> list[dict]:
-  rows = []
-  try:
-    with open(path) as f:
-      for line in f:
-        line = line.strip()
-        if line:
-          try:
-            rows.append(json.loads(line))
-          except ValueError:
-            continue      # a torn last line of an interrupted run
-  except OSError:
-    pass
-  return rows
-
-
 def read_member(workdir: str) -> dict | None:
   """One member's numbers, or None if `workdir` is not a run (no config.json)."""
   try:
@@ -71,19 +55,14 @@ def read_member(workdir: str) -> dict | None:
   sweep = cfg.get("sweep", {})
   cms = bool(cfg["masking"]["cms"]) or cfg["model_name"] != "crossbert"
   arch = cfg["model_name"] + ("" if cms else "-nocms")
-  rows = _read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  rows = metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"), missing_ok=True)
   total = int(cfg["total_steps"])
   evals = [(r["step"], r.get("tokens_seen"), r["eval/loss"]) for r in rows if "eval/loss" in r]
   tps = [r["perf/tokens_per_sec"] for r in rows if "perf/tokens_per_sec" in r]
   mfu = [r["perf/mfu"] for r in rows if "perf/mfu" in r]
   tokens_per_step = int(cfg["batch_size"]) * int(cfg["data"]["seq_len"])
   final = [loss for step, _, loss in evals if step == total]
-  probe_path = None
-  for path in sorted(glob.glob(os.path.join(workdir, "eval", f"step_{total}*.json"))):
-    with open(path) as f:
-      if json.load(f).get("suite", "offline") == "offline":
-        probe_path = path
-        break
+  probe_path = status_lib.probe_results(workdir, total)
   probes = {}
   if probe_path:
     with open(probe_path) as f:

@@ -28,8 +28,9 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
+
+from cbert_jax.scaling import status as status_lib
 
 STATUS_FILE = "sweep_status.json"
 LOG_DIR = "logs"
@@ -93,19 +94,8 @@ def read_status(workdir_root: str) -> dict:
 
 def write_status(workdir_root: str, members: list[dict]) -> None:
   """Writes the status file atomically (a temp file in the same directory, then os.replace)."""
-  os.makedirs(workdir_root, exist_ok=True)
-  body = {"updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "members": members}
-  fd, tmp = tempfile.mkstemp(dir=workdir_root, prefix=f".{STATUS_FILE}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(body, f, indent=2)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(workdir_root, STATUS_FILE))
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
+  status_lib.write_json_atomic(os.path.join(workdir_root, STATUS_FILE),
+                               {"updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "members": members})
 
 
 def run_attempt(cmd: list[str], log_path: str) -> tuple[int, str]:

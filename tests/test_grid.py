@@ -231,7 +231,7 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
         assert 50e6 <= c.sweep.n_params <= 700e6
       # Everything but B, LR, budget and bookkeeping is the sweep's member.
       ref = config_lib.resolve(sweep.get_config(sweep.member_arg(scale, a.model, a.size)))
-      leaves = runner._leaves  # pylint: disable=protected-access
+      leaves = config_lib.leaves
       ours, theirs = dict(leaves(c)), dict(leaves(ref))
       differ = {k for k in ours if ours[k] != theirs[k]}
       assert differ <= PLAN_FIELDS | {k for k in differ if k.startswith("sweep.")}, differ

@@ -43,6 +43,7 @@ import time
 
 import numpy as np
 
+from cbert_jax import metrics as metrics_lib
 from cbert_jax.scaling import fit as fit_lib, laws as laws_lib
 
 CI_LEVEL = 0.9                   # bootstrap interval level (fit.bootstrap's default)
@@ -98,25 +99,6 @@ class FitResult:
 
 
 # ------------------------------------------------------------------------------- reading ---
-def _read_jsonl(path: str) -> list[dict]:
-  """metrics.jsonl rows (torn lines skipped; the "nan"/"inf" strings MetricWriter writes for
-  non-finite values become floats)."""
-  decode = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-  rows = []
-  try:
-    with open(path) as f:
-      for line in f:
-        try:
-          row = json.loads(line)
-        except ValueError:
-          continue                      # a blank or torn last line of an interrupted run
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-          rows.append({k: decode.get(v, v) if isinstance(v, str) else v for k, v in row.items()})
-  except OSError:
-    pass
-  return rows
-
-
 def _nonfinite(x) -> bool:
   return isinstance(x, (int, float)) and not math.isfinite(x)
 
@@ -139,7 +121,8 @@ def read_member(workdir: str) -> Member | None:
                total_steps=int(cfg["total_steps"]), final_step=0, loss=None, state="unfinished")
   except (OSError, ValueError, KeyError, TypeError):
     return None
-  rows = _read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  rows = [r for r in metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"), missing_ok=True)
+          if isinstance(r.get("step"), int)]
   m.final_step = max((r["step"] for r in rows), default=0)
   final = [r["eval/loss"] for r in rows if r["step"] == m.total_steps and "eval/loss" in r]
   failed = ""

@@ -25,15 +25,9 @@ _MASK_ID, _SPECIAL = 4, (0, 2, 3, 4)
 def model_config(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MaskConfig]:
   """The model and masking the member will train, before the tokenizer exists (vocabulary =
   model.vocab_size if set, else data.vocab_size: what a trained tokenizer gets)."""
-  import dataclasses  # pylint: disable=import-outside-toplevel
-  m, mk = config.model, config.masking
-  fields = {f.name for f in dataclasses.fields(ModelConfig)}
-  kw = {k: m[k] for k in m.keys() if k in fields}
-  kw["vocab_size"] = int(m.vocab_size or config.data.vocab_size)
-  mask = MaskConfig(mask_ratio=mk.mask_ratio, mask_id=_MASK_ID, special_ids=_SPECIAL,
-                    p_mask=mk.p_mask, p_random=mk.p_random,
-                    cms=mk.cms and config.model_name == "crossbert", cms_form=mk.cms_form)
-  return ModelConfig(**kw), mask
+  from cbert_jax import config_lib  # pylint: disable=import-outside-toplevel (config_lib imports us)
+  return config_lib.build_model_configs(
+      config, int(config.model.vocab_size or config.data.vocab_size), _MASK_ID, _SPECIAL)
 
 
 def derive(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -56,19 +56,11 @@ def resolve_scale(scale: str) -> str:
   return "cpu" if jax.default_backend() == "cpu" else "paper"
 
 
-def _leaves(node, prefix=""):
-  for key in node.keys():
-    if isinstance(node[key], ml_collections.ConfigDict):
-      yield from _leaves(node[key], prefix + key + ".")
-    else:
-      yield prefix + key, node[key]
-
-
 def overrides(config: ml_collections.ConfigDict, fresh: ml_collections.ConfigDict) -> dict:
   """The fields the command line changed: where `config` differs from the experiment file's own
   config for the same arg (`fresh`), sweep-level fields excluded."""
-  base = dict(_leaves(fresh))
-  return {k: v for k, v in _leaves(config)
+  base = dict(config_lib.leaves(fresh))
+  return {k: v for k, v in config_lib.leaves(config)
           if k not in _SWEEP_ONLY and (k not in base or base[k] != v)}
 
 
@@ -77,16 +69,8 @@ def _set(config: ml_collections.ConfigDict, path: str, value) -> None:
   node = config
   for g in groups:
     node = node[g]
-  with node.unlocked() if hasattr(node, "unlocked") else _null():
+  with node.unlocked():
     node[leaf] = value
-
-
-class _null:
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *a):
-    return False
 
 
 def member_name(config: ml_collections.ConfigDict) -> str:
