@@ -20,7 +20,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from cbert_jax import checkpoint as ckpt_lib
-from cbert_jax import distributed
+from cbert_jax import distributed, planned_devices
 from cbert_jax import config_lib, guard, hardware, metrics as metrics_lib, optim, sharding, steps
 from cbert_jax.data import corpus as corpus_lib, packing, pipeline
 from cbert_jax.models import FAMILIES
@@ -51,6 +51,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
     distributed.check_same_run(config)
   config = config_lib.resolve(config)
   devices = jax.devices()[:config.num_devices] if config.num_devices > 0 else jax.devices()
+  # A member planned for N chips trains on exactly N (else one line, before any data work).
+  planned_devices.check(config.sweep.target_devices, len(devices),
+                        process_count=jax.process_count(), local_devices=jax.local_device_count(),
+                        platform=devices[0].platform, num_devices_flag=config.num_devices)
   config_lib.validate(config, len(devices))
   from cbert_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   # A workdir of a run with another config is refused here, before anything is written.

@@ -131,6 +131,14 @@ RUN_CASES = [
                  id="corpus-glob-empty"),
     pytest.param({"data.corpus": "wiki"}, "data.corpus must be one of 'gutenberg', 'files', "
                  "'offline_small', 'offline_full', 'sources', got 'wiki'", id="corpus-unknown"),
+    pytest.param({"sweep.target_devices": 16},
+                 "sweep.target_devices=16: this member is planned for 16 devices (its batch, "
+                 "learning rate and memory plan assume them), but the run sees 8 (1 process x 8 "
+                 "local cpu devices); likely cause: a single process sees only this host's devices",
+                 id="planned-vs-actual-devices"),
+    pytest.param({"sweep.target_devices": 8, "num_devices": 4},
+                 "but the run sees 4 (1 process x 8 local cpu devices); config.num_devices=4 "
+                 "restricts the run to the first 4 devices", id="planned-vs-num-devices"),
 ]
 
 
