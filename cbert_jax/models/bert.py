@@ -3,9 +3,8 @@ import jax
 from flax import nnx
 
 from cbert_jax import masking
-from cbert_jax.models import layers
+from cbert_jax.models import layers, losses
 from cbert_jax.models.encoder import Encoder, features
-from cbert_jax.models.losses import head_loss
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 
 
@@ -23,8 +22,13 @@ class Bert(nnx.Module):
     return features(self.encoder, tokens, positions, segment_ids)
 
   def loss(self, batch: dict, rng: jax.Array):
-    """batch: tokens, positions, segment_ids [B, T]. Returns (loss, metrics)."""
-    return head_loss(self.head, self.forward(batch, rng), self.cfg.ce_chunk)
+    """batch: tokens, positions, segment_ids [B, T] (optional row_ids [B], see masking).
+    Returns (loss, metrics)."""
+    return losses.finish(*self.loss_sums(batch, rng))
+
+  def loss_sums(self, batch: dict, rng: jax.Array):
+    """The loss as (sums, coefs) (see losses.finish): the mean CE over the targets."""
+    return losses.head_loss_sums(self.head, self.forward(batch, rng), self.cfg.ce_chunk), losses.CE_LOSS
 
   def forward(self, batch: dict, rng: jax.Array) -> dict:
     """Masking + encoder + head: {"logits" [B, K, V], "targets" [B, K], "weights" [B, K],
@@ -32,9 +36,10 @@ class Bert(nnx.Module):
     tokens, positions, seg = batch["tokens"], batch["positions"], batch["segment_ids"]
     r_split, r_corrupt = jax.random.split(rng)
     corrupted, masked_idx, can_mask = masking.mlm_corrupt(
-        r_split, r_corrupt, tokens, seg, self.mask_cfg, self.cfg.vocab_size)  # [B, T], [B, K], [B, T]
+        r_split, r_corrupt, tokens, seg, self.mask_cfg, self.cfg.vocab_size,
+        masking.batch_row_ids(batch))                                       # [B, T], [B, K], [B, T]
     out = self.encoder(corrupted, positions, layers.attention_mask(seg, seg))  # [B, T, d]
-    head_in = masking.gather(out, masked_idx)                               # [B, K, d]
+    head_in = layers.constrain(masking.gather(out, masked_idx), ("batch", "seq", "embed"))  # [B, K, d]
     logits = self.head(head_in)                                             # [B, K, V]
     targets = masking.gather(tokens, masked_idx)                            # [B, K]
     weights = masking.gather(can_mask, masked_idx).astype(logits.dtype)     # [B, K]

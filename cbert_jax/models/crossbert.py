@@ -20,9 +20,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from cbert_jax import masking
-from cbert_jax.models import layers
+from cbert_jax.models import layers, losses
 from cbert_jax.models.encoder import Encoder, features
-from cbert_jax.models.losses import head_loss
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 
 
@@ -94,8 +93,14 @@ class CrossBert(nnx.Module):
     return self.encoder(tokens, positions, layers.attention_mask(segment_ids, segment_ids, view, view))
 
   def loss(self, batch: dict, rng: jax.Array):
-    """batch: tokens, positions, segment_ids [B, T]. Returns (loss, metrics)."""
-    return head_loss(self.predictor.head, self.forward(batch, rng), self.cfg.ce_chunk)
+    """batch: tokens, positions, segment_ids [B, T] (optional row_ids [B], see masking).
+    Returns (loss, metrics)."""
+    return losses.finish(*self.loss_sums(batch, rng))
+
+  def loss_sums(self, batch: dict, rng: jax.Array):
+    """The loss as (sums, coefs) (see losses.finish): the mean CE over the targets."""
+    return (losses.head_loss_sums(self.predictor.head, self.forward(batch, rng), self.cfg.ce_chunk),
+            losses.CE_LOSS)
 
   def forward(self, batch: dict, rng: jax.Array) -> dict:
     """Masking + encoder + predictor: {"logits" [R, Q, V], "targets" [R, Q], "weights" [R, Q],
@@ -105,16 +110,18 @@ class CrossBert(nnx.Module):
     mc = self.mask_cfg
     tokens, pos, seg = batch["tokens"], batch["positions"], batch["segment_ids"]
     bsz, t = tokens.shape
+    rows = masking.batch_row_ids(batch)                                    # [B] or None = arange(B)
     can_mask = masking.maskable(tokens, seg, mc.special_ids)               # [B, T]
     if not mc.cms:
-      masked, visible = masking.random_split(rng, can_mask, masking.num_masked(t, mc.mask_ratio))
+      masked, visible = masking.random_split(rng, can_mask, masking.num_masked(t, mc.mask_ratio),
+                                             rows)
       g = masking.gather
       enc = self.forward_encoder(g(tokens, visible), g(pos, visible), g(seg, visible))  # [B, T-K, d]
       logits, head_in = self.predictor(enc, g(pos, visible), g(seg, visible), g(pos, masked),
                                        g(seg, masked))
       targets, weights, q_idx = g(tokens, masked), g(can_mask, masked), masked  # [B, K]
     elif mc.cms_form == "gather":
-      idx_a, idx_b, _ = masking.cms_split(rng, bsz, t)                     # [B, T/2] each
+      idx_a, idx_b, _ = masking.cms_split(rng, bsz, t, rows)               # [B, T/2] each
       enc_idx = jnp.stack([idx_a, idx_b], axis=1)                          # [B, 2, T/2]: encoder sees
       q_idx = jnp.stack([idx_b, idx_a], axis=1)                            # [B, 2, T/2]: ...predicts
       enc = self.forward_encoder(_views(tokens, enc_idx), _views(pos, enc_idx), _views(seg, enc_idx))
@@ -123,7 +130,7 @@ class CrossBert(nnx.Module):
       targets, weights = _views(tokens, q_idx), _views(can_mask, q_idx)    # [2B, T/2]
       q_idx = q_idx.reshape(2 * bsz, t // 2)
     elif mc.cms_form == "inplace":
-      _, _, view = masking.cms_split(rng, bsz, t)                          # [B, T] in {0, 1}
+      _, _, view = masking.cms_split(rng, bsz, t, rows)                    # [B, T] in {0, 1}
       enc = self.forward_encoder(tokens, pos, seg, view)                   # [B, T, d]
       logits, head_in = self.predictor(enc, pos, seg, pos, seg, enc_view=view,
                                        q_view=view)                        # [B, T, V]

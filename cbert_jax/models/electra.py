@@ -31,9 +31,8 @@ import optax
 from flax import nnx
 
 from cbert_jax import masking
-from cbert_jax.models import layers
+from cbert_jax.models import layers, losses
 from cbert_jax.models.encoder import Encoder, features
-from cbert_jax.models.losses import masked_cross_entropy
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 
 
@@ -118,11 +117,15 @@ def replace_and_label(tokens: jax.Array, masked_idx: jax.Array, samples: jax.Arr
   return corrupted, corrupted != tokens
 
 
-def sample_tokens(rng: jax.Array, logits: jax.Array, special_ids: tuple[int, ...]) -> jax.Array:
-  """One token per row of logits [B, K, V] from softmax(logits) (no gradient), specials excluded."""
+def sample_tokens(rng: jax.Array, logits: jax.Array, special_ids: tuple[int, ...],
+                  row_ids: jax.Array | None = None) -> jax.Array:
+  """One token per position of logits [B, K, V] from softmax(logits) (no gradient), specials
+  excluded; row b samples with its own key (`masking.row_keys`, row_ids default arange(B))."""
   logits = jax.lax.stop_gradient(logits)
   banned = jnp.zeros(logits.shape[-1], bool).at[jnp.asarray(special_ids)].set(True)
-  return jax.random.categorical(rng, jnp.where(banned, -jnp.inf, logits), axis=-1)  # [B, K]
+  logits = jnp.where(banned, -jnp.inf, logits)                              # [B, K, V]
+  keys = masking.row_keys(rng, logits.shape[0], row_ids)                    # [B]
+  return jax.vmap(lambda key, lg: jax.random.categorical(key, lg, axis=-1))(keys, logits)  # [B, K]
 
 
 class Electra(nnx.Module):
@@ -140,24 +143,29 @@ class Electra(nnx.Module):
     return features(self.encoder, tokens, positions, segment_ids)
 
   def loss(self, batch: dict, rng: jax.Array):
-    """batch: tokens, positions, segment_ids [B, T]. Returns (loss, metrics)."""
+    """batch: tokens, positions, segment_ids [B, T] (optional row_ids [B], see masking).
+    Returns (loss, metrics)."""
+    return losses.finish(*self.loss_sums(batch, rng))
+
+  def loss_sums(self, batch: dict, rng: jax.Array):
+    """The loss as (sums, coefs) (see losses.finish): gen_loss (mean CE over the generator's
+    targets) + disc_weight x disc_loss (mean BCE over the real tokens), each over its own count."""
     out = self.forward(batch, rng)
-    gen_loss, gen_metrics = masked_cross_entropy(out["gen_logits"], out["targets"], out["weights"])
+    gen = losses.masked_cross_entropy_sums(out["gen_logits"], out["targets"], out["weights"])
     w = out["disc_weights"]                                                 # [B, T]
-    n = jnp.maximum(w.sum(), 1.0)
+    n = w.sum()
     bce = optax.sigmoid_binary_cross_entropy(out["disc_logits"], out["replaced"].astype(jnp.float32))
-    disc_loss = (bce * w).sum() / n
-    disc_acc = (((out["disc_logits"] > 0) == out["replaced"]) * w).sum() / n
+    said_replaced = out["disc_logits"] > 0                                  # [B, T]
     # Recall on the replaced tokens: accuracy alone stays at 1 - replaced_frac while the
     # discriminator only knows the prior ("nothing is replaced").
-    replaced_w = out["replaced"] * w
-    disc_recall = ((out["disc_logits"] > 0) * replaced_w).sum() / jnp.maximum(replaced_w.sum(), 1.0)
-    loss = gen_loss + self.cfg.disc_weight * disc_loss
-    return loss, {"loss": loss, "gen_loss": gen_loss, "disc_loss": disc_loss,
-                  "masked_acc": gen_metrics["masked_acc"], "disc_acc": disc_acc,
-                  "disc_recall": disc_recall,
-                  "replaced_frac": (out["replaced"] * w).sum() / n,
-                  "num_targets": gen_metrics["num_targets"]}
+    replaced_w = out["replaced"] * w                                        # [B, T]
+    sums = {"gen_loss": gen["loss"], "masked_acc": gen["masked_acc"],
+            "num_targets": gen["num_targets"],
+            "disc_loss": ((bce * w).sum(), n),
+            "disc_acc": (((said_replaced == out["replaced"]) * w).sum(), n),
+            "disc_recall": ((said_replaced * replaced_w).sum(), replaced_w.sum()),
+            "replaced_frac": (replaced_w.sum(), n)}
+    return sums, {"gen_loss": 1.0, "disc_loss": self.cfg.disc_weight}
 
   def forward(self, batch: dict, rng: jax.Array) -> dict:
     """Masking, generator, sampling, discriminator: {"gen_logits" [B, K, V], "targets",
@@ -165,13 +173,14 @@ class Electra(nnx.Module):
     "replaced" [B, T] bool, "disc_logits" [B, T], "disc_weights" [B, T]}."""
     mc = self.mask_cfg
     tokens, positions, seg = batch["tokens"], batch["positions"], batch["segment_ids"]
+    rows = masking.batch_row_ids(batch)                                     # [B] or None = arange(B)
     r_split, r_corrupt, r_sample = jax.random.split(rng, 3)
     gen_in, masked_idx, can_mask = masking.mlm_corrupt(
-        r_split, r_corrupt, tokens, seg, mc, self.cfg.vocab_size)           # [B, T], [B, K], [B, T]
+        r_split, r_corrupt, tokens, seg, mc, self.cfg.vocab_size, rows)     # [B, T], [B, K], [B, T]
     attn = layers.attention_mask(seg, seg)                                  # [B, T, T]
     gen_logits = self.generator(gen_in, positions, attn, masked_idx)        # [B, K, V]
     weights = masking.gather(can_mask, masked_idx).astype(jnp.float32)     # [B, K]
-    samples = sample_tokens(r_sample, gen_logits, mc.special_ids)           # [B, K]
+    samples = sample_tokens(r_sample, gen_logits, mc.special_ids, rows)     # [B, K]
     corrupted, replaced = replace_and_label(tokens, masked_idx, samples, weights)
     disc_logits = self.disc_head(self.encoder(corrupted, positions, attn))  # [B, T]
     return {"gen_logits": gen_logits, "targets": masking.gather(tokens, masked_idx),
