@@ -207,6 +207,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.decay_frac = 0.2         # wsd: decay over the last fraction of the run
   c.optim.decay_shape = "linear"   # wsd decay: linear | cosine
   c.optim.final_lr_frac = 0.0      # LR at the end, as a fraction of the peak
+  c.optim.microbatches = 1         # gradient accumulation: split each global batch into this many
+                                   # micro-batches inside the step (same batch, LR and data order;
+                                   # less activation memory); 1 = off
 
   # Scaling sweeps (experiments/sweep.py, cbert_jax/scaling/). A member (tokens_per_param > 0) has
   # total_steps, batch_size, optim.lr, checkpoint_every and eval_every derived in `resolve` from
@@ -232,6 +235,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.sweep.batch_multiple = 1       # round the law's batch to a multiple of this (data parallelism)
   c.sweep.target_devices = 0       # devices the member is planned for (the compile check's mesh);
                                    # 0 = whatever this machine has
+  c.sweep.chip = ""                # the chip the member is planned for (a key of
+                                   # cbert_jax/scaling/memory.py:CHIPS: v4 v5e v5p v6e a100 h100
+                                   # h200 b200); "" = no memory plan
+  c.sweep.memory = "auto"          # with sweep.chip: auto (the memory planner sets model.remat,
+                                   # model.ce_chunk and optim.microbatches to the least costly
+                                   # setting that fits) | check (keep them; record the verdict)
   c.sweep.checkpoints = 10         # checkpoints per run (checkpoint_every = steps / this)
   c.sweep.evals = 20               # validation-loss evals per run (eval_every = steps / this)
   # Derived by `resolve` for a member (recorded in config.json; inputs above):
@@ -240,6 +249,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.sweep.target_tokens = 0        # tokens_per_param x N
   c.sweep.tokens = 0               # steps x batch_size x seq_len (>= target_tokens)
   c.sweep.laws_source = ""         # where the LR and batch laws came from
+  c.sweep.memory_setting = ""      # the memory plan's setting: "remat=..., ce_chunk=..., microbatches=..."
+  c.sweep.memory_verdict = ""      # fits | needs microbatches=k | needs more chips (on sweep.chip)
+  c.sweep.memory_bytes = 0.0       # predicted peak bytes per device of that setting
+  c.sweep.memory_budget = 0.0      # usable bytes per device of sweep.chip
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))      # ICI sizes; one -1 = fill
   c.mesh_dcn = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))  # sizes across slices/hosts
@@ -438,6 +451,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   if config.batch_size % dp:
     raise ConfigError(f"batch_size={config.batch_size} is not divisible by the data-parallel size {dp} "
                       f"(mesh {shape})")
+  k = config.optim.microbatches
+  if k < 1:
+    raise ConfigError(f"optim.microbatches must be >= 1 (1 = no accumulation), got {k}")
+  if config.batch_size % (k * dp):
+    raise ConfigError(f"batch_size={config.batch_size} is not divisible by optim.microbatches={k} "
+                      f"x the data-parallel size {dp} (= {k * dp})")
 
 
 def _check_rules(rules, mesh_axes: tuple[str, ...]) -> None:

@@ -143,7 +143,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
 
   # --------------------------------------------------------------- compile ---
   traces = []
-  train_step = jax.jit(steps.make_train_step(graphdef, tx, lr_schedule, traces, guard_cfg),
+  train_step = jax.jit(steps.make_train_step(graphdef, tx, lr_schedule, traces, guard_cfg,
+                                             microbatches=config.optim.microbatches),
                        in_shardings=(p_sh, o_sh, rep, batch_sh, rep, rep),
                        out_shardings=(p_sh, o_sh, rep, rep), donate_argnums=(0, 1, 2))
   eval_step = jax.jit(steps.make_eval_step(graphdef), in_shardings=(p_sh, batch_sh, rep),

@@ -36,6 +36,8 @@ RESUMABLE = (
     "allow_config_change",    # this switch itself
     "faults.",                # spike policy and its planted test faults (cbert_jax/guard.py)
     "model.remat", "model.ce_chunk", "model.attention_impl",  # same maths, other memory / kernel
+    "optim.microbatches",     # gradient accumulation: the same batch, masks and update
+    "sweep.chip", "sweep.memory", "sweep.memory_",  # the memory plan (chip, setting, bytes)
     "data.cache_dir", "data.preprocess_workers",           # where the prepared data lives; workers
 )
 

@@ -35,6 +35,9 @@ PAPER_SIZES = ("d384L6", "d512L8", "d768L12", "d1024L16", "d1280L20", "d1536L24"
 # Chips each paper member is planned for (FSDP over all of them): the compile check's mesh.
 PAPER_DEVICES = {"d384L6": 8, "d512L8": 8, "d768L12": 8, "d1024L16": 16, "d1280L20": 16,
                  "d1536L24": 32, "d2048L24": 64, "d2048L32": 64, "d2304L32": 64}
+# The chip the paper members are planned for (cbert_jax/scaling/memory.py:CHIPS); another with
+# --config.sweep.chip=h100 (launch.sweep sets it from --tpu_generation / --gpu_type).
+PAPER_CHIP = "v5p"
 CPU_SIZES = ("d32L2", "d64L2", "d96L3", "d128L3")
 
 SCALES = {
@@ -134,6 +137,7 @@ def get_config(arg=None):
     c.model.compute_dtype = "bfloat16"
     c.mesh.data, c.mesh.fsdp = 1, -1   # FSDP over every chip
     c.sweep.target_devices = PAPER_DEVICES[a.size]
+    c.sweep.chip = PAPER_CHIP          # the memory planner fits remat / ce_chunk / micro-batches
     c.sweep.batch_multiple = PAPER_DEVICES[a.size]
     c.log_every = 50
     c.eval_batches = 16

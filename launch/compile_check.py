@@ -62,7 +62,7 @@ from ml_collections import config_flags
 from cbert_jax import checkpoint as ckpt_lib
 from cbert_jax import config_lib, guard, optim, sharding, steps, train
 from cbert_jax.errors import ConfigError
-from cbert_jax.scaling import plan, runner
+from cbert_jax.scaling import memory as memory_lib, plan, runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD_PREFIX = "compile_check:"     # the child's progress lines on stderr, echoed by the parent
@@ -185,7 +185,8 @@ def compile_member(config, devices, placeholder: str, row: dict[str, Any]) -> No
   step = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
   key = jax.eval_shape(lambda: jax.random.key(0))             # a typed PRNG key, []
   key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep)
-  train_step = jax.jit(steps.make_train_step(graphdef, tx, lr_schedule, [], guard_cfg),
+  train_step = jax.jit(steps.make_train_step(graphdef, tx, lr_schedule, [], guard_cfg,
+                                             microbatches=config.optim.microbatches),
                        in_shardings=(p_sh, o_sh, rep, batch_sh, rep, rep),
                        out_shardings=(p_sh, o_sh, rep, rep), donate_argnums=(0, 1, 2))
   start = time.perf_counter()
@@ -193,6 +194,19 @@ def compile_member(config, devices, placeholder: str, row: dict[str, Any]) -> No
     compiled = train_step.lower(params, opt_state, guard_state, batch, step, key).compile()
   row["compile_s"] = round(time.perf_counter() - start, 2)
   row["memory"] = memory(compiled)
+
+
+def memory_plan(config, num_devices: int) -> dict[str, Any] | None:
+  """The member's memory plan on its chip (`sweep.chip`, as `plan.derive` recorded it) with the
+  analytic prediction of the setting it compiles with; None without a chip."""
+  if not config.sweep.chip:
+    return None
+  shape = plan.memory_shape(config, num_devices)
+  setting = plan.current_setting(config)
+  return {"chip": config.sweep.chip, "setting": setting.describe(),
+          "verdict": config.sweep.memory_verdict,
+          "predicted": {k: int(v) for k, v in memory_lib.estimate(shape, setting).items()},
+          "budget": int(config.sweep.memory_budget)}
 
 
 def memory(compiled) -> dict[str, int] | None:
@@ -225,7 +239,8 @@ def child(ns) -> int:
       available = jax.devices()
     for arg in json.loads(ns._member_args):                       # pylint: disable=protected-access
       row: dict[str, Any] = {"arg": arg, "member": arg, "devices": None, "mesh": None,
-                             "params": None, "compile_s": None, "memory": None, "error": None}
+                             "params": None, "compile_s": None, "memory": None, "error": None,
+                             "plan": None}
       try:
         row["member"], config = load_member(ns.config, module, arg, ns.override)
         # sweep.target_devices; 0 = this process's devices (the first num_devices if set)
@@ -236,6 +251,7 @@ def child(ns) -> int:
         if want > len(available):
           raise ConfigError(f"planned for {want} devices, but the "
                             f"{'topology' if ns.tpu_topology else 'process'} has {len(available)}")
+        row["plan"] = memory_plan(config, want)
         compile_member(config, available[:want], placeholder.name, row)
       except Exception as e:  # pylint: disable=broad-except (one member's failure is its row)
         row["error"] = one_line(e)
@@ -254,7 +270,9 @@ def child_env(num_devices: int, tpu: bool) -> dict[str, str]:
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH", "")]))
   if num_devices > 0 and not tpu:
     flags_ = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", ""))
-    env["XLA_FLAGS"] = f"{flags_.strip()} --xla_force_host_platform_device_count={num_devices}".strip()
+    flags_ = flags_.replace(memory_lib.REMAT_XLA_FLAGS, "")
+    env["XLA_FLAGS"] = (f"{flags_.strip()} --xla_force_host_platform_device_count={num_devices} "
+                        f"{memory_lib.REMAT_XLA_FLAGS}").strip()
     env["JAX_PLATFORMS"] = "cpu"
   return env
 
@@ -310,17 +328,28 @@ def _count(n: int | None) -> str:
   return str(n)
 
 
+def _short(setting: str) -> str:
+  """'remat=dots, ce_chunk=0, microbatches=2' -> 'dots ce0 k2'."""
+  v = dict(part.split("=") for part in setting.split(", "))
+  return f"{v['remat']} ce{v['ce_chunk']} k{v['microbatches']}"
+
+
 def table(rows: list[dict]) -> str:
-  """One line per member: name, devices, mesh, parameters, compile time, memory, status."""
-  head = ("member", "devices", "mesh d x f x t", "params", "compile", "mem/device", "args",
-          "outputs", "aliased", "temps", "status")
+  """One line per member: devices, mesh, parameters, chip, the memory setting, the analytic
+  prediction next to XLA's compiled bytes per device, the chip's usable bytes, compile time, the
+  verdict and OK or the error."""
+  head = ("member", "devices", "mesh d x f x t", "params", "chip", "setting", "predicted",
+          "compiled", "usable", "compile", "verdict", "status")
   lines = [head]
   for r in rows:
-    mem = r["memory"] or {}
+    mem, p = r["memory"] or {}, r.get("plan") or {}
     mesh = "x".join(str(r["mesh"][a]) for a in ("data", "fsdp", "tensor")) if r["mesh"] else "-"
     lines.append((r["member"], str(r["devices"] or "-"), mesh, _count(r["params"]),
+                  p.get("chip", "-"), _short(p["setting"]) if p else "-",
+                  _size(p["predicted"]["total"]) if p else "-", _size(mem.get("total")),
+                  _size(p.get("budget")) if p else "-",
                   f"{r['compile_s']:.1f}s" if r["compile_s"] is not None else "-",
-                  *(_size(mem.get(k)) for k in ("total", "argument", "output", "alias", "temp")),
+                  p.get("verdict") or "-",
                   "OK" if not r["error"] else f"FAILED {r['error']}"))
   widths = [max(len(l[i]) for l in lines) for i in range(len(head) - 1)]
   return "\n".join("  ".join(c.ljust(w) for c, w in zip(l, widths)) + "  " + l[-1] for l in lines)
@@ -377,13 +406,16 @@ def parent(ns) -> int:
   ordered = [rows[a] | {"member": names[a]} for a in args]
   print(table(ordered), flush=True)
   failed = [r["member"] for r in ordered if r["error"]]
+  too_big = [r["member"] for r in ordered if (r.get("plan") or {}).get("verdict") == "needs more chips"]
   print(f"{len(ordered) - len(failed)} OK, {len(failed)} failed"
-        + (f": {', '.join(failed)}" if failed else ""), flush=True)
+        + (f": {', '.join(failed)}" if failed else "")
+        + (f"; {len(too_big)} do not fit their chips at any setting (needs more chips): "
+           f"{', '.join(too_big)}" if too_big else ""), flush=True)
   if ns.out:
     with open(ns.out, "w", encoding="utf-8") as f:
       json.dump({"config": ns.config, "overrides": ns.override, "path": path,
                  "members": ordered}, f, indent=2)
-  return 1 if failed else 0
+  return 1 if failed or too_big else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ import ml_collections
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import flops as flops_lib
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
-from cbert_jax.scaling import budget as budget_lib, laws as laws_lib
+from cbert_jax.scaling import budget as budget_lib, laws as laws_lib, memory as memory_lib
 
 # Ids only matter to the data path; FLOPs and counts do not depend on them.
 _MASK_ID, _SPECIAL = 4, (0, 2, 3, 4)
@@ -66,4 +66,53 @@ def derive(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     s.tokens = plan.tokens
     s.compute = float(per_token * plan.tokens)
     s.laws_source = laws.source
+  if s.chip:
+    plan_memory(config)
   return config
+
+
+def mesh_sizes(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, int]:
+  """{data, fsdp, tensor}: the member's mesh on `num_devices` devices (ICI x DCN)."""
+  from cbert_jax import sharding  # pylint: disable=import-outside-toplevel (imports jax)
+  ici, dcn = sharding.mesh_shape(config.mesh, num_devices, config.mesh_dcn)
+  return {a: i * j for a, i, j in zip(sharding.AXES, ici, dcn)}
+
+
+def memory_shape(config: ml_collections.ConfigDict, num_devices: int) -> memory_lib.Shape:
+  """The memory model's view of a resolved member on `num_devices` devices."""
+  model_cfg, mask_cfg = model_config(config)
+  return memory_lib.shape_of(config.model_name, model_cfg, mask_cfg, config.data.seq_len,
+                             config.batch_size, mesh_sizes(config, num_devices))
+
+
+def current_setting(config: ml_collections.ConfigDict) -> memory_lib.Setting:
+  return memory_lib.Setting(config.model.remat, int(config.model.ce_chunk),
+                            int(config.optim.get("microbatches", 1)))
+
+
+def plan_memory(config: ml_collections.ConfigDict) -> memory_lib.Plan:
+  """The member's memory plan on `sweep.chip` x `sweep.target_devices`: with sweep.memory=auto,
+  sets model.remat, model.ce_chunk and optim.microbatches to the least costly setting that fits
+  (unchanged when none fits); records setting, verdict and bytes in sweep.memory_*."""
+  s = config.sweep
+  if s.chip not in memory_lib.CHIPS:
+    raise ConfigError(f"sweep.chip={s.chip!r}: expected one of {', '.join(memory_lib.CHIPS)} "
+                      "(or \"\" for no memory plan)")
+  if s.memory not in ("auto", "check"):
+    raise ConfigError(f"sweep.memory must be auto|check, got {s.memory!r}")
+  if s.target_devices <= 0:
+    raise ConfigError(f"sweep.chip={s.chip} needs sweep.target_devices > 0 (the chips the memory "
+                      "plan is for)")
+  shape = memory_shape(config, s.target_devices)
+  result = memory_lib.plan(shape, s.chip, None if s.memory == "auto" else current_setting(config))
+  chosen = result.setting or current_setting(config)
+  with config.unlocked():
+    if s.memory == "auto" and result.setting is not None:
+      config.model.remat = chosen.remat
+      config.model.ce_chunk = chosen.ce_chunk
+      config.optim.microbatches = chosen.microbatches
+    s.memory_setting = chosen.describe()
+    s.memory_verdict = result.verdict
+    s.memory_bytes = float(result.predicted["total"])
+    s.memory_budget = float(result.budget)
+  return result

@@ -130,7 +130,17 @@ def manifest(scale: str, experiment: str, members) -> dict:
                        "cms": bool(c.masking.cms), "n_params": c.sweep.n_params,
                        "compute": c.sweep.compute, "tokens": c.sweep.tokens,
                        "steps": c.total_steps, "batch_size": c.batch_size, "lr": c.optim.lr,
-                       "target_devices": c.sweep.target_devices} for n, a, c in members]}
+                       "target_devices": c.sweep.target_devices, **memory_record(c)}
+                      for n, a, c in members]}
+
+
+def memory_record(c: ml_collections.ConfigDict) -> dict:
+  """A member's memory plan for the manifests (empty without sweep.chip)."""
+  s = c.sweep
+  if not s.chip:
+    return {}
+  return {"memory": {"chip": s.chip, "setting": s.memory_setting, "verdict": s.memory_verdict,
+                     "predicted_bytes": s.memory_bytes, "usable_bytes": s.memory_budget}}
 
 
 def run(config: ml_collections.ConfigDict, root: str) -> int:
