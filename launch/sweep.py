@@ -1,15 +1,16 @@
 r"""Fan a scaling sweep's members out to this machine, SLURM, Cloud TPU VMs or xpk (GKE).
 
-  python -m launch.sweep --config experiments/sweep.py --backend slurm --workdir_root /shared/sweep
+  python -m launch.sweep --config experiments/sweep.py --backend slurm --shared_root /shared
       # dry run (the default): prints every member's sbatch script; starts and writes nothing
   python -m launch.sweep ... --execute        # writes the scripts + manifest and submits them
-  python -m launch.sweep status --workdir_root /shared/sweep   # pending/running/done/failed
+  python -m launch.sweep status --workdir_root /shared/sweep_paper   # pending/running/done/failed
 
 The scale is the `--config` arg (`experiments/sweep.py:cpu`, `:quick`; default `paper`). The
 members are the experiment's `get_sweep(scale)`; each one's config is resolved
 (`config_lib.resolve`) with the `--override=--config.X=V` overrides applied, which checks the
 overrides and gives `sweep.target_devices` (the chips a member is planned for; 0 = this machine),
 `total_steps` and the sizes shown. `--members a,b` launches a subset (names as in `status`).
+docs/running_on_a_pod.md walks through each backend.
 
 A member's job is two ordinary trainer commands, run from the repository root (or a snapshot):
   train  python -m cbert_jax.main --config=<experiment>:<member arg> --workdir=<root>/<member>
@@ -19,41 +20,95 @@ the SLURM / TPU environment). An interrupted member resumes from its workdir's c
 launched again. Members already done (final checkpoint + probe results) are skipped, and so are
 members that look running (metrics.jsonl written in the last 10 minutes) unless
 --include_running. A member still queued in SLURM or xpk looks pending: do not launch it again.
+The trainer refuses (exit 2, `config error: ...planned for N devices...`) to train a member on
+another device count than its target_devices, so a launch that gets fewer devices fails at once.
+
+Processes per accelerator: what JAX 0.10's `jax.distributed.initialize()` expects (read in
+jax/_src/clusters/*.py). `ClusterEnv.auto_detect_unset_distributed_params` takes the coordinator,
+process count and process id from the cluster, and, unless `running_in_cloud_tpu_vm`, sets
+`local_device_ids = [get_local_process_id()]`, which `jax._src.distributed` turns into
+`jax_cuda_visible_devices` (env JAX_LOCAL_DEVICE_IDS overrides it).
+  slurm   SlurmCluster: SLURM_NTASKS processes, id SLURM_PROCID, coordinator the first host of
+          SLURM_STEP_NODELIST (port from SLURM_JOB_ID), local process id SLURM_LOCALID. So each
+          process gets exactly one GPU, the one numbered SLURM_LOCALID among those it can see:
+          one task per node (this launcher before) used GPU 0 of each node only. The script runs
+          one task per GPU: `#SBATCH --ntasks-per-node=G --gpus-per-node=G` and
+          `srun --ntasks-per-node=G --gpu-bind=none`, so every task sees the node's G GPUs
+          (CUDA_VISIBLE_DEVICES=0..G-1) and task i picks GPU i. Not `--gpus-per-task=1`: SLURM would
+          give each task one GPU, renumbered 0 by CUDA, while JAX asks for GPU SLURM_LOCALID, which
+          tasks 1..G-1 do not have. Each task gets the node's allocated CPUs / G
+          (`--cpus-per-task`, from SLURM_CPUS_ON_NODE at run time).
+  tpu-vm  GceTpuCluster (needs `running_in_cloud_tpu_vm`, set by jax's cloud_tpu_init when libtpu
+          finds TPU chips, and the GCE metadata server): process id = metadata
+          `agent-worker-number`, the hosts = `worker-network-endpoints` (coordinator: the first,
+          port 8482 or JAX_COORDINATOR_PORT), slices from `tpu-env`. One process per host
+          (`gcloud ... ssh --worker=all`); local_device_ids is never set on a TPU VM, so each
+          process drives all its host's chips (4 on v4/v5p/v5e/v6e hosts).
+  xpk     GkeTpuCluster (`running_in_cloud_tpu_vm` and TPU_WORKER_HOSTNAMES or
+          TPU_PROCESS_ADDRESSES, which GKE sets in each TPU pod): process id TPU_WORKER_ID, hosts
+          from that list; one pod, so one process, per host, all its chips.
 
 Backends:
   local   subprocesses here, `--parallel N` at a time (default 1); each member's stdout+stderr
           is appended to <root>/logs/<member>.log; a failing member gets a FAILED marker (its
           error line) and the others go on; the exit status is 1 if any member failed.
   slurm   one script per member, <root>/slurm/<member>.sbatch (+ <member>.config.json, its
-          resolved config): nodes = target_devices / --gpus_per_node, one task per node, srun'd
-          train then probe with --multiprocess. `--requeue --signal=B:USR1@<--signal_seconds>`:
+          resolved config): nodes = target_devices / --gpus_per_node, one task per GPU (above),
+          srun'd train then probe with --multiprocess. `--requeue --signal=B:USR1@<--signal_seconds>`:
           near the time limit the script sends SIGTERM to the running step (the trainer
           checkpoints and exits) and runs `scontrol requeue`; the requeued job resumes (SLURM may
-          signal up to a minute late: leave time for a step and a checkpoint). A failing
-          step writes the member's FAILED marker. The script `cd`s into a snapshot of the code,
-          <root>/code/<hash>/ (cbert_jax/, experiments/, launch/, pyproject.toml, copied at
+          signal up to a minute late: leave time for a step and a checkpoint). A train step that
+          ends without the final checkpoint (stopped by a SIGTERM from elsewhere) is not probed.
+          A failing step writes the member's FAILED marker. A member on a `data.corpus=sources`
+          corpus first prepares its data in one task (`python -m cbert_jax.data.preprocess`):
+          G x nodes trainer processes would otherwise each tokenise the same corpus, each with all
+          the node's cores. The script `cd`s into a snapshot of the code, <code root>/code/<hash>/
+          (cbert_jax/, experiments/, launch/, pyproject.toml and the experiment file, copied at
           --execute time; the hash is of their contents, so unchanged code reuses its snapshot and
           queued or requeued jobs never see later edits). --execute submits with `--sbatch`.
   tpu-vm  per member a TPU VM named <--tpu_prefix><member> (lowercase, `_` -> `-`): prints its
           `gcloud compute tpus tpu-vm create` command and the
-          `gcloud compute tpus tpu-vm ssh --worker=all --command='cd <code> && train && probe'`
+          `gcloud compute tpus tpu-vm ssh --worker=all --command='cd <code> && <member wrapper>'`
           that runs the member on every host. --execute runs the ssh commands here, all members
           at once (`--parallel` caps it), each one's output in <root>/logs/<member>.log (run the
           launcher in tmux/screen: an ssh that drops stops its member; launching again resumes
-          it); `--create_tpus` runs the create commands first.
+          it); `--create_tpus` runs the create commands first, `--setup_workers` then installs
+          the snapshot (`pip install <copy>[tpu]`, the pinned dependencies) on every worker.
   xpk     per member `xpk workload create --cluster=... --workload=<name> --tpu-type=...
-          --num-slices=1 --docker-image=... --command='train && probe'`; the image holds this
-          repository at its working directory (or give --code_dir). Workload names are
-          lowercase [a-z0-9-], at most 40 characters, unique (a hash suffix when truncated).
+          --num-slices=1 --docker-image=... --max-restarts=N --termination-grace-period-seconds=S
+          [--storage=...] --command='<member wrapper>'`; the image holds this repository at its
+          working directory (or give --code_dir) with its dependencies installed. Workload names
+          are lowercase [a-z0-9-], at most 40 characters, unique (a hash suffix when truncated).
+
+The member wrapper (tpu-vm, xpk): one POSIX-shell line that runs train, then probe, each in the
+background with a TERM (and HUP) trap that forwards SIGTERM to the trainer, again each second
+until it exits, and waits for it (the slurm script's USR1 trap repeats it the same way; a trainer
+can miss a single SIGTERM: one that comes after jax.distributed.initialize but before the train
+loop is taken by JAX's preemption notifier, and one that comes during the processes' stop vote
+can be overwritten; both seen in tests/test_launch_simulations.py):
+a pod's shell (`bash -c 'cd X && train && probe'`) would itself die on SIGTERM and leave the
+trainer to be killed without its checkpoint (xpk runs the command as `(command) &` and sends
+SIGTERM to that subshell). The trainer checkpoints on SIGTERM and exits 0; the wrapper then does
+not probe an unfinished run but exits 143 (128 + SIGTERM), one of the exit codes on which xpk's
+JobSet restarts a workload (42 and 127-255 by default; --max-restarts times), so the restarted
+pods resume from the checkpoint. A train step is skipped when the final checkpoint exists (a
+restart after train, during the probe). Other trainer failures keep their status (2 config,
+3 non-finite, 4 distributed, 5 checkpoint), on which xpk does not restart.
 
 TPU types (`--tpu_generation`, from a member's target_devices = chips): v4 and v5p names count
 TensorCores, 2 per chip (8 chips -> v4-16 / v5p-16; slices of whole 4-chip hosts); v5e and v6e
 names count chips (8 chips -> v5litepod-8 / v6e-8; slices of 1, 4, 8, ..., 256 chips).
 
-Storage: the member workdirs (and for slurm/tpu-vm the code snapshot) are under --workdir_root,
-which multi-host backends need on storage every host mounts at the same path (NFS, Filestore,
-Lustre, a gcsfuse mount); `status`, the skip of done members and the FAILED markers read it from
-the launching machine too. The root is made absolute.
+Storage: the member workdirs (and for slurm/tpu-vm the code snapshot) must be on storage every
+host mounts at the same path (NFS, Filestore, Lustre, a gcsfuse mount of a GCS bucket).
+`--shared_root DIR` names it once: the workdirs go to DIR/<experiment>_<scale> (unless
+--workdir_root), the snapshot to DIR/code/<hash>, and every member gets
+--config.data.cache_dir=DIR/cache (unless an override sets data.cache_dir), so the tokenizer and
+packed data are built once for all hosts (the cache's writes are atomic renames of
+content-addressed files). For xpk, DIR is a storage attached to the cluster (`xpk storage attach
+NAME --type=gcsfuse|gcpfilestore --mount-point=DIR ...`) and mounted with `--xpk_storage NAME`
+(`--storage=NAME`), unless attached with --auto-mount=true. `status`, the skip of done members
+and the FAILED markers read the workdirs from the launching machine too. Paths are made absolute.
 
 Dry run vs --execute: a dry run prints the commands and scripts, the snapshot directory and where
 the manifest would go; it never starts a process and writes nothing. --execute writes (in this
@@ -67,8 +122,10 @@ sweep is refused.
 <root>/sweep.json, else the subdirectories holding a config.json) with their state from
 `cbert_jax.scaling.status.member_state`.
 
-Bad input (a flag, an override, a member that does not fit a backend) is one `error:` line
-naming the flag, before anything is rendered; exit status 2.
+Bad input (a flag, an override, a member that does not fit a backend, a value with a newline:
+every value ends up in a script line, an #SBATCH line or a remote command) is one `error:` line
+naming the flag, before anything is rendered; exit status 2. Values in #SBATCH lines are quoted
+the way sbatch reads them when they hold anything but [A-Za-z0-9_./:@%+,=-].
 """
 from __future__ import annotations
 
@@ -113,6 +170,15 @@ XPK_NAME_MAX = 40                                # xpk's limit on workload names
 DEFAULT_PYTHON = {"local": sys.executable, "slurm": "python", "tpu-vm": "python3", "xpk": "python"}
 # Flags the launcher sets itself (config, workdir, train/eval mode, multi-process): no overrides.
 RESERVED_FLAGS = ("--config", "--workdir", "--config.mode", "--multiprocess", "--nomultiprocess")
+# The member wrapper's exit status for a train step stopped before its final step (SIGTERM): 128 +
+# SIGTERM, which xpk's JobSet restarts on (its podFailurePolicy fails the job without a restart
+# unless the exit code is 42 or 127-255: xpk/commands/workload.py get_restart_exit_codes).
+STOPPED_EXIT = 143
+DEFAULT_MAX_RESTARTS = 10     # xpk --max-restarts (xpk's own default is 0: no restart at all)
+DEFAULT_GRACE_S = 300         # xpk --termination-grace-period-seconds (xpk's default: 30)
+# Characters an #SBATCH value may hold unquoted (sbatch reads its #SBATCH lines with quotes,
+# backslash escapes and `#` comments: src/sbatch/opt.c _get_argument).
+SBATCH_PLAIN = re.compile(r"[A-Za-z0-9_./:@%+,=-]+")
 
 
 class LaunchError(ValueError):
@@ -166,6 +232,8 @@ class Launch:
   jobs: list[Job]
   code_dir: str              # where remote commands run ("" = the repository root, local)
   snapshot: bool             # --execute copies the code to code_dir first
+  shared_root: str = ""      # --shared_root (workdirs, snapshot and data cache), absolute
+  snapshot_extra: tuple = ()  # the experiment file, when outside SNAPSHOT_PATHS (repo-relative)
 
 
 # ------------------------------------------------------------------ members ---
@@ -260,7 +328,7 @@ def load_members(spec: str, root: str, overrides: list[str],
     cfg = config_lib.resolve(cfg)
     name = (experiment.workdir_name(member_arg) if hasattr(experiment, "workdir_name")
             else runner.member_name(cfg))
-    members.append(Member(name, member_arg, os.path.join(root, name), cfg))
+    members.append(Member(name, member_arg, os.path.join(root, name) if root else "", cfg))
   known = [m.name for m in members]
   unknown = [n for n in only if n not in known]
   if unknown:
@@ -321,40 +389,67 @@ def slurm_nodes(member: Member, gpus_per_node: int) -> int:
   return member.target_devices // gpus_per_node
 
 
+def sbatch_value(value: str) -> str:
+  """A value as an #SBATCH line reads it: as is when plain, else in double quotes with `"` and
+  `\\` escaped (sbatch's parser takes quotes and backslash escapes; line breaks never get here)."""
+  if SBATCH_PLAIN.fullmatch(value):
+    return value
+  return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def preprocess_command(python: list[str], experiment: str, member: Member,
+                       overrides: list[str]) -> list[str]:
+  """`python -m cbert_jax.data.preprocess` for a member's data (its --config.* overrides only:
+  the preprocess CLI has no trainer flags)."""
+  return [*python, "-m", "cbert_jax.data.preprocess", f"--config={experiment}:{member.arg}",
+          *[o for o in overrides if o.startswith("--config.")]]
+
+
 def render_sbatch(member: Member, train: list[str], probe: list[str], ns: argparse.Namespace,
-                  code_dir: str, root: str) -> str:
-  """The member's sbatch script: requeue on the time-limit signal, train then probe via srun."""
+                  code_dir: str, root: str, prepare: list[str] | None = None) -> str:
+  """The member's sbatch script: one task per GPU; requeue on the time-limit signal; train (after
+  a one-task data preparation for `sources` corpora) then probe, each srun'd in the background."""
   nodes = slurm_nodes(member, ns.gpus_per_node)
+  gpus = ns.gpus_per_node
   log = os.path.join(root, LOG_DIR, f"{member.name}.log")
   config_json = os.path.join(root, "slurm", f"{member.name}.config.json")
   q = shlex.quote
   setup = f"{ns.setup}\n" if ns.setup else ""     # a line of its own, when given
-  srun = f"srun --nodes={nodes} --ntasks-per-node=1"
   head = ["#!/bin/bash",
-          f"#SBATCH --job-name={member.name}",
+          f"#SBATCH --job-name={sbatch_value(member.name)}",
           f"#SBATCH --nodes={nodes}",
-          "#SBATCH --ntasks-per-node=1",
-          f"#SBATCH --gpus-per-node={ns.gpus_per_node}",
+          f"#SBATCH --ntasks-per-node={gpus}",
+          f"#SBATCH --gpus-per-node={gpus}",
           f"#SBATCH --time={ns.time}",
-          f"#SBATCH --output={log}",
+          f"#SBATCH --output={sbatch_value(log)}",
           "#SBATCH --open-mode=append",
           "#SBATCH --requeue",
           f"#SBATCH --signal=B:USR1@{ns.signal_seconds}"]
-  head += [f"#SBATCH --partition={ns.partition}"] if ns.partition else []
-  head += [f"#SBATCH --account={ns.account}"] if ns.account else []
+  head += [f"#SBATCH --partition={sbatch_value(ns.partition)}"] if ns.partition else []
+  head += [f"#SBATCH --account={sbatch_value(ns.account)}"] if ns.account else []
+  steps = member.total_steps
+  prep = (f'  run_step "${{one[@]}}" {shell_join(prepare)} || fail prepare $?  # the data, once\n'
+          if prepare else "")
   body = f"""\
 # {member.name} ({member.arg}): {member.summary()}.
 # Written by launch/sweep.py; the resolved config: {config_json}
+# One task per GPU ({gpus} per node, {nodes * gpus} in all): each task sees the node's {gpus} GPUs
+# and JAX's SLURM detection gives task i of a node the GPU numbered SLURM_LOCALID = i.
 # Near the time limit SLURM sends USR1 to this script: the running step gets SIGTERM (the trainer
 # checkpoints and exits), then the job is requeued and resumes from that checkpoint.
 set -uo pipefail
 cd {quote_path(code_dir)} || exit 1
 {setup}workdir={q(member.workdir)}
+final="$workdir/checkpoints/{steps}"  # the final checkpoint: train is done
+cpus=$(( ${{SLURM_CPUS_ON_NODE:-{gpus}}} / {gpus} ))  # the node's CPUs, split over its {gpus} tasks
+if [ "$cpus" -lt 1 ]; then cpus=1; fi
+tasks=(--nodes={nodes} --ntasks-per-node={gpus} --cpus-per-task="$cpus" --gpu-bind=none)
+one=(--nodes=1 --ntasks=1 --cpus-per-task="${{SLURM_CPUS_ON_NODE:-1}}")
 step=""
 on_usr1() {{
   echo "$(date -Is) USR1: time limit near; checkpointing, then requeueing job $SLURM_JOB_ID"
-  if [ -n "$step" ]; then
-    kill -TERM "$step"  # srun forwards SIGTERM to its tasks: the trainer checkpoints and exits
+  if [ -n "$step" ]; then  # srun forwards SIGTERM to its tasks: the trainer checkpoints, exits
+    ( while kill -TERM "$step" 2>/dev/null; do sleep 1; done ) &  # each second: one can be missed
     wait "$step"
   fi
   scontrol requeue "$SLURM_JOB_ID"  # back to the queue; the rerun resumes from the checkpoint
@@ -362,7 +457,7 @@ on_usr1() {{
 }}
 trap on_usr1 USR1
 run_step() {{
-  {srun} "$@" &  # in the background: USR1 runs the trap during the wait
+  srun "$@" &  # in the background: USR1 runs the trap during the wait
   step=$!
   wait "$step"
   local rc=$?
@@ -375,10 +470,14 @@ fail() {{  # the member's FAILED marker, read by `python -m launch.sweep status`
 }}
 echo "$(date -Is) job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $SLURM_JOB_NODELIST"
 mkdir -p "$workdir" && rm -f "$workdir/FAILED"
-if [ ! -d "$workdir/checkpoints/{member.total_steps}" ]; then  # no final checkpoint yet
-  run_step {shell_join(train)} || fail train $?
+if [ ! -d "$final" ]; then  # no final checkpoint yet
+{prep}  run_step "${{tasks[@]}}" {shell_join(train)} || fail train $?
+  if [ ! -d "$final" ]; then  # stopped early by a SIGTERM that was not our USR1 trap's
+    echo "$(date -Is) train stopped before step {steps}: not probing; launch again to resume"
+    exit 0
+  fi
 fi
-run_step {shell_join(probe)} || fail probe $?
+run_step "${{tasks[@]}}" {shell_join(probe)} || fail probe $?
 """
   return "\n".join(head) + "\n" + body
 
@@ -400,10 +499,14 @@ def render_slurm(launch: Launch, members: list[Member], ns: argparse.Namespace,
   jobs = []
   for m in members:
     train, probe = member_commands(python, launch.experiment, m, launch.overrides, True)
+    prepare = (preprocess_command(python, launch.experiment, m, launch.overrides)
+               if m.config.data.corpus == "sources" else None)
     path = os.path.join(launch.root, "slurm", f"{m.name}.sbatch")
-    script = render_sbatch(m, train, probe, ns, launch.code_dir, launch.root)
+    script = render_sbatch(m, train, probe, ns, launch.code_dir, launch.root, prepare)
+    nodes = slurm_nodes(m, ns.gpus_per_node)
     jobs.append(Job(m, train, probe, [("submit", [*shlex.split(ns.sbatch), path])], script, path,
-                    {"nodes": slurm_nodes(m, ns.gpus_per_node), "gpus_per_node": ns.gpus_per_node}))
+                    {"nodes": nodes, "gpus_per_node": ns.gpus_per_node,
+                     "tasks": nodes * ns.gpus_per_node}))
   return jobs
 
 
@@ -452,11 +555,53 @@ def quote_path(path: str) -> str:
   return "~/" + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
 
 
-def remote_line(code_dir: str, setup: str, train: list[str], probe: list[str]) -> str:
-  """'cd <code> && <setup> && <train> && <probe>': one shell line for a remote host."""
+def double_quote(text: str) -> str:
+  """`text` in shell double quotes (`\\`, `"`, `$` and backquote escaped)."""
+  return '"' + re.sub(r'([\\"$`])', r"\\\1", text) + '"'
+
+
+def member_wrapper(member: Member, train: list[str], probe: list[str]) -> str:
+  """The member's train-then-probe as one POSIX-shell line for a pod or a TPU host (module
+  docstring): each step runs in the background under a TERM/HUP trap that passes SIGTERM on to
+  it, again each second until it ends (`nag`: a trainer can miss one, see the module docstring),
+  and waits for it to checkpoint; a train that ends before the final checkpoint, or a SIGTERM
+  before the probe, exits STOPPED_EXIT instead of probing; a finished train is not run again
+  (a restart during the probe only probes). No `$(`: Kubernetes
+  would expand `$(NAME)` in a pod's command."""
+  final = f"{member.workdir}/checkpoints/{member.total_steps}"
+  stopped = (f"{member.name}: train stopped before its final step {member.total_steps} "
+             f"(SIGTERM); exit {STOPPED_EXIT}: the next attempt resumes from its checkpoint")
+  no_probe = (f"{member.name}: SIGTERM; exit {STOPPED_EXIT} before the probe: the next attempt "
+              "runs it")
+  return " ".join([
+      f"final={shlex.quote(final)}; child=; stop=;",
+      "nag() { ( while kill -TERM \"$child\" 2>/dev/null; do sleep 1; done ) & };",
+      "fwd() { [ -z \"$stop\" ] || return 0; stop=1; [ -z \"$child\" ] || nag; }; trap fwd TERM HUP;",
+      "step() { \"$@\" & child=$!; [ -z \"$stop\" ] || nag;",
+      "wait \"$child\"; rc=$?; while kill -0 \"$child\" 2>/dev/null; do wait \"$child\"; rc=$?;",
+      "done; child=; return \"$rc\"; };",
+      f"if [ ! -d \"$final\" ]; then step {shell_join(train)} ||",
+      "{ rc=$?; [ -n \"$stop\" ] || exit \"$rc\"; }; fi;",
+      f"if [ ! -d \"$final\" ]; then echo {double_quote(stopped)} >&2; exit {STOPPED_EXIT}; fi;",
+      f"if [ -n \"$stop\" ]; then echo {double_quote(no_probe)} >&2; exit {STOPPED_EXIT}; fi;",
+      f"step {shell_join(probe)}"])
+
+
+def remote_line(code_dir: str, setup: str, member: Member, train: list[str],
+                probe: list[str]) -> str:
+  """'cd <code> && <setup> || exit 1; <member wrapper>': one shell line for a remote host."""
   parts = [f"cd {quote_path(code_dir)}"] if code_dir else []
   parts += [setup] if setup else []
-  return " && ".join([*parts, shell_join(train), shell_join(probe)])
+  head = f"{' && '.join(parts)} || exit 1; " if parts else ""
+  return head + member_wrapper(member, train, probe)
+
+
+def setup_line(code_dir: str, python: list[str], snapshot: str) -> str:
+  """--setup_workers: install the code (and its pinned dependencies, with the `tpu` extra) on a
+  worker from a private copy (pip builds in the source tree; the shared one stays untouched)."""
+  copy = f"/tmp/cbert_jax-{snapshot}"
+  return (f"rm -rf {copy} && cp -r {quote_path(code_dir)} {copy} && "
+          f"{shell_join(python)} -m pip install --quiet {shlex.quote(copy + '[tpu]')}")
 
 
 def check_prefix(flag: str, prefix: str) -> None:
@@ -474,6 +619,7 @@ def render_tpu_vm(launch: Launch, members: list[Member], ns: argparse.Namespace,
   types = {m.name: tpu_type(ns.tpu_generation, m.target_devices, m.name) for m in members}
   runtime = ns.runtime_version or TPU_RUNTIME[ns.tpu_generation]
   gcloud = [*shlex.split(ns.gcloud), "compute", "tpus", "tpu-vm"]
+  tag = os.path.basename(launch.code_dir.rstrip("/")) or "code"   # the snapshot's hash
   jobs = []
   for m in members:
     train, probe = member_commands(python, launch.experiment, m, launch.overrides, True)
@@ -482,8 +628,11 @@ def render_tpu_vm(launch: Launch, members: list[Member], ns: argparse.Namespace,
     create = [*gcloud, "create", name, *where, f"--accelerator-type={types[m.name]}",
               f"--version={runtime}"]
     ssh = [*gcloud, "ssh", name, *where, "--worker=all",
-           f"--command={remote_line(launch.code_dir, ns.setup, train, probe)}"]
-    steps = ([("create", create)] if ns.create_tpus else []) + [("ssh", ssh)]
+           f"--command={remote_line(launch.code_dir, ns.setup, m, train, probe)}"]
+    setup = [*gcloud, "ssh", name, *where, "--worker=all",
+             f"--command={setup_line(launch.code_dir, python, tag)}"]
+    steps = ([("create", create)] if ns.create_tpus else []) + (
+        [("setup", setup)] if ns.setup_workers else []) + [("ssh", ssh)]
     jobs.append(Job(m, train, probe, steps,
                     info={"tpu_name": name, "tpu_type": types[m.name],
                           "create": shell_join(create)}))
@@ -496,6 +645,14 @@ def render_xpk(launch: Launch, members: list[Member], ns: argparse.Namespace,
     if not getattr(ns, flag):
       raise LaunchError(f"--backend xpk needs --{flag}")
   check_prefix("--workload_prefix", ns.workload_prefix)
+  if ns.max_restarts < 0:
+    raise LaunchError(f"--max_restarts={ns.max_restarts} must be >= 0")
+  if ns.termination_grace_seconds < 1:
+    raise LaunchError(f"--termination_grace_seconds={ns.termination_grace_seconds} must be >= 1")
+  for name in ns.xpk_storage:
+    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+      raise LaunchError(f"--xpk_storage={name!r}: expected an xpk storage name ([a-z0-9-], a "
+                        "letter first), as given to `xpk storage attach NAME`")
   types = {m.name: tpu_type(ns.tpu_generation, m.target_devices, m.name) for m in members}
   names = xpk_names(ns.workload_prefix, [m.name for m in members])
   jobs = []
@@ -506,8 +663,10 @@ def render_xpk(launch: Launch, members: list[Member], ns: argparse.Namespace,
            f"--docker-image={ns.docker_image}"]
     cmd += [f"--project={ns.project}"] if ns.project else []
     cmd += [f"--zone={ns.zone}"] if ns.zone else []
-    cmd += [f"--max-restarts={ns.max_restarts}"] if ns.max_restarts else []
-    cmd += [f"--command={remote_line(ns.code_dir, ns.setup, train, probe)}"]
+    cmd += [f"--max-restarts={ns.max_restarts}",
+            f"--termination-grace-period-seconds={ns.termination_grace_seconds}"]
+    cmd += [f"--storage={name}" for name in ns.xpk_storage]
+    cmd += [f"--command={remote_line(ns.code_dir, ns.setup, m, train, probe)}"]
     jobs.append(Job(m, train, probe, [("submit", cmd)],
                     info={"workload": names[m.name], "tpu_type": types[m.name]}))
   return jobs
@@ -530,9 +689,17 @@ RENDER = {"local": render_local, "slurm": render_slurm, "tpu-vm": render_tpu_vm,
 # ---------------------------------------------------- snapshot and manifest ---
 
 
-def snapshot_files(repo: str = REPO) -> list[str]:
+def snapshot_extra(experiment: str) -> tuple[str, ...]:
+  """The experiment file, when the commands name it inside the repository but outside
+  SNAPSHOT_PATHS (e.g. tests/data/x.py): the snapshot must hold it too."""
+  if os.path.isabs(experiment) or experiment.split("/", 1)[0] in SNAPSHOT_PATHS:
+    return ()
+  return (experiment,)
+
+
+def snapshot_files(repo: str = REPO, extra: tuple[str, ...] = ()) -> list[str]:
   """The files a snapshot holds, relative to `repo`, sorted (caches and dotfiles left out)."""
-  out = []
+  out = list(extra)
   for top in SNAPSHOT_PATHS:
     full = os.path.join(repo, top)
     if os.path.isfile(full):
@@ -544,22 +711,22 @@ def snapshot_files(repo: str = REPO) -> list[str]:
   return sorted(out)
 
 
-def snapshot_id(repo: str = REPO) -> str:
+def snapshot_id(repo: str = REPO, extra: tuple[str, ...] = ()) -> str:
   """12 hex digits of a hash of the snapshot's paths and contents (read here, no git)."""
   h = hashlib.sha256()
-  for rel in snapshot_files(repo):
+  for rel in snapshot_files(repo, extra):
     h.update(rel.encode() + b"\0")
     with open(os.path.join(repo, rel), "rb") as f:
       h.update(f.read() + b"\0")
   return h.hexdigest()[:12]
 
 
-def write_snapshot(dest: str, repo: str = REPO) -> bool:
+def write_snapshot(dest: str, repo: str = REPO, extra: tuple[str, ...] = ()) -> bool:
   """Copies the snapshot files to `dest` (via a temp dir and a rename); False if it existed."""
   if os.path.isdir(dest):
     return False
   tmp = f"{dest}.tmp-{os.getpid()}"
-  for rel in snapshot_files(repo):
+  for rel in snapshot_files(repo, extra):
     os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
     shutil.copy2(os.path.join(repo, rel), os.path.join(tmp, rel))
   os.rename(tmp, dest)                            # whole or absent: a job never sees half of it
@@ -594,7 +761,8 @@ def manifest(launch: Launch) -> dict:
   kept = [m for m in old.get("members", []) if m.get("name") not in launched]
   return {"backend": launch.backend, "scale": launch.scale, "experiment": launch.experiment,
           "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_commit": git_commit(),
-          "code_dir": launch.code_dir or REPO, "overrides": launch.overrides,
+          "code_dir": launch.code_dir or REPO, "shared_root": launch.shared_root,
+          "overrides": launch.overrides,
           "members": kept + [member_record(j) for j in launch.jobs]}
 
 
@@ -737,7 +905,11 @@ def launch_parser() -> argparse.ArgumentParser:
   p.add_argument("--config", required=True,
                  help="experiment file[:scale], e.g. experiments/sweep.py:paper (default scale)")
   p.add_argument("--backend", required=True, choices=BACKENDS)
-  p.add_argument("--workdir_root", required=True, help="members go to <root>/<member>")
+  p.add_argument("--workdir_root", default="",
+                 help="members go to <root>/<member> (default: <shared_root>/<experiment>_<scale>)")
+  p.add_argument("--shared_root", default="",
+                 help="storage every host mounts at this path (NFS, Filestore, a gcsfuse bucket): "
+                      "the workdirs, the code snapshot (code/<hash>) and the data cache (cache/)")
   p.add_argument("--execute", action="store_true", help="write, run or submit (default: dry run)")
   p.add_argument("--override", action="append", default=[],
                  help="trainer flag for every member, e.g. --override=--config.data.sources=...")
@@ -773,31 +945,82 @@ def launch_parser() -> argparse.ArgumentParser:
                       ", ".join(f"{k} {v}" for k, v in TPU_RUNTIME.items()) + ")")
   g.add_argument("--create_tpus", action="store_true",
                  help="tpu-vm --execute: create the TPU VMs first")
+  g.add_argument("--setup_workers", action="store_true",
+                 help="tpu-vm: before the member, pip install the code snapshot with its pinned "
+                      "dependencies (the tpu extra) on every worker")
   g.add_argument("--gcloud", default="gcloud", help="the gcloud command (a shell-split prefix)")
   g.add_argument("--cluster", default="", help="xpk: the GKE cluster")
   g.add_argument("--docker_image", default="", help="xpk: the image holding this repository")
   g.add_argument("--workload_prefix", default="cbert-", help="xpk: workload name = prefix + member")
-  g.add_argument("--max_restarts", type=int, default=0,
-                 help="xpk: restarts after a failure or preemption (0 = xpk's default)")
+  g.add_argument("--max_restarts", type=int, default=DEFAULT_MAX_RESTARTS,
+                 help="xpk --max-restarts: JobSet restarts after a preemption (the member wrapper "
+                      f"exits {STOPPED_EXIT}) or a crash with exit status 42 or 127-255")
+  g.add_argument("--termination_grace_seconds", type=int, default=DEFAULT_GRACE_S,
+                 help="xpk --termination-grace-period-seconds: how long a pod has after SIGTERM "
+                      "to finish its step and checkpoint before SIGKILL")
+  g.add_argument("--xpk_storage", action="append", default=[],
+                 help="xpk: a storage attached with `xpk storage attach NAME` to mount "
+                      "(--storage=NAME; repeat for more); mount --shared_root this way")
   g.add_argument("--xpk", default="xpk", help="the xpk command (a shell-split prefix)")
   return p
+
+
+# Flags whose values end up in a script line, an #SBATCH line or a remote command.
+ONE_LINE_FLAGS = ("config", "workdir_root", "shared_root", "members", "python", "setup",
+                  "code_dir", "partition", "account", "time", "sbatch", "zone", "project",
+                  "tpu_prefix", "runtime_version", "gcloud", "cluster", "docker_image",
+                  "workload_prefix", "xpk")
+
+
+def check_one_line(ns: argparse.Namespace) -> None:
+  """Refuses a value holding a line break (or another control character) with one line naming
+  its flag: each value goes into one line of a script or one remote command."""
+  values = [(f, getattr(ns, f)) for f in ONE_LINE_FLAGS]
+  values += [("override", v) for v in ns.override] + [("xpk_storage", v) for v in ns.xpk_storage]
+  for flag, value in values:
+    if isinstance(value, str) and any(ord(c) < 32 and c != "\t" or ord(c) == 127 for c in value):
+      raise LaunchError(f"--{flag}={value!r}: holds a line break or control character; every "
+                        "value goes into one line of a script or remote command")
+
+
+def effective_overrides(overrides: list[str], shared_root: str) -> list[str]:
+  """The overrides every member gets: with --shared_root, the data cache on it first (unless an
+  override sets data.cache_dir)."""
+  if shared_root and not any(o.split("=", 1)[0] == "--config.data.cache_dir" for o in overrides):
+    return [f"--config.data.cache_dir={os.path.join(shared_root, 'cache')}", *overrides]
+  return list(overrides)
 
 
 def build(argv: list[str]) -> tuple[Launch, argparse.Namespace]:
   """Parses a launch command line and renders every member's job; raises LaunchError."""
   ns = launch_parser().parse_args(argv)
+  check_one_line(ns)
   if ns.parallel is not None and ns.parallel < 1:
     raise LaunchError(f"--parallel={ns.parallel} must be >= 1")
-  root = os.path.abspath(ns.workdir_root)
+  if not ns.workdir_root and not ns.shared_root:
+    raise LaunchError("--workdir_root: required, or --shared_root (the workdirs then go to "
+                      "<shared_root>/<experiment>_<scale>)")
+  shared = os.path.abspath(ns.shared_root) if ns.shared_root else ""
+  overrides = effective_overrides(ns.override, shared)
   only = [n.strip() for n in ns.members.split(",") if n.strip()]
-  scale, experiment, members = load_members(ns.config, root, ns.override, only)
+  scale, experiment, members = load_members(ns.config, "", overrides, only)
+  stem = os.path.splitext(os.path.basename(experiment))[0]
+  root = (os.path.abspath(ns.workdir_root) if ns.workdir_root
+          else os.path.join(shared, f"{stem}_{scale}"))
+  for m in members:
+    if any(ord(c) < 32 for c in m.name + m.arg):
+      raise LaunchError(f"--config={ns.config}: member {m.name!r} ({m.arg!r}) holds a control "
+                        "character; member names and args go into scripts")
+    m.workdir = os.path.join(root, m.name)
   check_root(root, scale)
   # slurm and tpu-vm run from a code snapshot unless --code_dir names a checkout on the hosts;
   # xpk runs in its image (optionally in --code_dir); local in this repository.
   snapshot = ns.backend in ("slurm", "tpu-vm") and not ns.code_dir
-  code_dir = (os.path.join(root, "code", snapshot_id()) if snapshot
+  extra = snapshot_extra(experiment) if snapshot else ()
+  code_dir = (os.path.join(shared or root, "code", snapshot_id(REPO, extra)) if snapshot
               else "" if ns.backend == "local" else ns.code_dir)
-  launch = Launch(ns.backend, scale, experiment, root, ns.override, [], code_dir, snapshot)
+  launch = Launch(ns.backend, scale, experiment, root, overrides, [], code_dir, snapshot, shared,
+                  extra)
   python = shlex.split(ns.python) if ns.python is not None else [DEFAULT_PYTHON[ns.backend]]
   launch.jobs = RENDER[ns.backend](launch, members, ns, python)
   return launch, ns
@@ -812,7 +1035,8 @@ def describe(job: Job) -> str:
   """Where a job runs: ', 1 node x 8 GPUs' | ', TPU VM <name> (v5p-16)' | ', workload <name>'."""
   i = job.info
   if "nodes" in i:
-    return f", {i['nodes']} node{'s' if i['nodes'] > 1 else ''} x {i['gpus_per_node']} GPUs"
+    return (f", {i['nodes']} node{'s' if i['nodes'] > 1 else ''} x {i['gpus_per_node']} GPUs, "
+            f"{i['tasks']} tasks")
   if "tpu_name" in i:
     return f", TPU VM {i['tpu_name']} ({i['tpu_type']})"
   if "workload" in i:
@@ -833,6 +1057,10 @@ def show(launch: Launch, states: dict, execute: bool, include_running: bool) -> 
   image = "the image's working directory"        # xpk without --code_dir
   where = launch.code_dir or (REPO if launch.backend == "local" else image)
   print(f"code: {where}" + (" (a snapshot, written with --execute)" if launch.snapshot else ""))
+  if launch.shared_root:
+    cache = next((o.split("=", 1)[1] for o in launch.overrides
+                  if o.split("=", 1)[0] == "--config.data.cache_dir"), "")
+    print(f"shared root: {launch.shared_root} (workdirs {launch.root}, data cache {cache})")
   if not execute:
     print(f"dry run: nothing is started or written; --execute writes "
           f"{os.path.join(launch.root, MANIFEST)}" +
@@ -862,7 +1090,7 @@ def write_files(launch: Launch) -> None:
   os.makedirs(os.path.join(launch.root, LOG_DIR), exist_ok=True)
   if launch.snapshot:
     os.makedirs(os.path.dirname(launch.code_dir), exist_ok=True)
-    fresh = write_snapshot(launch.code_dir)
+    fresh = write_snapshot(launch.code_dir, REPO, launch.snapshot_extra)
     print(f"code snapshot: {launch.code_dir}" + ("" if fresh else " (exists: same code)"))
   for job in launch.jobs:
     if job.script_path:
@@ -920,6 +1148,11 @@ def launch_main(argv: list[str]) -> int:
       print(f"error: {message}", file=sys.stderr)
       return 2
     print(f"warning: {message}; --execute refuses until then", file=sys.stderr)
+  if launch.backend == "xpk" and launch.shared_root and not ns.xpk_storage:
+    print(f"warning: --shared_root={launch.shared_root} without --xpk_storage: the pods see it "
+          "only if a storage is attached there with --auto-mount=true (else the workdirs are "
+          "lost with each pod); `xpk storage attach NAME --mount-point=... --auto-mount=false` "
+          "and --xpk_storage NAME mount it for these workloads", file=sys.stderr)
   states = member_states(launch.jobs)
   show(launch, states, ns.execute, ns.include_running)
   return execute(launch, ns, states) if ns.execute else 0
