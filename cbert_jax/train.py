@@ -44,7 +44,27 @@ class Summary:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
-  """Train `config.model_name` as configured, in (or resuming from) `workdir`."""
+  """Train `config.model_name` as configured, in (or resuming from) `workdir`.
+
+  SIGTERM (preemption) is caught from the first line on, not only once the loop starts: one that
+  arrives during data preparation or compilation still stops the run at its first step with a
+  checkpoint. (jax.distributed installs its own preemption notifier, which would otherwise
+  swallow it.)
+  """
+  stop = {"signal": False}
+  def on_sigterm(signum, frame):  # preemption: finish the step, checkpoint, exit cleanly
+    del signum, frame
+    stop["signal"] = True
+  previous_handler = signal.signal(signal.SIGTERM, on_sigterm) if _main_thread() else None
+  try:
+    return _run(config, workdir, stop)
+  finally:
+    if previous_handler is not None:
+      signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary:
+  """`run`'s body; `stop["signal"]` is set by the SIGTERM handler."""
   # ---------------------------------------------------------------- setup ---
   workdir = os.path.abspath(workdir)  # orbax needs absolute paths
   if jax.process_count() > 1:  # first, so a config bad on one process cannot strand the others
@@ -181,12 +201,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
     return online.flatten(res)
 
   # ------------------------------------------------------------------ loop ---
-  stop = {"signal": False}
-  def on_sigterm(signum, frame):  # preemption: finish the step, checkpoint, exit cleanly
-    del signum, frame
-    stop["signal"] = True
-  previous_handler = signal.signal(signal.SIGTERM, on_sigterm) if _main_thread() else None
-
   def save(step: int) -> None:
     """Checkpoint `step` (call `sync` first: only steps known to be finite are saved)."""
     with timers.span("checkpoint"):
@@ -281,7 +295,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
       pending.append((step, metrics, local, data_index - 1))
 
       is_log = step % config.log_every == 0 or step == total_steps or step == start_step + 1
-      stopping = stop["signal"] or (config.stop_after_step and step == config.stop_after_step)
+      # One process acts on its own SIGTERM at once; several stop together at the next log step,
+      # where they vote (a process that stopped alone would strand the others in a collective).
+      stopping = ((stop["signal"] and jax.process_count() == 1)
+                  or bool(config.stop_after_step and step == config.stop_after_step))
       saving = step % config.checkpoint_every == 0 and step < total_steps
       probing = config.evals.every and step % config.evals.every == 0
       evaluating = config.eval_every and step % config.eval_every == 0 and step < total_steps
@@ -328,8 +345,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
         last_loss = out["train/loss"]
         last_log_time, last_log_step, lost_at_last_log = time.perf_counter(), step, _lost(timers)
         if jax.process_count() > 1:  # every process must agree to stop at the same step
-          stop["signal"] = bool(multihost_utils.process_allgather(np.array(stop["signal"])).any())
-          stopping = stopping or stop["signal"]
+          # The vote is read into its own variable: a SIGTERM that lands while the all-gather is
+          # in flight stays in stop["signal"] for the next vote instead of being overwritten.
+          voted = bool(multihost_utils.process_allgather(np.array(stop["signal"])).any())
+          stop["voted"] = stop.get("voted", False) or voted
+          stopping = stopping or voted
 
       elif evaluating:                                  # an eval step between log steps
         last_eval = evaluate()
@@ -338,9 +358,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
       if probing:
         writer.write(step, probe())
 
+      if stopping and step == total_steps:   # the last step: finish normally (final eval)
+        stopping = False
       if stopping:
         logging.warning("stopping at step %d (%s); saving a checkpoint", step,
-                        "SIGTERM" if stop["signal"] else "stop_after_step")
+                        "SIGTERM" if stop["signal"] or stop.get("voted") else "stop_after_step")
         save(step)
         stopped_early = True
         break
@@ -357,8 +379,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
   finally:
     checkpointer.close()
     writer.close()
-    if previous_handler is not None:
-      signal.signal(signal.SIGTERM, previous_handler)
   if is_primary and config.plot:
     # matplotlib's font cache goes to the data cache (not ~/.cache, ~/.config): a run writes only
     # to its workdir and the cache.

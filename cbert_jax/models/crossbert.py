@@ -21,7 +21,7 @@ from flax import nnx
 
 from cbert_jax import masking
 from cbert_jax.models import layers, losses
-from cbert_jax.models.encoder import Encoder, features
+from cbert_jax.models.encoder import Encoder, features, remat_block
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 
 
@@ -46,6 +46,7 @@ class Predictor(nnx.Module):
     self.head = layers.VocabHead(pd, cfg, rngs, tied=tied)
     self.self_attn = cfg.predictor_self_attn
     self.dtype = cfg.dtype
+    self.remat = cfg.remat
 
   def __call__(self, enc_out, enc_pos, enc_seg, q_pos, q_seg, enc_view=None, q_view=None):
     """enc_out: [B, S, d]; enc_pos/enc_seg: [B, S]; q_pos/q_seg: [B, Q] ->
@@ -64,8 +65,9 @@ class Predictor(nnx.Module):
       q_pos, enc_pos = jnp.zeros_like(q_pos), jnp.zeros_like(enc_pos)       # RoPE off
     cross_mask = layers.attention_mask(q_seg, enc_seg, q_view, enc_view, same_view=False)
     self_mask = layers.attention_mask(q_seg, q_seg, q_view, q_view) if self.self_attn else None
+    run = remat_block(self.remat)
     for block in self.blocks:
-      x = block(x, q_pos, kv, enc_pos, cross_mask, self_mask)
+      x = run(block, x, q_pos, kv, enc_pos, cross_mask, self_mask)
     h = self.norm(x)                                                        # [B, Q, d_pred]
     return self.head(h), h
 

@@ -32,7 +32,7 @@ from flax import nnx
 
 from cbert_jax import masking
 from cbert_jax.models import layers, losses
-from cbert_jax.models.encoder import Encoder, features
+from cbert_jax.models.encoder import Encoder, features, remat_block
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 
 
@@ -75,8 +75,9 @@ class Generator(nnx.Module):
       x = self.shared(tokens)                                               # [B, T, d]
       if self.in_proj is not None:
         x = x @ self.in_proj[...].astype(dt)                                # [B, T, d_gen]
+    run = remat_block(self.cfg.remat)
     for block in self.blocks:
-      x = block(x, positions, mask)
+      x = run(block, x, positions, mask)
     h = self.norm(masking.gather(x, masked_idx))                            # [B, K, d_gen]
     if self.shared is None:
       return self.head(h)

@@ -37,10 +37,11 @@ REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_bat
 
 
 def remat_block(remat: str):
-  """block(x, positions, mask) as is (remat "none") or under `nnx.remat` with the named policy:
-  "full" keeps only each block's input, "dots" also keeps the matmul outputs (no batch dims)."""
-  def run(block, x, positions, mask):
-    return block(x, positions, mask)
+  """block(*args) as is (remat "none") or under `nnx.remat` with the named policy: "full" keeps
+  only each block's inputs, "dots" also keeps the matmul outputs (no batch dims). Used for the
+  encoder's blocks, CrossBERT's predictor blocks and ELECTRA's generator blocks."""
+  def run(block, *args):
+    return block(*args)
   if remat == "none":
     return run
   if remat not in REMAT_POLICIES:
