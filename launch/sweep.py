@@ -164,6 +164,7 @@ TPU_PREFIX = {"v4": "v4", "v5p": "v5p", "v5e": "v5litepod", "v6e": "v6e"}
 TPU_CORES_PER_CHIP = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}
 TPU_RUNTIME = {"v4": "tpu-ubuntu2204-base", "v5p": "v2-alpha-tpuv5",
                "v5e": "v2-alpha-tpuv5-lite", "v6e": "v2-alpha-tpuv6e"}
+GPU_CHIPS = ("a100", "h100", "h200", "b200")    # GPU keys of cbert_jax/scaling/memory.py:CHIPS
 CHIP_SLICES = (1, 4, 8, 16, 32, 64, 128, 256)   # v5e / v6e slice sizes, in chips
 XPK_NAME_MAX = 40                                # xpk's limit on workload names
 # Default interpreter per backend: this one here; TPU VM images ship `python3` only.
@@ -205,8 +206,11 @@ class Member:
     """'10.6M params, 3458 steps x 120 rows, 1.97e+16 FLOPs, 8 devices'."""
     c = self.config
     devices = f"{self.target_devices} devices" if self.target_devices else "this machine"
+    memory = (f"; memory on {c.sweep.chip}: {c.sweep.memory_setting}, "
+              f"{c.sweep.memory_bytes / 2**30:.1f} of {c.sweep.memory_budget / 2**30:.1f} GiB "
+              f"({c.sweep.memory_verdict})" if c.sweep.chip else "")
     return (f"{c.sweep.n_params / 1e6:.1f}M params, {c.total_steps} steps x {c.batch_size} rows, "
-            f"{c.sweep.compute:.3g} FLOPs, {devices}")
+            f"{c.sweep.compute:.3g} FLOPs, {devices}{memory}")
 
 
 @dataclasses.dataclass
@@ -439,6 +443,8 @@ def render_sbatch(member: Member, train: list[str], probe: list[str], ns: argpar
 # checkpoints and exits), then the job is requeued and resumes from that checkpoint.
 set -uo pipefail
 cd {quote_path(code_dir)} || exit 1
+# JAX preallocates 75% of a GPU's memory by default; the memory plan counts on 92% of it.
+export XLA_PYTHON_CLIENT_MEM_FRACTION="${{XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}}"
 {setup}workdir={q(member.workdir)}
 final="$workdir/checkpoints/{steps}"  # the final checkpoint: train is done
 cpus=$(( ${{SLURM_CPUS_ON_NODE:-{gpus}}} / {gpus} ))  # the node's CPUs, split over its {gpus} tasks
@@ -931,6 +937,8 @@ def launch_parser() -> argparse.ArgumentParser:
   g.add_argument("--partition", default="")
   g.add_argument("--account", default="")
   g.add_argument("--gpus_per_node", type=int, default=8)
+  g.add_argument("--gpu_type", choices=GPU_CHIPS, default="h100",
+                 help="the GPUs, for each member's memory plan (sets --config.sweep.chip)")
   g.add_argument("--time", default="48:00:00", help="time limit per job (SLURM format)")
   g.add_argument("--signal_seconds", type=int, default=300,
                  help="USR1 this long before the time limit: checkpoint, then requeue")
@@ -991,6 +999,13 @@ def effective_overrides(overrides: list[str], shared_root: str) -> list[str]:
   return list(overrides)
 
 
+def planned_chip(ns: argparse.Namespace) -> str:
+  """The chip a backend's members run on (cbert_jax/scaling/memory.py:CHIPS): --gpu_type for
+  slurm, --tpu_generation for tpu-vm and xpk; "" for local (no memory plan)."""
+  return {"slurm": ns.gpu_type, "tpu-vm": ns.tpu_generation, "xpk": ns.tpu_generation}.get(
+      ns.backend, "")
+
+
 def build(argv: list[str]) -> tuple[Launch, argparse.Namespace]:
   """Parses a launch command line and renders every member's job; raises LaunchError."""
   ns = launch_parser().parse_args(argv)
@@ -1004,6 +1019,13 @@ def build(argv: list[str]) -> tuple[Launch, argparse.Namespace]:
   overrides = effective_overrides(ns.override, shared)
   only = [n.strip() for n in ns.members.split(",") if n.strip()]
   scale, experiment, members = load_members(ns.config, "", overrides, only)
+  chip = planned_chip(ns)
+  if (chip and members and all(m.target_devices > 0 for m in members)
+      and not any(o.startswith("--config.sweep.chip=") for o in overrides)):
+    # Members are planned (memory: remat, ce_chunk, micro-batches) for the chip they run on; the
+    # trainer gets the same flag, so it derives the same plan.
+    overrides = [*overrides, f"--config.sweep.chip={chip}"]
+    scale, experiment, members = load_members(ns.config, "", overrides, only)
   stem = os.path.splitext(os.path.basename(experiment))[0]
   root = (os.path.abspath(ns.workdir_root) if ns.workdir_root
           else os.path.join(shared, f"{stem}_{scale}"))
@@ -1144,6 +1166,16 @@ def launch_main(argv: list[str]) -> int:
   if no_corpus:   # the paper scale trains on a corpus only the user has
     message = (f"data.sources is empty for {len(no_corpus)} member(s) ({no_corpus[0]}, ...): pass "
                "--override=--config.data.sources=PATTERN (your preprocessed pod corpus)")
+    if ns.execute:
+      print(f"error: {message}", file=sys.stderr)
+      return 2
+    print(f"warning: {message}; --execute refuses until then", file=sys.stderr)
+  too_big = [j.member.name for j in launch.jobs
+             if j.member.config.sweep.memory_verdict == "needs more chips"]
+  if too_big:   # no remat / ce_chunk / micro-batch setting fits the member's chips
+    message = (f"{len(too_big)} member(s) do not fit their chips at any memory setting "
+               f"({', '.join(too_big)}): give them more chips (sweep.target_devices) or a chip "
+               "with more memory; `python -m launch.compile_check` shows the figures")
     if ns.execute:
       print(f"error: {message}", file=sys.stderr)
       return 2

@@ -84,6 +84,8 @@ SBATCH = r"""#!/bin/bash
 # checkpoints and exits), then the job is requeued and resumes from that checkpoint.
 set -uo pipefail
 cd ROOT/code/CODE || exit 1
+# JAX preallocates 75% of a GPU's memory by default; the memory plan counts on 92% of it.
+export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}"
 source /opt/venv/bin/activate
 workdir=ROOT/bert_d384L6
 final="$workdir/checkpoints/STEPS"  # the final checkpoint: train is done
@@ -117,14 +119,14 @@ fail() {  # the member's FAILED marker, read by `python -m launch.sweep status`
 echo "$(date -Is) job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST"
 mkdir -p "$workdir" && rm -f "$workdir/FAILED"
 if [ ! -d "$final" ]; then  # no final checkpoint yet
-  run_step "${one[@]}" python -m cbert_jax.data.preprocess --config=experiments/sweep.py:scale=paper,model=bert,size=d384L6 --config.data.sources=/data/c.jsonl || fail prepare $?  # the data, once
-  run_step "${tasks[@]}" python -m cbert_jax.main --config=experiments/sweep.py:scale=paper,model=bert,size=d384L6 --workdir=ROOT/bert_d384L6 --multiprocess --config.data.sources=/data/c.jsonl || fail train $?
+  run_step "${one[@]}" python -m cbert_jax.data.preprocess --config=experiments/sweep.py:scale=paper,model=bert,size=d384L6 --config.data.sources=/data/c.jsonl --config.sweep.chip=h100 || fail prepare $?  # the data, once
+  run_step "${tasks[@]}" python -m cbert_jax.main --config=experiments/sweep.py:scale=paper,model=bert,size=d384L6 --workdir=ROOT/bert_d384L6 --multiprocess --config.data.sources=/data/c.jsonl --config.sweep.chip=h100 || fail train $?
   if [ ! -d "$final" ]; then  # stopped early by a SIGTERM that was not our USR1 trap's
     echo "$(date -Is) train stopped before step STEPS: not probing; launch again to resume"
     exit 0
   fi
 fi
-run_step "${tasks[@]}" python -m cbert_jax.main --config=experiments/sweep.py:scale=paper,model=bert,size=d384L6 --workdir=ROOT/bert_d384L6 --multiprocess --config.data.sources=/data/c.jsonl --config.mode=eval || fail probe $?
+run_step "${tasks[@]}" python -m cbert_jax.main --config=experiments/sweep.py:scale=paper,model=bert,size=d384L6 --workdir=ROOT/bert_d384L6 --multiprocess --config.data.sources=/data/c.jsonl --config.sweep.chip=h100 --config.mode=eval || fail probe $?
 """
 
 SLURM_ARGS = ("--config", EXP, "--backend", "slurm", "--partition", "gpu", "--account", "lab",
@@ -184,7 +186,7 @@ def test_tpu_vm_commands_golden(tmp_path):
   assert len(launch.jobs) == 17
   j = job(launch, "bert_d384L6")
   member = (f"--config=experiments/sweep.py:{FIRST} --workdir={root}/bert_d384L6 --multiprocess "
-            "--config.data.sources='gs://b/c/*.zst'")
+            "--config.data.sources='gs://b/c/*.zst' --config.sweep.chip=v5p")
   remote = (f"cd {root}/code/{sweep.snapshot_id()} || exit 1; " +
             wrapper("bert_d384L6", f"{root}/bert_d384L6", j.member.total_steps,
                     f"python3 -m cbert_jax.main {member}",
@@ -247,7 +249,8 @@ def test_xpk_command_golden_and_names(tmp_path):
                  "--max_restarts", "3")
   assert len(launch.jobs) == 17
   j = job(launch, "bert_d384L6")
-  member = f"--config=experiments/sweep.py:{FIRST} --workdir={root}/bert_d384L6 --multiprocess"
+  member = (f"--config=experiments/sweep.py:{FIRST} --workdir={root}/bert_d384L6 --multiprocess "
+            "--config.sweep.chip=v5e")
   remote = wrapper("bert_d384L6", f"{root}/bert_d384L6", j.member.total_steps,
                    f"python -m cbert_jax.main {member}",
                    f"python -m cbert_jax.main {member} --config.mode=eval")
@@ -283,12 +286,14 @@ def test_shared_root_holds_workdirs_snapshot_and_data_cache(tmp_path, capsys):
     assert f" --config.data.cache_dir={shared}/cache " in f" {sweep.shell_join(j.train)} "
     assert f"--config.data.cache_dir={shared}/cache" in j.script       # prepare, train, probe
   assert launch.overrides == [f"--config.data.cache_dir={shared}/cache",
-                              "--override=--config.data.sources=/data/c.jsonl"[11:]]
+                              "--override=--config.data.sources=/data/c.jsonl"[11:],
+                              "--config.sweep.chip=h100"]
   # An explicit --workdir_root and data.cache_dir win.
   mine = build_shared(shared, "--backend", "tpu-vm", "--zone", "z", "--project", "p",
                       "--workdir_root", str(tmp_path / "runs"), "--members", "bert_d384L6",
                       "--override=--config.data.cache_dir=/fast/cache")
-  assert mine.root == str(tmp_path / "runs") and mine.overrides == ["--config.data.cache_dir=/fast/cache"]
+  assert mine.root == str(tmp_path / "runs") and mine.overrides == [
+      "--config.data.cache_dir=/fast/cache", "--config.sweep.chip=v5p"]
   assert mine.code_dir == f"{shared}/code/{sweep.snapshot_id()}"
   rc, out, err = run_main(capsys, "--config", EXP, "--backend", "local", "--shared_root", shared)
   assert rc == 0, err
@@ -875,3 +880,26 @@ def test_slurm_time_formats():
   assert sweep.slurm_seconds("1-12") == 36 * 3600 and sweep.slurm_seconds("1-0:30") == 86400 + 1800
   with pytest.raises(ValueError):
     sweep.slurm_seconds("1:2:3:4")
+
+
+def test_members_are_planned_for_the_backends_chip_and_too_big_ones_are_refused(
+    tmp_path, capsys, monkeypatch):
+  # slurm plans for --gpu_type, tpu-vm / xpk for --tpu_generation; the summary shows the plan.
+  launch = build(tmp_path / "a", "--config", EXP, "--backend", "slurm", "--gpu_type", "h200",
+                 "--override=--config.data.sources=/data/c.jsonl")
+  c = job(launch, "crossbert_d2304L32").member.config
+  assert c.sweep.chip == "h200" and c.sweep.memory_verdict == "fits"
+  assert "memory on h200: remat=" in job(launch, "crossbert_d2304L32").member.summary()
+  assert "--config.sweep.chip=h200" in job(launch, "bert_d384L6").train
+  # A chip too small for any setting: a warning in the dry run, --execute refuses (exit 2).
+  from cbert_jax.scaling import memory  # pylint: disable=import-outside-toplevel
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  monkeypatch.setitem(memory.CHIPS, "v5e", dataclasses.replace(memory.CHIPS["v5e"], hbm=2**30))
+  args = ("--config", EXP, "--backend", "xpk", "--cluster", "c", "--docker_image", "i",
+          "--tpu_generation", "v5e", "--workdir_root", tmp_path / "b",
+          "--override=--config.data.sources=/data/c.jsonl")
+  rc, out, err = run_main(capsys, *args)
+  assert rc == 0 and "do not fit their chips at any memory setting (" in err and "crossbert_d2304L32" in err
+  rc, out, err = run_main(capsys, *args, "--execute")
+  assert rc == 2 and err.startswith("error: ") and "give them more chips" in err
+  assert not (tmp_path / "b").exists()                                  # nothing written
