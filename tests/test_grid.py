@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from cbert_jax import config_lib
+from cbert_jax.scaling import plan as plan_lib
 from cbert_jax.scaling import grid as grid_lib, laws as laws_lib, runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,6 +24,8 @@ B_A, B_BETA = 0.05, 0.4
 
 # The fields a grid member may differ in from the sweep's member: name, and the plan (B, LR, steps).
 PLAN_FIELDS = {"name", "total_steps", "batch_size", "optim.lr", "checkpoint_every", "eval_every"}
+# The memory plan (sweep.chip) follows the batch: another B may get another setting.
+MEMORY_FIELDS = {"model.remat", "model.ce_chunk", "optim.microbatches"}
 
 
 def load_module(name, path):
@@ -234,7 +237,11 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
       leaves = config_lib.leaves
       ours, theirs = dict(leaves(c)), dict(leaves(ref))
       differ = {k for k in ours if ours[k] != theirs[k]}
-      assert differ <= PLAN_FIELDS | {k for k in differ if k.startswith("sweep.")}, differ
+      assert differ <= PLAN_FIELDS | {k for k in differ if k.startswith("sweep.")} | (
+          MEMORY_FIELDS if c.sweep.chip else set()), differ
+      if c.sweep.chip:   # the grid member trains with the setting its own plan chose
+        assert c.sweep.memory_verdict == "fits"
+        assert c.sweep.memory_setting == plan_lib.current_setting(c).describe()
     assert set(map(len, per.values())) == {per_size}
     # The law's own suggestion is the centre of every size's grid.
     for (model, size), args in per.items():
