@@ -112,6 +112,19 @@ def detections(sim) -> list[dict]:
   return simlib.read_records(str(sim), "jax_detect")
 
 
+def first_event(sim, kind: str, event: str) -> dict | None:
+  """The first record of `kind` (slurm, xpk) whose event is `event`, or None yet."""
+  return next((e for e in simlib.read_records(str(sim), kind) if e["event"] == event), None)
+
+
+def launch_ok(backend: str, shared, env, out: dict, *flags, **kw) -> None:
+  """Runs `launch.sweep --execute` for `backend` (it submits and returns) and asserts it did."""
+  r = subprocess.run(launch_cmd(backend, shared, *flags, **kw), cwd=REPO, env=env,
+                     capture_output=True, text=True, timeout=120)
+  out["launch"] = r
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
 # ------------------------------------------------------------- the backends ---
 
 
@@ -121,18 +134,13 @@ def run_slurm(tmp, jax_cache, out: dict) -> None:
   deadline = time.time() + TIMEOUT_S
   diagnose = lambda: tail(log) + "\n" + "".join(tail(p) for p in glob.glob(f"{sim}/*.err") +
                                                 glob.glob(f"{sim}/*.jsonl"))
-  r = subprocess.run(launch_cmd("slurm", shared, "--gpus_per_node", "2"), cwd=REPO, env=env,
-                     capture_output=True, text=True, timeout=120)
-  out["launch"] = r
-  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-  start = wait_for("the batch script", lambda: next(
-      (e for e in simlib.read_records(str(sim), "slurm") if e["event"] == "start"), None),
-      deadline, diagnose)
+  launch_ok("slurm", shared, env, out, "--gpus_per_node", "2")
+  start = wait_for("the batch script", lambda: first_event(sim, "slurm", "start"), deadline,
+                   diagnose)
   wait_for(f"step {STOP_AFTER}", lambda: logged_step(wd) >= STOP_AFTER, deadline, diagnose)
   os.kill(start["pid"], signal.SIGUSR1)              # SLURM's --signal=B:USR1@<s>: time limit near
-  out["done"] = wait_for("the requeued job to end", lambda: next(
-      (e for e in simlib.read_records(str(sim), "slurm") if e["event"] == "done"), None),
-      deadline, diagnose)
+  out["done"] = wait_for("the requeued job to end", lambda: first_event(sim, "slurm", "done"),
+                         deadline, diagnose)
   out["log"] = open(log).read()
 
 
@@ -151,16 +159,10 @@ def run_xpk(tmp, jax_cache, out: dict) -> None:
   deadline = time.time() + TIMEOUT_S
   diagnose = lambda: "".join(tail(p) for p in sorted(glob.glob(f"{sim}/xpk/*/*.log")) +
                              glob.glob(f"{sim}/*.err"))
-  r = subprocess.run(launch_cmd("xpk", shared, "--cluster", "sim", "--docker_image", "sim-image",
-                                "--code_dir", REPO, "--xpk_storage", "simfs",
-                                "--termination_grace_seconds", "120", "--tpu_generation", "v5e",
-                                scale="sim4"),
-                     cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-  out["launch"] = r
-  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-  pods = wait_for("the pods", lambda: next(
-      (e for e in simlib.read_records(str(sim), "xpk") if e["event"] == "pods"), None),
-      deadline, diagnose)
+  launch_ok("xpk", shared, env, out, "--cluster", "sim", "--docker_image", "sim-image",
+            "--code_dir", REPO, "--xpk_storage", "simfs", "--termination_grace_seconds", "120",
+            "--tpu_generation", "v5e", scale="sim4")
+  pods = wait_for("the pods", lambda: first_event(sim, "xpk", "pods"), deadline, diagnose)
   wait_for(f"step {STOP_AFTER}", lambda: logged_step(wd) >= STOP_AFTER, deadline, diagnose)
   for pid in pods["pids"]:                           # Kubernetes evicts the pods: SIGTERM to each
     os.kill(pid, signal.SIGTERM)
@@ -168,9 +170,7 @@ def run_xpk(tmp, jax_cache, out: dict) -> None:
       e["event"] == "restart" for e in simlib.read_records(str(sim), "xpk")), deadline, diagnose)
   # The restarted pods resume from the checkpoint and train on; then the test deletes the
   # workload (finishing it would repeat what the slurm run shows, at the cost of two launches).
-  # Not before the resumed train loop runs: a SIGTERM that comes earlier, after
-  # jax.distributed.initialize, is swallowed by JAX's preemption notifier (the trainer's own
-  # handler is installed at its train loop), and the trainer would train on to the end.
+  # Deleted once the resumed train loop runs, so the resumed losses can be compared.
   attempt1 = lambda: "".join(open(p, errors="replace").read()
                              for p in glob.glob(f"{sim}/xpk/*/attempt1-pod*.log"))
   resumed = wait_for("the resume", lambda: re.search(

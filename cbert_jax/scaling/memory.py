@@ -238,16 +238,15 @@ def step_cost(s: Shape, setting: Setting, chip_: Chip) -> float:
   return seconds
 
 
+def microbatch_counts() -> list[int]:
+  """The micro-batch counts the planner tries: 1, 2, 4, ..., MAX_MICROBATCHES."""
+  return [2 ** i for i in range(int(math.log2(MAX_MICROBATCHES)) + 1)]
+
+
 def candidates() -> list[Setting]:
-  """Every setting the planner considers (micro-batch counts are powers of two)."""
-  out = []
-  k = 1
-  while k <= MAX_MICROBATCHES:
-    for remat in REMAT_POLICIES:
-      for ce in (0, CE_CHUNK):
-        out.append(Setting(remat, ce, k))
-    k *= 2
-  return out
+  """Every setting the planner considers."""
+  return [Setting(remat, ce, k) for k in microbatch_counts() for remat in REMAT_POLICIES
+          for ce in (0, CE_CHUNK)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,14 +280,14 @@ def plan(s: Shape, chip_name: str, fixed: Setting | None = None) -> Plan:
     est = estimate(s, fixed)
     if est["total"] * MARGIN <= budget:
       return Plan(chip_name, budget, fixed, est, "fits", step_cost(s, fixed, c))
-    for k in (2 ** i for i in range(1, int(math.log2(MAX_MICROBATCHES)) + 1)):
+    for k in microbatch_counts()[1:]:
       if divides(k) and estimate(s, dataclasses.replace(fixed, microbatches=k))["total"] * MARGIN <= budget:
         return Plan(chip_name, budget, None, est, f"needs microbatches={k}", 0.0)
     return Plan(chip_name, budget, None, est, "needs more chips", 0.0)
   fitting = [(step_cost(s, st, c), i, st) for i, st in enumerate(candidates())
              if divides(st.microbatches) and estimate(s, st)["total"] * MARGIN <= budget]
   if not fitting:
-    leanest = Setting("full", CE_CHUNK, max(k for k in (2 ** i for i in range(7)) if divides(k)))
+    leanest = Setting("full", CE_CHUNK, max(k for k in microbatch_counts() if divides(k)))
     return Plan(chip_name, budget, None, estimate(s, leanest), "needs more chips", 0.0)
   cost, _, best = min(fitting)
   return Plan(chip_name, budget, best, estimate(s, best), "fits", cost)

@@ -87,7 +87,7 @@ def memory_shape(config: ml_collections.ConfigDict, num_devices: int) -> memory_
 
 def current_setting(config: ml_collections.ConfigDict) -> memory_lib.Setting:
   return memory_lib.Setting(config.model.remat, int(config.model.ce_chunk),
-                            int(config.optim.get("microbatches", 1)))
+                            int(config.optim.microbatches))
 
 
 def plan_memory(config: ml_collections.ConfigDict) -> memory_lib.Plan:
