@@ -6,24 +6,66 @@ killed mid-write never leaves a checkpoint that `latest_step` would pick up. Sav
 Restoring targets abstract arrays that carry the *current* mesh's shardings, so a checkpoint
 restores onto a different mesh or device count (orbax reshards).
 
-Faults: `restore_latest` falls back to the previous checkpoint when the newest cannot be read
-(files missing or truncated), moving the unreadable one aside to `<dir>.unreadable/<step>` (kept
-for inspection, out of the manager's way) and saying so in the log. A full disk while saving
-raises `CheckpointError` naming the directory and the last complete checkpoint; the partial write
-stays in orbax's temporary directory, which is never picked up.
+Seals. Once a save is complete (at the next save, or `wait`), process 0 writes `<step>/seal.json`:
+the size of every file of the checkpoint and, when the checkpoint is small enough to read back
+cheaply (`CRC_MAX_BYTES`), a CRC-32 of each. Orbax's zarr chunks carry no checksum of their own
+(a flipped bit in an array file restores silently), so the seal is what proves a checkpoint's own
+files intact or damaged.
+
+Restore failures are classified (`restore_latest`), and only proven damage moves anything:
+- damaged: a file the seal lists is missing or has another size or CRC, orbax's commit marker is
+  absent, or the reader hits missing/short data. The checkpoint is moved to
+  `<dir>.unreadable/<step>-<time>` (kept for inspection) and the previous one is tried.
+- another model: the stored array shapes (orbax's metadata, read before any array) differ from
+  this config's. ConfigError naming the differing shapes; nothing moved.
+- I/O: a permission or transient error. Retried `IO_ATTEMPTS` times with backoff, then
+  CheckpointError (exit 5); nothing moved.
+- anything else: CheckpointError naming the error; nothing moved.
+When checkpoints were moved aside (now or by an earlier run) and none is left to resume from, the
+run is refused with one line saying what was moved and how to put it back, unless
+`restart_from_scratch` is set: a run never silently starts over at step 0.
+
+A full disk while saving raises `CheckpointError` naming the directory and the last complete
+checkpoint; the partial write stays in orbax's temporary directory, which is never picked up.
 """
 import contextlib
 import errno
+import json
 import os
 import shutil
 import time
+import zlib
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 from jax.experimental import multihost_utils
 
-from cbert_jax.errors import CheckpointError
+from cbert_jax.errors import CheckpointError, ConfigError
+
+SEAL = "seal.json"              # per checkpoint: {"files": {relpath: [bytes, crc32 | null]}}
+CRC_MAX_BYTES = 2 << 30         # checkpoints up to this size get a CRC per file (seconds to read)
+IO_ATTEMPTS = 4                 # reads tried before an I/O error is reported
+IO_BACKOFF_S = 1.0              # wait before the 2nd attempt; doubles each time
+MAX_SHOWN = 4                   # differing shapes named in a ConfigError (the rest are counted)
+_COMMIT_MARKERS = ("_CHECKPOINT_METADATA", "commit_success.txt")   # orbax writes both on commit
+# Reader errors that mean the files are not all there (tensorstore status codes; orbax's item lookup).
+_DAMAGE_WORDS = ("OUT_OF_RANGE", "DATA_LOSS", "NOT_FOUND", "was not found in the checkpoint",
+                 "Unexpected end", "truncated", "corrupt")
+_IO_WORDS = ("PERMISSION_DENIED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED",
+             "Permission denied")
+_IO_ERRNOS = (errno.EACCES, errno.EPERM, errno.EIO, errno.EAGAIN, errno.ETIMEDOUT, errno.ESTALE,
+              errno.EBUSY, errno.ENOLCK)
+
+
+class _Damaged(Exception):
+  """A checkpoint's own files are proven damaged (the message says how)."""
+
+
+class _IOFailure(Exception):
+  """A checkpoint could not be read for an I/O reason (permission, transient), not damage."""
 
 
 class Checkpointer:
@@ -35,6 +77,11 @@ class Checkpointer:
     self._dir = directory
     self._mngr = ocp.CheckpointManager(directory, options=options)
 
+  @property
+  def unreadable_dir(self) -> str:
+    """Where damaged checkpoints are moved (`<dir>.unreadable/<step>-<unix time>`)."""
+    return f"{self._dir}.unreadable"
+
   def latest_step(self) -> int | None:
     return self._mngr.latest_step()
 
@@ -44,6 +91,8 @@ class Checkpointer:
   def save(self, step: int, params, opt_state, data_state: dict, meta: dict) -> None:
     """Start writing checkpoint `step` (returns before the write finishes; see `wait`)."""
     with self._disk_errors(step):
+      self._mngr.wait_until_finished()   # orbax waits here anyway; then the finished ones are sealed
+      self._seal_finished()
       self._mngr.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
           data=ocp.args.JsonSave(data_state),
@@ -65,27 +114,200 @@ class Checkpointer:
           f"{max(done) if done else None}; the partial write is in a temporary directory that is "
           "never resumed from. Free space and rerun the same command to resume") from err
 
-  def restore_latest(self, abstract_params, abstract_opt_state):
-    """The newest *readable* checkpoint -> (step, params, opt_state, data_state, meta), or None
-    when there is no checkpoint. An unreadable one is moved to `<dir>.unreadable/<step>` with a
-    warning and the previous one is tried; CheckpointError if none can be read."""
-    errors = []
+  # ------------------------------------------------------------------------------- seals ---
+
+  def _seal_finished(self) -> None:
+    """Process 0 writes `seal.json` into each complete checkpoint that has none yet."""
+    if jax.process_index() != 0:
+      return
+    for step in self._mngr.all_steps():
+      step_dir = os.path.join(self._dir, str(step))
+      if os.path.exists(os.path.join(step_dir, SEAL)):
+        continue
+      files = _list_files(step_dir)
+      with_crc = sum(files.values()) <= CRC_MAX_BYTES
+      seal = {"files": {rel: [size, _crc32(os.path.join(step_dir, rel)) if with_crc else None]
+                        for rel, size in files.items()}}
+      tmp = os.path.join(step_dir, f".{SEAL}.tmp")
+      with open(tmp, "w") as f:
+        json.dump(seal, f)
+      os.replace(tmp, os.path.join(step_dir, SEAL))
+
+  def check_files(self, step: int, full: bool = True) -> None:
+    """Raise _Damaged when checkpoint `step`'s own files are missing, short or altered.
+
+    Checks orbax's commit markers, then the seal (when there is one): every listed file present
+    with its size and (`full` and recorded) its CRC-32. An OSError while reading is _IOFailure.
+    """
+    step_dir = os.path.join(self._dir, str(step))
+    try:
+      for marker in _COMMIT_MARKERS:
+        if not os.path.exists(os.path.join(step_dir, marker)):
+          raise _Damaged(f"orbax's commit marker {marker} is missing")
+      seal_path = os.path.join(step_dir, SEAL)
+      if not os.path.exists(seal_path):
+        return   # not sealed yet (the run stopped before its next save): the reader decides
+      try:
+        with open(seal_path) as f:
+          listed = json.load(f)["files"]
+      except (ValueError, KeyError, TypeError) as e:
+        raise _Damaged(f"its {SEAL} is unreadable ({e})") from e
+      present = _list_files(step_dir)
+      for rel, (size, crc) in sorted(listed.items()):
+        if rel not in present:
+          raise _Damaged(f"file {rel} is missing")
+        if present[rel] != size:
+          raise _Damaged(f"file {rel} has {present[rel]} bytes, {size} when written")
+        if full and crc is not None and _crc32(os.path.join(step_dir, rel)) != crc:
+          raise _Damaged(f"file {rel} does not match its CRC-32 recorded when written")
+    except OSError as e:
+      if e.errno in _IO_ERRNOS:
+        raise _IOFailure(f"{type(e).__name__}: {e}") from e
+      raise
+
+  # ----------------------------------------------------------------------------- restore ---
+
+  def restore_latest(self, abstract_params, abstract_opt_state, restart_from_scratch: bool = False):
+    """The newest restorable checkpoint -> (step, params, opt_state, data_state, meta), or None
+    when there is none to resume from (a fresh run).
+
+    Damaged checkpoints are moved aside and the previous one is tried; a checkpoint of another
+    model raises ConfigError; an I/O failure raises CheckpointError after `IO_ATTEMPTS` reads
+    (the module docstring has the classification). Nothing is moved except proven damage.
+
+    Raises:
+      ConfigError: the stored shapes differ from the abstract targets'.
+      CheckpointError: an I/O or unclassified read failure (nothing moved), or checkpoints were
+        moved aside, none is left, and `restart_from_scratch` is False.
+    """
+    moved = []
     for step in sorted(self._mngr.all_steps(), reverse=True):
       try:
-        return (step, *self.restore(step, abstract_params, abstract_opt_state))
-      except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many types)
-        errors.append(f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        def attempt():
+          self.check_files(step)
+          self.check_shapes(step, abstract_params, abstract_opt_state)
+          return self._read(step, abstract_params, abstract_opt_state)
+        return (step, *self._agree(lambda: self._retry_io(step, attempt)))
+      except _Damaged as e:
         aside = self._move_aside(step)
-        logging.warning("checkpoint step %d in %s cannot be read (%s); moved it to %s and falling "
-                        "back to the previous checkpoint", step, self._dir, errors[-1], aside)
-    if errors:
-      raise CheckpointError(f"no checkpoint in {self._dir} can be read ({'; '.join(errors)}); the "
-                            f"unreadable ones were moved to {self._dir}.unreadable/. Start a new "
-                            "run in another --workdir, or restore a checkpoint from a backup")
-    return None
+        moved.append(f"step {step} ({e}) -> {aside}")
+        logging.warning("checkpoint step %d in %s is damaged (%s); moved it to %s and trying the "
+                        "previous checkpoint", step, self._dir, e, aside)
+      except _IOFailure as e:
+        raise CheckpointError(
+            f"checkpoint step {step} in {self._dir} could not be read after {IO_ATTEMPTS} "
+            f"attempts ({e}): an I/O or permission problem, not damage, so nothing was moved. "
+            "Fix access to the files and rerun the same command to resume") from e
+    if not moved and not self._moved_before():
+      return None
+    what = ("; ".join(moved) if moved else
+            f"by an earlier run, now in {self.unreadable_dir}: {', '.join(self._moved_before())}")
+    if restart_from_scratch:
+      logging.warning("no checkpoint to resume from in %s (damaged ones moved aside %s); "
+                      "restart_from_scratch: starting at step 0", self._dir, what)
+      return None
+    step_of = lambda name: int(name.split("-")[0]) if name.split("-")[0].isdigit() else -1
+    newest = max(self._moved_before(), key=step_of)
+    raise CheckpointError(
+        f"no checkpoint in {self._dir} can be resumed from: damaged checkpoints were moved aside "
+        f"({what}). To retry one, move it back (e.g. mv {self.unreadable_dir}/{newest} "
+        f"{self._dir}/{step_of(newest)}); to start this run over at step 0, rerun with "
+        "--config.restart_from_scratch=true")
+
+  def _moved_before(self) -> list[str]:
+    """The entries of `<dir>.unreadable/` (checkpoints moved aside by this or an earlier run)."""
+    return sorted(os.listdir(self.unreadable_dir)) if os.path.isdir(self.unreadable_dir) else []
+
+  def stored_shapes(self, step: int, item_keys=("params", "opt_state")) -> dict[str, tuple]:
+    """{"params/encoder/...": shape} of the arrays stored in checkpoint `step` (metadata only)."""
+    try:
+      tree = ocp.StandardCheckpointHandler().metadata(
+          epath.Path(os.path.join(self._dir, str(step), "state")))
+    except OSError as e:
+      if e.errno in _IO_ERRNOS:
+        raise _IOFailure(f"{type(e).__name__}: {e}") from e
+      raise _Damaged(f"its array metadata cannot be read ({type(e).__name__}: {e})") from e
+    except (ValueError, KeyError, TypeError) as e:
+      raise _Damaged(f"its array metadata cannot be read ({type(e).__name__}: {_first_line(e)})") from e
+    tree = getattr(tree, "tree", tree)
+    return {k: v for k, v in _shapes(tree).items() if k.split("/")[0] in item_keys}
+
+  def check_shapes(self, step: int, abstract_params, abstract_opt_state=None,
+                   extra_stored_ok: bool = False) -> None:
+    """ConfigError when checkpoint `step` holds arrays of other shapes or names than the targets
+    (`extra_stored_ok`: stored arrays the targets do not name are fine, as in a partial restore)."""
+    keys = ("params",) if abstract_opt_state is None else ("params", "opt_state")
+    stored = self.stored_shapes(step, keys)
+    wanted = _shapes({"params": abstract_params} | (
+        {} if abstract_opt_state is None else {"opt_state": abstract_opt_state}))
+    order = lambda k: (not k.startswith("params/"), k)   # parameters first: they name the model
+    diffs = [f"{k}: stored {stored[k]}, this config {wanted[k]}"
+             for k in sorted(stored.keys() & wanted.keys(), key=order)
+             if tuple(stored[k]) != tuple(wanted[k])]
+    if not extra_stored_ok:
+      diffs += [f"{k}: stored, not in this model"
+                for k in sorted(stored.keys() - wanted.keys(), key=order)]
+    diffs += [f"{k}: in this model, not stored" for k in sorted(wanted.keys() - stored.keys(), key=order)]
+    if diffs:
+      more = f" (and {len(diffs) - MAX_SHOWN} more)" if len(diffs) > MAX_SHOWN else ""
+      raise ConfigError(
+          f"checkpoint step {step} in {self._dir} was written by another model than this config "
+          f"builds: {'; '.join(diffs[:MAX_SHOWN])}{more}. Nothing was moved; use the config that "
+          "wrote it (the workdir's config.json) or another --workdir")
+
+  def _read(self, step: int, abstract_params, abstract_opt_state):
+    """`restore`, its failure classified: damage -> _Damaged, I/O -> _IOFailure, else
+    CheckpointError (nothing moved)."""
+    try:
+      return self.restore(step, abstract_params, abstract_opt_state)
+    except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many types)
+      kind = _classify(e)
+      if kind == "io":
+        raise _IOFailure(f"{type(e).__name__}: {_first_line(e)}") from e
+      if kind == "damaged":
+        self.check_files(step, full=True)            # a seal names the file when it can
+        raise _Damaged(f"reading it failed: {type(e).__name__}: {_first_line(e)}") from e
+      raise CheckpointError(
+          f"checkpoint step {step} in {self._dir} could not be restored ({type(e).__name__}: "
+          f"{_first_line(e)}); this is neither damage nor another model's checkpoint, so "
+          "nothing was moved. Report it with the log") from e
+
+  def _retry_io(self, step: int, fn):
+    """`fn()`, retried after an _IOFailure (permission, transient) up to IO_ATTEMPTS times."""
+    wait = IO_BACKOFF_S
+    for attempt in range(1, IO_ATTEMPTS + 1):
+      try:
+        return fn()
+      except _IOFailure as e:
+        if attempt == IO_ATTEMPTS:
+          raise
+        logging.warning("reading checkpoint step %d failed (%s); retrying in %.1f s", step, e, wait)
+        time.sleep(wait)
+        wait *= 2
+
+  def _agree(self, fn):
+    """Run `fn` on every process; if it raised on any, raise the same kind everywhere.
+
+    The checks and reads run on every process (each reads its shards); a process that alone
+    failed would otherwise go on to collectives the others never join.
+    """
+    kinds = (_Damaged, _IOFailure, ConfigError, CheckpointError)
+    if jax.process_count() == 1:
+      return fn()
+    try:
+      out, code, error = fn(), 0, None
+    except kinds as e:
+      out, code, error = None, 1 + kinds.index(type(e)), e
+    codes = np.asarray(multihost_utils.process_allgather(np.int32(code))).reshape(-1)
+    if error is not None:
+      raise error
+    if codes.any():
+      first = int(np.argmax(codes > 0))
+      raise kinds[int(codes[first]) - 1](f"on process {first} (see its log)")
+    return out
 
   def _move_aside(self, step: int) -> str:
-    dest = os.path.join(f"{self._dir}.unreadable", f"{step}-{int(time.time())}")
+    dest = os.path.join(self.unreadable_dir, f"{step}-{int(time.time())}")
     if jax.process_index() == 0:
       os.makedirs(os.path.dirname(dest), exist_ok=True)
       shutil.move(os.path.join(self._dir, str(step)), dest)
@@ -103,7 +325,14 @@ class Checkpointer:
     return out.state["params"], out.state["opt_state"], out.data, out.meta
 
   def restore_params(self, step: int, abstract_params):
-    """Only the parameters of checkpoint `step` (evaluation needs no optimizer state)."""
+    """Only the parameters of checkpoint `step` (evaluation needs no optimizer state).
+
+    Raises ConfigError (before reading any array) when the checkpoint holds another model.
+    """
+    try:
+      self.check_shapes(step, abstract_params, extra_stored_ok=True)
+    except (_Damaged, _IOFailure) as e:
+      raise CheckpointError(f"checkpoint step {step} in {self._dir} cannot be read: {e}") from e
     target = {"params": abstract_params}
     out = self._mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
         item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
@@ -113,12 +342,66 @@ class Checkpointer:
   def wait(self) -> None:
     with self._disk_errors(None):
       self._mngr.wait_until_finished()
+      self._seal_finished()
 
   def close(self) -> None:
     try:
       self.wait()
     finally:
       self._mngr.close()
+
+
+def _list_files(step_dir: str) -> dict[str, int]:
+  """{relative path: bytes} of every file under a checkpoint directory, the seal excluded."""
+  out = {}
+  for root, _, files in os.walk(step_dir):
+    for name in files:
+      rel = os.path.relpath(os.path.join(root, name), step_dir)
+      if rel != SEAL and not name.startswith(f".{SEAL}"):
+        out[rel] = os.path.getsize(os.path.join(root, name))
+  return out
+
+
+def _crc32(path: str, block: int = 1 << 22) -> int:
+  crc = 0
+  with open(path, "rb") as f:
+    while chunk := f.read(block):
+      crc = zlib.crc32(chunk, crc)
+  return crc
+
+
+def _shapes(tree) -> dict[str, tuple]:
+  """{"a/b/0/c": shape} for every array-like leaf (with a .shape) of a pytree."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if hasattr(leaf, "shape"):
+      out["/".join(_key_name(k) for k in path)] = tuple(leaf.shape)
+  return out
+
+
+def _key_name(key) -> str:
+  for attr in ("key", "idx", "name"):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def _classify(e: BaseException) -> str:
+  """"io", "damaged" or "other" for an exception raised while restoring."""
+  if isinstance(e, OSError) and e.errno in _IO_ERRNOS:
+    return "io"
+  text = f"{type(e).__name__}: {e} {e.__cause__ or ''}"
+  if any(w in text for w in _IO_WORDS):
+    return "io"
+  if isinstance(e, (FileNotFoundError, KeyError)) or any(w in text for w in _DAMAGE_WORDS):
+    return "damaged"
+  return "other"
+
+
+def _first_line(e: BaseException) -> str:
+  """The first line of an exception's message, at most 300 characters (tensorstore's are long)."""
+  lines = str(e).strip().splitlines()
+  return (lines[0] if lines else "")[:300]
 
 
 def abstract_like(tree, shardings):

@@ -76,6 +76,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.stop_after_step = 0            # > 0: checkpoint and exit after this step, as on preemption
   c.allow_config_change = False    # resume a workdir whose config.json differs in fields that
                                    # change the run (the error lists them; cbert_jax/workdir.py)
+  c.restart_from_scratch = False   # start at step 0 when checkpoints were moved aside as damaged
+                                   # (checkpoints.unreadable/) and none is left to resume from;
+                                   # without it that run is refused (cbert_jax/checkpoint.py)
   c.num_devices = 0                # use only the first N devices (0 = all): debugging, tests
   c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = table (TPU/GPU) or measured (CPU)
   c.compilation_cache_dir = ""     # JAX persistent compilation cache ("" = off)
@@ -172,6 +175,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.vocab_size = 8192         # vocabulary of a trained tokenizer
   c.data.tokenizer_type = "bpe"    # bpe | unigram
   c.data.tokenizer_sample_chars = 20_000_000  # cap on tokenizer training text
+  c.data.verify_cache = "sample"   # cache entries (tokenizer, packed arrays, shards) are checked against their
+                                   # sha256 sidecar on read: sample (size + first/middle/last MiB, cheap) | full
+                                   # (whole-file sha256, seconds per GB); a damaged entry is moved aside and rebuilt
   # corpus=sources: pod-scale corpora, preprocessed into sharded ArrayRecord rows (data/preprocess.py)
   c.data.sources = ""              # "pattern[:weight],...": paths/globs (local or epath URLs) of .txt/.jsonl/.jsonl.zst/.parquet/.array_record
   c.data.text_field = "text"       # JSON key / Parquet column holding the document text
@@ -346,6 +352,8 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       config.masking.mask_ratio = DEFAULT_MASK_RATIO[config.model_name]
     if m.max_positions <= 0:
       m.max_positions = config.data.seq_len
+    if config.model_name != "crossbert":   # only CrossBERT reads it; config.json says what ran
+      config.masking.cms = False
   if config.sweep.tokens_per_param > 0:
     from cbert_jax.scaling import plan  # pylint: disable=import-outside-toplevel (imports the models)
     plan.derive(config)

@@ -12,3 +12,8 @@ class ConfigError(ValueError):
 class CheckpointError(RuntimeError):
   """A checkpoint could not be written (e.g. the disk is full) or none could be read. The message
   names the directory and the last complete checkpoint; nothing already written is removed."""
+
+
+class WorkdirError(ConfigError):
+  """The workdir cannot hold this run: not a writable directory, or in use by another run (its
+  lock, cbert_jax/workdir_lock.py). Nothing is written to it."""

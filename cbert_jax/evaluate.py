@@ -44,6 +44,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if config.evals.init == "checkpoint" and step is None:
     raise ConfigError(f"mode=eval: no checkpoint in {workdir}/checkpoints; train first, or set "
                       "evals.init=random to probe a randomly initialised encoder")
+  if checkpointer:
+    check_trained_model(workdir, config)
 
   data = packing.prepare(config_lib.data_config(config), config.data.seq_len)  # the tokenizer
   tok = data.tokenizer
@@ -96,6 +98,37 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     all_results[name] = results
   # One suite (the usual case): its results, as before; several: {suite: results}.
   return all_results[suites[0]] if len(suites) == 1 else all_results
+
+
+# Fields that decide the encoder's family and shapes, compared with the workdir's config.json.
+MODEL_FIELDS = ("model_name", "model.d_model", "model.num_layers", "model.num_heads",
+                "model.head_dim", "model.ffn_dim", "data.vocab_size")
+
+
+def check_trained_model(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """ConfigError (before data preparation or any restore) when the workdir's run trained another
+  model family or shape than `config` describes; silent when it has no readable config.json (the
+  checkpoint's stored shapes are then checked before its arrays are read)."""
+  try:
+    with open(os.path.join(workdir, "config.json")) as f:
+      trained = json.load(f)["config"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return
+  def get(tree, dotted):
+    for part in dotted.split("."):
+      tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+  current = json.loads(config.to_json_best_effort())
+  diffs = [f"{k} {get(trained, k)!r} (trained) vs {get(current, k)!r} (this config)"
+           for k in MODEL_FIELDS
+           if get(trained, k) is not None and get(current, k) is not None
+           and get(trained, k) != get(current, k)]
+  if diffs:
+    raise ConfigError(
+        f"mode=eval: {workdir} holds a {trained.get('model_name')} "
+        f"{get(trained, 'model.size') or ''} run (its config.json), not the model this config "
+        f"describes: {'; '.join(diffs)}. Evaluate it with the config it was trained with (the same "
+        "--config and --config.model_name / model.size)")
 
 
 def suite_names(ecfg) -> list[str]:

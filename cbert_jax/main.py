@@ -13,7 +13,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from cbert_jax.errors import CheckpointError, ConfigError
+from cbert_jax.errors import CheckpointError, ConfigError, WorkdirError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment file[:arg]", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, metrics and config.json go")
@@ -72,8 +72,12 @@ def main(argv):
       raise ConfigError(f"mode must be train|eval|sweep, got {config.mode!r}")
     summary = train.run(config, workdir)
   except ConfigError as e:
-    print(f"config error: {e}", file=sys.stderr)
+    print(f"{'workdir' if isinstance(e, WorkdirError) else 'config'} error: {e}", file=sys.stderr)
     sys.exit(2)
+  except KeyboardInterrupt:   # a second Ctrl-C (the first one checkpoints and stops cleanly)
+    print("interrupted: stopped without a new checkpoint; rerun the same command to resume from "
+          "the last one", file=sys.stderr)
+    sys.exit(130)
   except train.NonFiniteError as e:
     print(f"training stopped: {e}", file=sys.stderr)
     sys.exit(3)
@@ -85,6 +89,10 @@ def main(argv):
     sys.exit(distributed.EXIT_CODE)
   logging.info("done: step %d, train/loss %.4f -> %.4f, eval %s", summary.final_step,
                summary.first_loss, summary.last_loss, summary.eval)
+  if summary.signal == "SIGINT":   # Ctrl-C: checkpointed at summary.final_step; 128 + SIGINT
+    print(f"interrupted: checkpoint saved at step {summary.final_step}; rerun the same command to "
+          "resume", file=sys.stderr)
+    sys.exit(130)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

@@ -20,9 +20,10 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from cbert_jax import checkpoint as ckpt_lib
-from cbert_jax import distributed, planned_devices
+from cbert_jax import distributed, planned_devices, workdir as workdir_lib, workdir_lock
 from cbert_jax import config_lib, guard, hardware, metrics as metrics_lib, optim, sharding, steps
 from cbert_jax.data import corpus as corpus_lib, packing, pipeline
+from cbert_jax.errors import WorkdirError
 from cbert_jax.models import FAMILIES
 from cbert_jax.models import flops as flops_lib
 
@@ -41,26 +42,35 @@ class Summary:
   num_traces: int
   stopped_early: bool
   workdir: str
+  signal: str | None = None   # "SIGTERM" / "SIGINT" when a signal stopped the run (main: exit 130
+                              # for SIGINT)
+  already_finished: bool = False   # the workdir's run had reached total_steps; nothing was done
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
   """Train `config.model_name` as configured, in (or resuming from) `workdir`.
 
-  SIGTERM (preemption) is caught from the first line on, not only once the loop starts: one that
-  arrives during data preparation or compilation still stops the run at its first step with a
-  checkpoint. (jax.distributed installs its own preemption notifier, which would otherwise
-  swallow it.)
+  SIGTERM (preemption) and SIGINT (Ctrl-C) are caught from the first line on, not only once the
+  loop starts: one that arrives during data preparation or compilation still stops the run at its
+  first step with a checkpoint. (jax.distributed installs its own preemption notifier, which would
+  otherwise swallow SIGTERM.) A second Ctrl-C interrupts at once (KeyboardInterrupt).
+  The workdir's lock (`workdir_lock`) is held from the setup checks to the end.
   """
-  stop = {"signal": False}
-  def on_sigterm(signum, frame):  # preemption: finish the step, checkpoint, exit cleanly
-    del signum, frame
-    stop["signal"] = True
-  previous_handler = signal.signal(signal.SIGTERM, on_sigterm) if _main_thread() else None
+  stop = {"signal": False, "name": None, "lock": None}
+  def on_signal(signum, frame):  # preemption / Ctrl-C: finish the step, checkpoint, exit cleanly
+    del frame
+    stop["signal"], stop["name"] = True, signal.Signals(signum).name
+    if signum == signal.SIGINT:   # the next Ctrl-C is not caught: a way out of a hung step
+      signal.signal(signal.SIGINT, signal.default_int_handler)
+  handled = (signal.SIGTERM, signal.SIGINT)
+  previous = {s: signal.signal(s, on_signal) for s in handled} if _main_thread() else {}
   try:
     return _run(config, workdir, stop)
   finally:
-    if previous_handler is not None:
-      signal.signal(signal.SIGTERM, previous_handler)
+    if stop["lock"] is not None:
+      stop["lock"].release()
+    for s, handler in previous.items():
+      signal.signal(s, handler)
 
 
 def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary:
@@ -76,12 +86,11 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
                         process_count=jax.process_count(), local_devices=jax.local_device_count(),
                         platform=devices[0].platform, num_devices_flag=config.num_devices)
   config_lib.validate(config, len(devices))
-  from cbert_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  # A workdir of a run with another config is refused here, before anything is written.
-  workdir_lib.check_config(workdir, config, is_primary=jax.process_index() == 0)
   is_primary = jax.process_index() == 0
-  if is_primary:
-    os.makedirs(workdir, exist_ok=True)
+  # One run per workdir (a lock file; an unusable workdir is reported here, before data work).
+  stop["lock"] = _lock_workdir(workdir, is_primary)
+  # A workdir of a run with another config is refused here, before anything is written.
+  workdir_lib.check_config(workdir, config, is_primary=is_primary)
   if config.compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
@@ -128,8 +137,11 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
   abs_opt_state = ckpt_lib.abstract_like(jax.eval_shape(tx.init, abs_params), o_sh)
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     with timers.span("checkpoint"):   # the newest readable one (an unreadable one is moved aside)
-      restored = checkpointer.restore_latest(ckpt_lib.abstract_like(abs_params, p_sh), abs_opt_state)
+      restored = checkpointer.restore_latest(ckpt_lib.abstract_like(abs_params, p_sh), abs_opt_state,
+                                             restart_from_scratch=config.restart_from_scratch)
     start_step = restored[0] if restored else 0
+    if restored and start_step >= total_steps:   # a finished run, rerun: say so, change nothing
+      return _finished(workdir, start_step, total_steps, checkpointer)
     if restored:
       _, params, opt_state, data_state, meta = restored
       train_iter.set_state(data_state)
@@ -361,8 +373,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
       if stopping and step == total_steps:   # the last step: finish normally (final eval)
         stopping = False
       if stopping:
-        logging.warning("stopping at step %d (%s); saving a checkpoint", step,
-                        "SIGTERM" if stop["signal"] or stop.get("voted") else "stop_after_step")
+        why = (stop["name"] or "a signal on another process"
+               if stop["signal"] or stop.get("voted") else "stop_after_step")
+        logging.warning("stopping at step %d (%s); saving a checkpoint", step, why)
         save(step)
         stopped_early = True
         break
@@ -387,7 +400,41 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
                                                         "matplotlib"))
   logging.info("time outside the step: %s", {k: round(v, 2) for k, v in timers.totals().items()})
   return Summary(final_step=step, first_loss=first_loss, last_loss=last_loss, eval=last_eval,
-                 num_traces=len(traces), stopped_early=stopped_early, workdir=workdir)
+                 num_traces=len(traces), stopped_early=stopped_early, workdir=workdir,
+                 signal=stop["name"] if stopped_early and stop["signal"] else None)
+
+
+def _lock_workdir(workdir: str, is_primary: bool) -> workdir_lock.WorkdirLock | None:
+  """Process 0 takes the workdir's lock; every process raises WorkdirError if it could not."""
+  lock, error = None, None
+  if is_primary:
+    lock = workdir_lock.WorkdirLock(workdir)
+    try:
+      lock.acquire()
+    except WorkdirError as e:
+      lock, error = None, e
+  if jax.process_count() > 1:   # the others wait here for process 0's outcome
+    failed = bool(multihost_utils.process_allgather(np.int32(error is not None)).any())
+    if failed and error is None:
+      raise WorkdirError(f"process 0 could not take the lock of --workdir {workdir} (its output "
+                         "says why)")
+  if error is not None:
+    raise error
+  return lock
+
+
+def _finished(workdir: str, step: int, total_steps: int, checkpointer) -> Summary:
+  """The Summary of a run whose checkpoint is at (or past) total_steps; nothing is written."""
+  checkpointer.close()
+  rows = metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"), missing_ok=True)
+  losses = [r["train/loss"] for r in rows if "train/loss" in r]
+  evals = [r for r in rows if "eval/loss" in r]
+  last_eval = {k: v for k, v in evals[-1].items() if k.startswith("eval/")} if evals else {}
+  logging.warning("%s: this run already finished (checkpoint at step %d, total_steps=%d); nothing "
+                  "to do. Raise --config.total_steps to train further", workdir, step, total_steps)
+  return Summary(final_step=step, first_loss=losses[0] if losses else float("nan"),
+                 last_loss=losses[-1] if losses else float("nan"), eval=last_eval, num_traces=0,
+                 stopped_early=False, workdir=workdir, already_finished=True)
 
 
 def abstract_model(model_name: str, model_cfg, mask_cfg, mesh, rules):

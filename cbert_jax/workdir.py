@@ -34,6 +34,7 @@ RESUMABLE = (
     "compilation_cache_dir", "peak_flops",                 # compile cache; the MFU denominator
     "mode",                   # train | eval (only train resumes)
     "allow_config_change",    # this switch itself
+    "restart_from_scratch",   # start over when every checkpoint was moved aside as damaged
     "faults.",                # spike policy and its planted test faults (cbert_jax/guard.py)
     "model.remat", "model.ce_chunk", "model.attention_impl",  # same maths, other memory / kernel
     "optim.microbatches",     # gradient accumulation: the same batch, masks and update
@@ -86,7 +87,9 @@ def check_config(workdir: str, config: ml_collections.ConfigDict,
     _keep_copy(path, is_primary)
     return []
   old, new = _flatten(saved), _flatten(json.loads(config.to_json_best_effort()))
-  changed = [k for k in sorted(old.keys() & new.keys()) if old[k] != new[k] and k not in IGNORED]
+  # masking.cms: older versions recorded True for BERT and ELECTRA too, which ignore it.
+  ignored = IGNORED + (("masking.cms",) if config.model_name != "crossbert" else ())
+  changed = [k for k in sorted(old.keys() & new.keys()) if old[k] != new[k] and k not in ignored]
   blocking = [k for k in changed if not _resumable(k)]
   free = [k for k in changed if _resumable(k)]
   if free:

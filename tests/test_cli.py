@@ -41,6 +41,7 @@ def test_cli_trains_a_few_steps(tmp_path, cache, arg):
   assert [l["step"] for l in lines if "train/loss" in l] == [1, 2, 3]
   saved = json.loads((tmp_path / "config.json").read_text())["config"]
   assert saved["model_name"] == ("bert" if arg else "crossbert")
+  assert saved["masking"]["cms"] is (not arg)                       # BERT does not use CMS
   assert "step 3/3" in r.stderr                                    # the progress line
 
 
@@ -58,7 +59,11 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, cache, flag, expected):
   assert not (tmp_path / "w").exists()
 
 
-def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tmp_path, cache):
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_a_signal_saves_a_checkpoint_and_the_next_run_resumes(tmp_path, cache, sig, code):
+  """SIGTERM (preemption) and SIGINT (Ctrl-C) both checkpoint and stop (exit 0 / 130). With
+  SIGINT, also: a second run on the live run's workdir is refused in one line and writes nothing,
+  and rerunning the finished run changes nothing."""
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
   args = cli(tmp_path, cache, "--config.total_steps=2000", "--config.log_every=1",
              "--config.checkpoint_every=1000")
@@ -67,16 +72,30 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tmp_path, cache):
   deadline = time.time() + 240
   while time.time() < deadline and (not metrics.exists() or metrics.read_text().count("\n") < 3):
     time.sleep(0.5)
-  proc.send_signal(signal.SIGTERM)
+  if sig == signal.SIGINT:   # the workdir is locked while its run lives
+    second = run_cli(cli(tmp_path, cache, "--config.total_steps=2000"))
+    assert second.returncode == 2, second.stderr[-3000:]
+    errors = [l for l in second.stderr.splitlines() if "error" in l.lower()]
+    assert errors == [l for l in errors if l.startswith("workdir error: --workdir ")] and len(errors) == 1
+    assert f"is in use by another run (pid {proc.pid} on host" in errors[0]
+  proc.send_signal(sig)
   _, err = proc.communicate(timeout=120)
-  assert proc.returncode == 0, err[-3000:]
+  assert proc.returncode == code, err[-3000:]
   steps = sorted(int(s) for s in os.listdir(tmp_path / "checkpoints"))
   assert len(steps) == 1 and 3 <= steps[0] < 2000
-  r = run_cli(cli(tmp_path, cache, f"--config.total_steps={steps[0] + 2}", "--config.log_every=1"))
+  assert f"({signal.Signals(sig).name}); saving a checkpoint" in err
+  assert not (tmp_path / "run.lock").exists()                       # released on the way out
+  rerun = cli(tmp_path, cache, f"--config.total_steps={steps[0] + 2}", "--config.log_every=1")
+  r = run_cli(rerun)
   assert r.returncode == 0, r.stderr[-3000:]
   assert f"resumed from checkpoint at step {steps[0]}" in r.stderr
   logged = [json.loads(l)["step"] for l in metrics.read_text().splitlines()]
   assert logged[-3:] == [steps[0] + 1, steps[0] + 2, steps[0] + 2]   # 2 train lines + final eval
+  if sig == signal.SIGINT:   # the finished run, rerun: says so, and no file changes
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    r = run_cli(rerun)
+    assert r.returncode == 0 and "this run already finished" in r.stderr, r.stderr[-3000:]
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
 def test_local_launcher_commands_are_golden(capsys):

@@ -119,8 +119,20 @@ def test_no_readable_checkpoint_is_one_clear_error(tmp_path, cache_dir):
   train.run(tiny_config(cache_dir, total_steps=8, checkpoint_every=4, stop_after_step=4),
             str(tmp_path))
   shutil.rmtree(tmp_path / "checkpoints" / "4" / "state")
-  with pytest.raises(CheckpointError, match=r"no checkpoint in .*checkpoints can be read \(step 4"):
+  with pytest.raises(CheckpointError, match=r"no checkpoint in .*checkpoints can be resumed from: "
+                     r"damaged checkpoints were moved aside \(step 4 \(file state/.* is missing\)"):
     train.run(tiny_config(cache_dir, total_steps=8, checkpoint_every=4), str(tmp_path))
+  metrics, first = (tmp_path / "metrics.jsonl").read_text(), losses(tmp_path)
+  # Never a silent restart: the refused run wrote nothing; restart_from_scratch starts over.
+  with pytest.raises(CheckpointError, match="restart_from_scratch=true"):
+    train.run(tiny_config(cache_dir, total_steps=8, checkpoint_every=4), str(tmp_path))
+  assert (tmp_path / "metrics.jsonl").read_text() == metrics
+  summary = train.run(tiny_config(cache_dir, total_steps=8, checkpoint_every=4,
+                                  restart_from_scratch=True), str(tmp_path))
+  again = losses(tmp_path)                                         # steps 1..8 from scratch
+  assert summary.final_step == 8 and sorted(again) == list(range(1, 9))
+  for step in first:                                              # the same seed, the same run
+    assert again[step] == pytest.approx(first[step], rel=1e-6)
 
 
 @pytest.mark.parametrize("where", ["save", "async"])

@@ -1,0 +1,183 @@
+"""One training run per workdir: an advisory lock file, `<workdir>/run.lock`.
+
+Two runs writing one workdir interleave metrics.jsonl, write two TensorBoard files and race on
+checkpoints. `acquire` creates the lock file with O_CREAT|O_EXCL (atomic on local disks and NFS)
+holding this run's host, pid, process start time and command; `release` removes it. While the run
+lives, a daemon thread touches the file every `HEARTBEAT_S` seconds, so a lock from another host
+can be judged by its age.
+
+A lock that exists is *stale* (taken over with a warning) when
+- it was written on this host and its pid is gone, or the pid now belongs to a process started
+  at another time (pid reuse), or
+- it was written on another host and its heartbeat is older than `STALE_AFTER_S` (a run killed
+  with SIGKILL or a lost host; the live holder touches it every `HEARTBEAT_S`).
+Otherwise the run is refused with one line naming the other run and the lock file.
+
+Filesystems without working mtimes or O_EXCL (some FUSE mounts) still get the same-host check.
+Why not flock: on Lustre/GCS FUSE it is host-local or missing, and it says nothing about a holder
+on another host; the heartbeat does.
+
+Only process 0 of a multi-process run takes the lock; `train.run` shares the outcome with the
+other processes so all of them stop together when it is refused.
+"""
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+from absl import logging
+
+from cbert_jax.errors import WorkdirError
+
+LOCK_NAME = "run.lock"
+HEARTBEAT_S = 15.0      # the holder touches the lock this often
+STALE_AFTER_S = 300.0   # another host's lock untouched this long belongs to a dead run
+
+
+def _process_start(pid: int) -> str | None:
+  """The start time of `pid` in clock ticks since boot (/proc/<pid>/stat field 22); None if gone
+  or unknown (no /proc: then only the pid's existence is checked)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[19]
+  except (OSError, IndexError):
+    return None
+
+
+def _alive(pid: int, start: str | None) -> bool:
+  """True while `pid` runs and (when both are known) started at `start`."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    pass   # exists, owned by another user
+  now = _process_start(pid)
+  return start is None or now is None or now == start
+
+
+def _describe(info: dict) -> str:
+  started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("start_time", 0)))
+  return (f"pid {info.get('pid')} on host {info.get('host')}, started {started}"
+          f" ({' '.join(info.get('command', []))[:120]})")
+
+
+class WorkdirLock:
+  """The lock of one workdir; `acquire` then `release` (or use as a context manager)."""
+
+  def __init__(self, workdir: str):
+    self.workdir = workdir
+    self.path = os.path.join(workdir, LOCK_NAME)
+    self._info = {"host": socket.gethostname(), "pid": os.getpid(),
+                  "pid_start": _process_start(os.getpid()), "start_time": time.time(),
+                  "command": sys.argv}
+    self._stop = threading.Event()
+    self._thread = None
+
+  def acquire(self) -> None:
+    """Take the lock, or raise WorkdirError (one line) naming the run that holds it.
+
+    Also the first write into the workdir, so an unusable workdir (a file, read-only, no
+    permission) is reported here, before any data preparation.
+    """
+    self._make_dir()
+    for _ in range(3):   # a stale lock is moved away, then the create is retried
+      try:
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      except FileExistsError:
+        self._take_over_if_stale()
+        continue
+      except OSError as e:
+        raise WorkdirError(f"--workdir {self.workdir}: cannot write the lock file {self.path} "
+                           f"({e.strerror}); the workdir must be writable") from e
+      with os.fdopen(fd, "w") as f:
+        json.dump(self._info, f)
+      self._thread = threading.Thread(target=self._heartbeat, daemon=True, name="workdir-lock")
+      self._thread.start()
+      return
+    raise WorkdirError(f"--workdir {self.workdir}: could not take the lock {self.path} (another "
+                       "run keeps taking it); retry")
+
+  def release(self) -> None:
+    """Stop the heartbeat and remove the lock file if it is still this run's."""
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join(timeout=5)
+      self._thread = None
+      if self._read() == self._info:
+        try:
+          os.remove(self.path)
+        except FileNotFoundError:
+          pass
+
+  def __enter__(self):
+    self.acquire()
+    return self
+
+  def __exit__(self, *exc):
+    self.release()
+
+  def _make_dir(self) -> None:
+    if os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
+      raise WorkdirError(f"--workdir {self.workdir} is a file, not a directory; pass a directory "
+                         "path (it is created if missing)")
+    try:
+      os.makedirs(self.workdir, exist_ok=True)
+    except OSError as e:
+      raise WorkdirError(f"--workdir {self.workdir} cannot be created ({e.strerror}); pass a "
+                         "writable path") from e
+    if not os.access(self.workdir, os.W_OK | os.X_OK):
+      raise WorkdirError(f"--workdir {self.workdir} is not writable by this user; fix its "
+                         "permissions or pass another path")
+
+  def _read(self) -> dict | None:
+    try:
+      with open(self.path) as f:
+        return json.load(f)
+    except (OSError, ValueError):
+      return None
+
+  def _take_over_if_stale(self) -> None:
+    """Move a stale lock away (with a warning); raise WorkdirError for a live one."""
+    info = self._read()
+    if info is None:   # being written right now, or garbage: judge it by its age
+      try:
+        age = time.time() - os.path.getmtime(self.path)
+      except FileNotFoundError:
+        return
+      if age < 5:
+        time.sleep(1)
+        return
+      why = f"an unreadable lock file {age:.0f} s old"
+    elif info.get("host") == self._info["host"]:
+      if _alive(int(info.get("pid", -1)), info.get("pid_start")):
+        raise WorkdirError(f"--workdir {self.workdir} is in use by another run ({_describe(info)}); "
+                           "wait for it to finish, stop it, or use another --workdir")
+      why = f"its run ({_describe(info)}) is no longer running"
+    else:
+      try:
+        age = time.time() - os.path.getmtime(self.path)
+      except FileNotFoundError:
+        return
+      if age < STALE_AFTER_S:
+        raise WorkdirError(
+            f"--workdir {self.workdir} is in use by a run on another host ({_describe(info)}; "
+            f"lock touched {age:.0f} s ago); wait for it, or if that run is dead, delete "
+            f"{self.path} (it is taken over by itself after {STALE_AFTER_S:.0f} s untouched)")
+      why = f"its run ({_describe(info)}) has not touched it for {age:.0f} s"
+    stale = f"{self.path}.stale-{os.getpid()}"
+    try:
+      os.rename(self.path, stale)
+    except FileNotFoundError:
+      return   # another starter moved it first; retry the create
+    logging.warning("taking over the lock of %s: %s", self.workdir, why)
+    os.remove(stale)
+
+  def _heartbeat(self) -> None:
+    while not self._stop.wait(HEARTBEAT_S):
+      try:
+        os.utime(self.path)
+      except OSError:
+        pass   # a lock removed by hand or a filesystem without mtimes: nothing to refresh
