@@ -40,6 +40,7 @@ RESUMABLE = (
     "optim.microbatches",     # gradient accumulation: the same batch, masks and update
     "sweep.chip", "sweep.memory", "sweep.memory_",  # the memory plan (chip, setting, bytes)
     "data.cache_dir", "data.preprocess_workers",           # where the prepared data lives; workers
+    "data.verify_cache",      # how thoroughly cache entries are checked on read
 )
 
 # Not compared: filled in after this check (the vocabulary from the tokenizer, which the data.*

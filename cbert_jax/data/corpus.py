@@ -17,8 +17,9 @@ train/val, plus a manifest that says exactly where the text came from. Sources:
 Both sources go through the same normaliser, so a file holding a Gutenberg book gives the
 same documents as the tarball member.
 
-The small cache helpers (`resolve_cache_dir`, `atomic_write`) live here because the
-corpus is the bottom of the data stack; `tokenizer.py` and `packing.py` import them.
+The small cache helpers (`resolve_cache_dir`, and `atomic_write`, an alias of
+`cache_entry.atomic_write`) live here because the corpus is the bottom of the data stack;
+`tokenizer.py` and `packing.py` import them.
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ import hashlib
 import os
 import re
 import tarfile
-import tempfile
 import unicodedata
 import subprocess
 import urllib.request  # noqa: F401  (tests patch urllib.request.urlopen through here)
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, BinaryIO
+from collections.abc import Iterable, Sequence
+from typing import Any
 
+from cbert_jax.data import cache_entry
 from cbert_jax.data import fetch
 from cbert_jax.errors import ConfigError
 
@@ -64,15 +65,26 @@ NORMALISER_VERSION = 1
 # Shorter paragraphs are titles, chapter numbers, stage directions and list debris.
 MIN_DOC_CHARS = 40
 
-_BLANK_LINE = re.compile(r"\n[ \t\f\v\u00a0]*\n")
+# One or more blank lines (lines of spaces, tabs, form feeds or no-break spaces): from a
+# newline to the last newline of the run. Taking a whole run as one separator gives the same
+# paragraphs as splitting at each blank line (the pieces in between held only whitespace
+# and were dropped), without a Python-level step per line of a long run of blank lines.
+_BLANK_LINE = re.compile(r"\n[\n \t\f\v\u00a0]*\n")
 # Gutenberg licence blocks: everything after an "End of ... Project Gutenberg" line (one
 # book in the NLTK selection, chesterton-ball, still carries its ~300-line trailer) and
 # everything before a "*** START OF ..." line (absent here, common in fresh downloads).
+#
+# Each pattern starts at a line start and skips only that line's leading blanks
+# (`[^\S\n]*`, whitespace other than newline). The first version used `^\s*`, whose `\s*`
+# also crosses newlines: on a run of n blank lines every line start re-scanned the rest of
+# the run, O(n^2) (a 1.4 MB file of whitespace never finished). The matches are the same:
+# a marker preceded by blank lines is found from its own line start, and
+# `_blank_lines_before` moves the end cut back over those blank lines as before.
 _PG_END = re.compile(
-    r"^\s*(\*{3}\s*END OF TH(E|IS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)",
+    r"^[^\S\n]*(\*{3}\s*END OF TH(E|IS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)",
     re.IGNORECASE | re.MULTILINE)
 _PG_START = re.compile(
-    r"^\s*\*{3}\s*START OF TH(E|IS) PROJECT GUTENBERG[^\n]*$",
+    r"^[^\S\n]*\*{3}\s*START OF TH(E|IS) PROJECT GUTENBERG[^\n]*",
     re.IGNORECASE | re.MULTILINE)
 # NLTK puts "[Emma by Jane Austen 1816]" on the first line of each book.
 _NLTK_TITLE = re.compile(r"^\[[^\]\n]{1,200}\]$")
@@ -109,31 +121,9 @@ def resolve_cache_dir(cfg: Any) -> str:
   return fetch.cache_root(path)
 
 
-def atomic_write(path: str, write: bytes | Callable[[BinaryIO], None]) -> None:
-  """Writes `path` via a temp file in the same directory and `os.replace`.
-
-  Several processes (or hosts sharing a filesystem) may build the same cache entry at
-  once; each writes its own temp file and the rename is atomic, so a reader never sees a
-  half-written file and the last writer wins with identical content.
-
-  Args:
-    path: destination file.
-    write: the bytes to write, or a function that writes to a binary file object.
-  """
-  directory = os.path.dirname(path) or "."
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-  try:
-    with os.fdopen(fd, "wb") as f:
-      if isinstance(write, bytes):
-        f.write(write)
-      else:
-        write(f)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+# Moved to the leaf module cache_entry.py (so every data module can use it without import
+# cycles); kept here because callers and tests use `corpus.atomic_write`.
+atomic_write = cache_entry.atomic_write
 
 
 sha256_file = fetch.sha256_file
@@ -168,7 +158,7 @@ def normalise_text(text: str) -> list[str]:
     text = text[start.end():]
   end = _PG_END.search(text)
   if end:
-    text = text[:end.start()]
+    text = text[:_blank_lines_before(text, end.start())]
   docs = []
   for i, para in enumerate(_BLANK_LINE.split(text)):
     # str.split() with no argument splits on all Unicode whitespace, so this both joins
@@ -181,6 +171,28 @@ def normalise_text(text: str) -> list[str]:
     if len(para) >= MIN_DOC_CHARS:
       docs.append(para)
   return docs
+
+
+def _blank_lines_before(text: str, line_start: int) -> int:
+  r"""The first line start of the blank lines that end at `line_start` (itself if none).
+
+  The end marker used to be matched from there (`^\s*` crossed blank lines), and the text
+  was cut there; cutting at the same place keeps every output byte-identical. Linear: the
+  blank lines are scanned once.
+  """
+  head = text[:line_start].rstrip()
+  if not head:
+    return 0
+  newline = text.find("\n", len(head), line_start)
+  return newline + 1 if newline >= 0 else line_start
+
+
+def _why_empty(text: str) -> str:
+  """Why `normalise_text(text)` gave no document, for the one-line error."""
+  if not text.strip():
+    return f"it holds {len(text)} characters, all whitespace" if text else "it is empty"
+  return (f"no paragraph between blank lines reaches {MIN_DOC_CHARS} characters once "
+          "Gutenberg licence blocks, title lines and verse numbers are removed")
 
 
 def _decode(data: bytes, name: str, strict: bool) -> str:
@@ -339,6 +351,7 @@ def check_corpus_config(cfg: Any) -> None:
   max_docs = _get(cfg, "max_docs", 0)
   if isinstance(max_docs, bool) or not isinstance(max_docs, int) or max_docs < 0:
     raise ConfigError(f"data.max_docs must be an int >= 0 (0 = all), got {max_docs!r}.")
+  cache_entry.check_mode(_get(cfg, "verify_cache", "sample"))
 
 
 def load_corpus(cfg: Any) -> Corpus:
@@ -346,8 +359,9 @@ def load_corpus(cfg: Any) -> Corpus:
 
   Args:
     cfg: the `data` config; reads `corpus` ("gutenberg"), `corpus_files` ([]),
-      `val_fraction` (0.02), `split_seed` (0), `max_docs` (0 = all) and `cache_dir`
-      ("" = $CBERT_JAX_CACHE or ~/.cache/cbert_jax).
+      `val_fraction` (0.02), `split_seed` (0), `max_docs` (0 = all), `cache_dir`
+      ("" = $CBERT_JAX_CACHE or ~/.cache/cbert_jax) and `verify_cache` ("sample": how
+      the cached offline datasets are checked, cache_entry.py).
 
   Returns:
     The corpus. Documents keep corpus order (sources sorted by name for "gutenberg", the
@@ -355,7 +369,8 @@ def load_corpus(cfg: Any) -> Corpus:
     documents in that order, before the split.
 
   Raises:
-    ConfigError: for bad fields, missing files, a failed download, or an empty split.
+    ConfigError: for bad fields, missing files, a file of `data.corpus_files` that yields
+      no document, a failed download, or an empty split.
   """
   check_corpus_config(cfg)
   kind = _get(cfg, "corpus", "gutenberg")
@@ -364,7 +379,8 @@ def load_corpus(cfg: Any) -> Corpus:
   max_docs = int(_get(cfg, "max_docs", 0))
 
   if kind in OFFLINE_CORPORA:
-    return _load_offline(kind, resolve_cache_dir(cfg), val_fraction, seed, max_docs)
+    return _load_offline(kind, resolve_cache_dir(cfg), val_fraction, seed, max_docs,
+                         _get(cfg, "verify_cache", "sample"))
   if kind == "gutenberg":
     texts, sources = _gutenberg_texts(resolve_cache_dir(cfg))
   else:
@@ -373,8 +389,12 @@ def load_corpus(cfg: Any) -> Corpus:
   # dict keeps the first occurrence: exact duplicates (refrains, repeated headers, "Enter
   # MACBETH"-style lines) would otherwise be memorised and leak across the split.
   unique: dict[str, None] = {}
-  for _, text in texts:
-    for doc in normalise_text(text):
+  for name, text in texts:
+    file_docs = normalise_text(text)
+    if not file_docs and kind == "files":
+      raise ConfigError(f"data.corpus_files: {name} yields no usable text ({_why_empty(text)}); "
+                        "fix the file or leave it out of data.corpus_files.")
+    for doc in file_docs:
       unique.setdefault(doc, None)
   docs = list(unique)
   if max_docs:
@@ -409,7 +429,7 @@ def load_corpus(cfg: Any) -> Corpus:
 
 
 def _load_offline(kind: str, cache_dir: str, val_fraction: float, seed: int,
-                  max_docs: int) -> Corpus:
+                  max_docs: int, verify_mode: str = "sample") -> Corpus:
   """`offline_small` / `offline_full`: build-or-load the TFDS dataset (tfds_corpus.py).
 
   The dataset is split with the default seed and fraction (offline_corpus.SPLIT_SEED,
@@ -421,7 +441,7 @@ def _load_offline(kind: str, cache_dir: str, val_fraction: float, seed: int,
   from cbert_jax.data import offline_corpus, tfds_corpus  # pylint: disable=import-outside-toplevel
 
   config = kind[len("offline_"):]
-  records, manifest = tfds_corpus.read(tfds_corpus.build(config, cache_dir))
+  records, manifest = tfds_corpus.load_records(config, cache_dir, verify_mode)
   same_split = (seed == offline_corpus.SPLIT_SEED
                 and val_fraction == offline_corpus.VAL_FRACTION)
   if same_split and not max_docs:

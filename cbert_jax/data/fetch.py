@@ -172,10 +172,15 @@ def members(path: str, suffixes: tuple[str, ...] = ()) -> Iterator[tuple[str, by
         if not name.endswith("/") and (not suffixes or name.endswith(suffixes)):
           yield name, z.read(name)
     return
-  with tarfile.open(path, "r:*") as t:
-    for m in sorted((m for m in t.getmembers() if m.isfile()), key=lambda m: m.name):
-      if not suffixes or m.name.endswith(suffixes):
-        yield m.name, t.extractfile(m).read()
+  # One sequential pass, then name order: extracting members of a .tgz out of archive order
+  # re-decompresses the stream from the start for every backward seek (O(members * size)).
+  found = []
+  with tarfile.open(path, "r|*") as t:
+    for m in t:
+      if m.isfile() and (not suffixes or m.name.endswith(suffixes)):
+        found.append((m.name, t.extractfile(m).read()))
+  found.sort(key=lambda item: item[0])
+  yield from found
 
 
 def read_member(path: str, name: str) -> bytes:

@@ -287,14 +287,27 @@ def read_nlp_corpus(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Do
   return docs
 
 
-_BROWN_TAG = re.compile(r"(\S+)/[^\s/]+")
+def _brown_word(token: str) -> str | None:
+  r"""The word of one whitespace-free Brown token `word/tag`, None if it has no tag.
+
+  The word is everything before the last '/' that is followed by a tag character (not
+  '/'), so "and/or/cc" -> "and/or". This is exactly what `re.finditer(r"(\S+)/[^\s/]+")`
+  found per token, without that pattern's O(n^2) backtracking on a long token with no
+  such '/' (every start position re-scanned the rest of the token).
+  """
+  i = token.rfind("/")
+  while i >= 1:
+    if i + 1 < len(token) and token[i + 1] != "/":
+      return token[:i]
+    i = token.rfind("/", 0, i)
+  return None
 
 
 def detag_brown(text: str) -> str:
   """Brown corpus `word/tag` lines -> plain text with paragraphs kept (blank lines)."""
   out = []
   for para in re.split(r"\n\s*\n", text):
-    words = [m.group(1) for m in _BROWN_TAG.finditer(para)]
+    words = [w for w in map(_brown_word, para.split()) if w is not None]
     # Brown writes quotes as `` and ''; curly quotes keep open/close apart for spacing.
     s = " ".join(words).replace("``", "\u201c").replace("''", "\u201d")
     s = re.sub(r" ([.,;:!?)\]\u201d])", r"\1", s)

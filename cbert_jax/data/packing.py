@@ -21,12 +21,15 @@ import itertools
 import json
 import os
 import time
+import zipfile
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
 from absl import logging
 import numpy as np
 
+from cbert_jax.data import cache_entry
 from cbert_jax.data import corpus as corpus_lib
 from cbert_jax.data import tokenizer as tokenizer_lib
 from cbert_jax.errors import ConfigError
@@ -152,28 +155,69 @@ def _content_only(tree: Any) -> Any:
   return tree
 
 
-def _load_cached(path: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
-  """Reads a packed cache file; None if absent or unreadable (then it is rebuilt)."""
-  if not os.path.exists(path):
-    return None
+def _check_arrays(split: str, arrays: dict[str, np.ndarray], seq_len: int,
+                 vocab_size: int) -> None:
+  """Checks packed arrays against the shape, dtype and vocabulary they must have.
+
+  Raises:
+    cache_entry.Damaged: naming the first violation (e.g. a token id >= vocab_size,
+      which would otherwise surface much later as a non-finite loss).
+  """
+  shape = arrays["tokens"].shape
+  for k in KEYS:
+    a = arrays[k]
+    if a.dtype != np.int32 or a.ndim != 2 or a.shape != shape or a.shape[1] != seq_len:
+      raise cache_entry.Damaged(
+          f"{split}_{k} is {a.dtype} {a.shape}, expected int32 [N, {seq_len}] like "
+          f"{split}_tokens {shape}")
+  if not arrays["tokens"].size:
+    return
+  lo, hi = int(arrays["tokens"].min()), int(arrays["tokens"].max())
+  if lo < 0 or hi >= vocab_size:
+    raise cache_entry.Damaged(
+        f"{split} token ids span [{lo}, {hi}], outside the tokenizer's vocabulary "
+        f"[0, {vocab_size})")
+  if int(arrays["segment_ids"].min()) < 0:
+    raise cache_entry.Damaged(f"{split} has negative segment ids")
+  pos = arrays["positions"]
+  if int(pos.min()) < 0 or int(pos.max()) >= seq_len:
+    raise cache_entry.Damaged(f"{split} positions fall outside [0, {seq_len})")
+
+
+def _read_packed(path: str, seq_len: int, vocab_size: int
+                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+  """Reads and checks a packed cache file (`cache_entry.Damaged` if it is unusable)."""
   try:
-    with np.load(path) as z:
+    with np.load(path) as z:  # reading each array checks its zip CRC-32
       train = {k: z[f"train_{k}"] for k in KEYS}
       val = {k: z[f"val_{k}"] for k in KEYS}
-  except (OSError, ValueError, KeyError) as e:
-    logging.warning("Ignoring unreadable packed cache %s (%s); rebuilding.", path, e)
-    return None
+  except (FileNotFoundError, PermissionError):
+    raise  # not damage (cache_entry.load_verified decides)
+  except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+    raise cache_entry.Damaged(f"it does not load ({type(e).__name__}: {e})") from e
+  _check_arrays("train", train, seq_len, vocab_size)
+  _check_arrays("val", val, seq_len, vocab_size)
   return train, val
+
+
+def _load_cached(path: str, seq_len: int, vocab_size: int, mode: str, cache_root: str
+                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+  """The cached packed arrays; None if absent or damaged (moved aside; then rebuilt)."""
+  return cache_entry.load_verified(
+      path, mode, lambda p: _read_packed(p, seq_len, vocab_size), cache_root=cache_root,
+      what="packed arrays")
 
 
 def _save_cached(path: str, train: dict[str, np.ndarray], val: dict[str, np.ndarray],
                  manifest: dict[str, Any]) -> None:
-  """Writes the packed arrays (uncompressed: loading is I/O-bound and fast)."""
+  """Writes the packed arrays (uncompressed: loading is I/O-bound and fast) and sidecar."""
   arrays = {f"train_{k}": v for k, v in train.items()}
   arrays.update({f"val_{k}": v for k, v in val.items()})
   # A unicode array, so np.load needs no pickle to read it back.
   arrays["manifest_json"] = np.array(json.dumps(manifest, sort_keys=True))
-  corpus_lib.atomic_write(path, lambda f: np.savez(f, **arrays))
+  cache_entry.write_entry(path, lambda f: np.savez(f, **arrays), kind="packed arrays",
+                          manifest_hash=manifest["hash"],
+                          vocab_size=manifest["tokenizer"]["vocab_size"])
 
 
 def prepare(cfg: Any, seq_len: int) -> PackedData:
@@ -192,7 +236,10 @@ def prepare(cfg: Any, seq_len: int) -> PackedData:
     The packed data. Packed arrays are cached at
     `<cache_dir>/packed/packed-<key>.npz`, keyed by (corpus content hash, tokenizer
     sha256, seq_len, PACK_VERSION); the corpus is still re-read (~1 s) to compute its
-    content hash, but tokenising and packing are skipped on a hit.
+    content hash, but tokenising and packing are skipped on a hit. A hit is checked
+    against its sha256 sidecar (`data.verify_cache`), loaded, and its token ids checked
+    against the tokenizer's vocabulary; a damaged file is moved to `<cache>/damaged/`
+    with a warning and rebuilt.
 
   Raises:
     ConfigError: for bad `data.*` fields or `seq_len`, before any expensive work.
@@ -221,10 +268,11 @@ def prepare(cfg: Any, seq_len: int) -> PackedData:
   key = hashlib.sha256(json.dumps(dict(
       content_hash=corpus.manifest["content_hash"], tokenizer_sha256=tok.sha256,
       seq_len=seq_len, pack_version=PACK_VERSION), sort_keys=True).encode()).hexdigest()
-  path = os.path.join(corpus_lib.resolve_cache_dir(cfg), "packed",
-                      f"packed-{key[:24]}.npz")
+  cache_root = corpus_lib.resolve_cache_dir(cfg)
+  path = os.path.join(cache_root, "packed", f"packed-{key[:24]}.npz")
   start = time.perf_counter()
-  cached = _load_cached(path)
+  cached = _load_cached(path, seq_len, tok.vocab_size, getattr(cfg, "verify_cache", "sample"),
+                        cache_root)
   if cached is not None:
     train, val = cached
     timings["cache_load"] = time.perf_counter() - start

@@ -40,7 +40,12 @@ Work plan (deterministic, independent of the worker count):
      train and val separately, streaming (bounded memory), into `train-k`/`val-k`.
 
 Resumability: each shard is written under a temporary name and renamed when complete;
-the main process then records it in `index.json` (rewritten atomically). A rerun after an
+the main process then records it in `index.json` (rewritten atomically), with its size,
+sha256 and the sha256 of three `SHARD_SAMPLE_BYTES` samples (cache_entry.py). Every later
+run checks each recorded shard's size and samples (its full sha256 with
+`data.verify_cache="full"`); a damaged shard is moved to `<cache>/damaged/` with a
+warning and rebuilt like an unfinished one (an index from before these records gets them
+after its shards open with the right row counts). A rerun after an
 interruption skips recorded shards whose files exist and does the rest; since every
 shard's bytes depend only on its task, the result equals a one-shot run byte for byte
 (index included: it holds no timings or completion order).
@@ -69,6 +74,7 @@ from absl import logging
 import numpy as np
 import sentencepiece as spm
 
+from cbert_jax.data import cache_entry
 from cbert_jax.data import corpus as corpus_lib
 from cbert_jax.data import packing
 from cbert_jax.data import sources as sources_lib
@@ -77,6 +83,9 @@ from cbert_jax.errors import ConfigError
 
 # Bump when the bytes written for the same inputs change.
 PREPROCESS_VERSION = 1
+# Bytes hashed at the start, middle and end of each shard on every run: a pod-scale corpus
+# has thousands of shards, so the per-run check reads 192 KiB of each, not 3 MiB.
+SHARD_SAMPLE_BYTES = 64 << 10
 INDEX_FILE = "index.json"
 RECORD_LAYOUT = "little-endian int32 [3, T]: tokens, segment_ids, positions"
 WRITER_OPTIONS = "group_size:1"
@@ -285,10 +294,6 @@ def _count_task(task: Task, ctx: _Context) -> dict[str, Any]:
   return dict(docs=docs, chars=chars, bad=bad.as_dict())
 
 
-def _sha256(path: str) -> str:
-  return corpus_lib.sha256_file(path)
-
-
 def _pack_task(task: Task, ctx: _Context) -> dict[str, Any]:
   """Main pass: tokenise + pack one task into `train-k`/`val-k` (temp name, then rename)."""
   sp = _processor(ctx.model_proto)
@@ -321,7 +326,7 @@ def _pack_task(task: Task, ctx: _Context) -> dict[str, Any]:
       os.replace(writers[s].path, final)
       out[s] = dict(file=os.path.basename(final), rows=writers[s].rows,
                     tokens=writers[s].tokens, docs=docs[s], chars=chars[s],
-                    sha256=_sha256(final))
+                    **cache_entry.digest(final, SHARD_SAMPLE_BYTES))
     return out
   finally:
     for w in writers.values():
@@ -349,6 +354,72 @@ def _write_index(out_dir: str, index: dict[str, Any]) -> None:
                           json.dumps(index, sort_keys=True, indent=1).encode())
 
 
+def _shard_problem(path: str, entry: dict[str, Any], mode: str) -> str | None:
+  """Why a recorded shard file is unusable, or None.
+
+  Entries with a sample digest are checked against it (`mode`); older ones, which only
+  record the full sha256, are opened and their row count compared (structural), and in
+  "full" mode hashed.
+  """
+  if not os.path.exists(path):
+    return None  # missing shards are simply rebuilt (see build)
+  if "sample_sha256" in entry:
+    return cache_entry.check(path, entry, mode)
+  if mode == "full" and cache_entry.full_sha256(path) != entry["sha256"]:
+    return "sha256 does not match its index record"
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+  try:
+    reader = array_record_module.ArrayRecordReader(path)
+    try:
+      n = reader.num_records()
+    finally:
+      reader.close()
+  except Exception as e:  # the C++ reader raises RuntimeError/ValueError on bad files.
+    return f"it does not open as ArrayRecord ({type(e).__name__}: {e})"
+  if n != entry["rows"]:
+    return f"it holds {n} rows, its index records {entry['rows']}"
+  return None
+
+
+def _drop_damaged(out_dir: str, index: dict[str, Any], mode: str, cache_root: str) -> bool:
+  """Checks every recorded shard; moves damaged ones aside and forgets their tasks.
+
+  Returns True if the index changed (a task dropped, or digests added to old entries).
+  """
+  changed = False
+  for name in sorted(index["shards"]):
+    entry = index["shards"][name]
+    problems = {}
+    for s in _SPLITS:
+      path = os.path.join(out_dir, entry[s]["file"])
+      try:
+        reason = _shard_problem(path, entry[s], mode)
+      except PermissionError as e:
+        raise ConfigError(
+            f"data.cache_dir: the packed shard {path} cannot be read ({e.strerror}); fix its "
+            "permissions, or set data.cache_dir to a directory of your own.") from e
+      except OSError as e:
+        reason = f"cannot be read ({e})"
+      if reason is not None:
+        problems[path] = reason
+    if problems:
+      for path, reason in problems.items():
+        cache_entry.move_aside(path, cache_root, reason, what="packed shard",
+                               name=f"{os.path.basename(out_dir)}-{os.path.basename(path)}")
+      del index["shards"][name]
+      changed = True
+    elif any("sample_sha256" not in entry[s] for s in _SPLITS):
+      for s in _SPLITS:  # an index from before sample digests: add them
+        path = os.path.join(out_dir, entry[s]["file"])
+        if os.path.exists(path) and "sample_sha256" not in entry[s]:
+          size = os.path.getsize(path)
+          entry[s].update(size=size, sample_bytes=SHARD_SAMPLE_BYTES,
+                          sample_sha256=cache_entry.sample_sha256(path, size,
+                                                                  SHARD_SAMPLE_BYTES))
+          changed = True
+  return changed
+
+
 def _run_tasks(fn: Callable[[Task, _Context], dict[str, Any]], tasks: Sequence[Task],
                ctx: _Context, workers: int,
                on_done: Callable[[Task, dict[str, Any]], None]) -> None:
@@ -374,7 +445,8 @@ def _run_tasks(fn: Callable[[Task, _Context], dict[str, Any]], tasks: Sequence[T
 def build(srcs: Sequence[sources_lib.Source], opts: sources_lib.ReadOptions, *,
           tokenizer: tokenizer_lib.Tokenizer, seq_len: int, out_dir: str, split_seed: int,
           val_fraction: float, shard_bytes: int, workers: int,
-          on_shard_done: Callable[[int], None] | None = None) -> dict[str, Any]:
+          on_shard_done: Callable[[int], None] | None = None, verify_mode: str = "sample",
+          cache_root: str | None = None) -> dict[str, Any]:
   """Builds (or finishes) the packed shards in `out_dir` and returns the final index.
 
   Args:
@@ -389,6 +461,10 @@ def build(srcs: Sequence[sources_lib.Source], opts: sources_lib.ReadOptions, *,
     workers: worker processes (1 = in-process).
     on_shard_done: called in this process with the shard number after each output
       shard is recorded (tests use it to simulate an interruption).
+    verify_mode: how recorded shards are checked ("sample" | "full",
+      `data.verify_cache`); damaged ones are moved aside and rebuilt.
+    cache_root: where `damaged/` is; default two levels above `out_dir`
+      (`<cache>/packed/<key>`).
 
   Returns:
     The index dict (also in `out_dir/index.json`), with `done: True` and `manifest`.
@@ -414,6 +490,12 @@ def build(srcs: Sequence[sources_lib.Source], opts: sources_lib.ReadOptions, *,
       logging.warning("%s was built from other inputs; rebuilding it.", out_dir)
     index = dict(spec=spec, spec_hash=spec_hash, count_pass={}, rates=None, shards={},
                  done=False)
+  cache_root = cache_root or os.path.dirname(os.path.dirname(os.path.abspath(out_dir)))
+  if _drop_damaged(out_dir, index, verify_mode, cache_root):
+    if len(index["shards"]) < len(tasks):
+      index["done"] = False
+      index.pop("manifest", None)
+    _write_index(out_dir, index)
   if index.get("done"):
     missing = [e[s]["file"] for e in index["shards"].values() for s in _SPLITS
                if not os.path.exists(os.path.join(out_dir, e[s]["file"]))]
@@ -625,7 +707,9 @@ def prepare_sources(cfg: Any, seq_len: int, *, workers: int | None = None,
   was_done = bool((_read_index(out_dir) or {}).get("done"))
   index = build(srcs, opts, tokenizer=tok, seq_len=seq_len, out_dir=out_dir,
                 split_seed=split_seed, val_fraction=val_fraction,
-                shard_bytes=shard_bytes, workers=n_workers, on_shard_done=on_shard_done)
+                shard_bytes=shard_bytes, workers=n_workers, on_shard_done=on_shard_done,
+                verify_mode=getattr(cfg, "verify_cache", "sample"),
+                cache_root=corpus_lib.resolve_cache_dir(cfg))
   timings["cache_load" if was_done else "preprocess"] = time.perf_counter() - start
   rows = row_sources(out_dir, index)
   manifest = index["manifest"]

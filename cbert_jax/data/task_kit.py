@@ -56,6 +56,7 @@ import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from cbert_jax.data import cache_entry
 from cbert_jax.data import fetch
 from cbert_jax.errors import ConfigError
 
@@ -468,18 +469,21 @@ def bigbench_task_json(path: str, task: str, cache_dir: str = "") -> dict:
 
   One pass over the 358 MB tarball pulls out every task in BIGBENCH_TASKS (about 10 s), so a full
   build reads it once. The extracted files are kept in memory and, when `cache_dir` (or the default
-  cache) is writable, under `<cache>/task_kit/<archive>-<size>/` so later builds skip the tarball.
+  cache) is writable, under `<cache>/task_kit/<archive>-<size>/` (each with a sha256 sidecar) so
+  later builds skip the tarball. A cached extract that fails its sha256 or does not parse is moved
+  to `<cache>/damaged/` with a warning and extracted again.
   """
   _check_archive(path)
   size = os.path.getsize(path)
   key = (os.path.realpath(path), size, task)
   if key not in _memo:
-    disk = os.path.join(fetch.cache_root(cache_dir), "task_kit", f"{_archive_name(path)}-{size}")
+    root = fetch.cache_root(cache_dir)
+    disk = os.path.join(root, "task_kit", f"{_archive_name(path)}-{size}")
     wanted = tuple(dict.fromkeys((task, *BIGBENCH_TASKS)))
     on_disk = {t: os.path.join(disk, t, "task.json") for t in wanted}
-    if os.path.exists(on_disk[task]):
-      with open(on_disk[task], "rb") as f:
-        _memo[key] = f.read()
+    cached = _read_cache(on_disk[task], root)
+    if cached is not None:
+      _memo[key] = cached
     else:
       found = _stream_bigbench(path, wanted)
       if task not in found:
@@ -518,13 +522,31 @@ def _stream_bigbench(path: str, tasks: Iterable[str]) -> dict[str, bytes]:
   return found
 
 
-def _write_cache(path: str, data: bytes) -> None:
+def _load_extract(path: str) -> bytes:
+  """An extract's bytes, if they parse as JSON (`cache_entry.Damaged` otherwise)."""
+  with open(path, "rb") as f:
+    data = f.read()
   try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-      f.write(data)
-    os.replace(tmp, path)
+    json.loads(data)
+  except ValueError as e:
+    raise cache_entry.Damaged(f"it is not JSON ({e})") from e
+  return data
+
+
+def _read_cache(path: str, cache_root: str) -> bytes | None:
+  """A cached extract, checked in full against its sha256 sidecar (they are a few MB);
+  None if absent or damaged (moved aside; the caller streams the tarball again)."""
+  try:
+    return cache_entry.load_verified(path, "full", _load_extract, cache_root=cache_root,
+                                     what="task kit extract")
+  except ConfigError:
+    return None  # unreadable (permissions): the tarball is the source of truth
+
+
+def _write_cache(path: str, data: bytes) -> None:
+  """Writes an extract and its sha256 sidecar atomically (umask-honouring modes)."""
+  try:
+    cache_entry.write_entry(path, data, kind="task kit extract")
   except OSError:
     pass  # a read-only cache only costs another pass over the tarball
 

@@ -12,6 +12,14 @@ the network. Layout:
 `<probe fp>` hashes the task kit's PROBE_SOURCES and BUILD_VERSION, so a changed probe set
 builds a new, correctly guarded corpus instead of reusing one guarded against the old set.
 
+Integrity (cache_entry.py): `files.sha256.json` records size and sha256 of every file TFDS
+wrote (written before `manifest.json`). `load_records` checks it on every read (size +
+sampled sha256; the whole file with `data.verify_cache="full"`) and then reads every record;
+a dataset that fails either is moved to `<cache>/damaged/` with a warning and rebuilt from
+the cached archives. If the archives are gone and cannot be fetched, one ConfigError names
+the damaged dataset and the archive to put back. A dataset built before sidecars existed is
+checked by reading it and then gets one.
+
 Crash safety: TFDS writes every file into `<version dir>.incomplete.<random>` (in fact
 `incomplete.<random>_<version>` next to it) and renames the directory only after all splits
 and `dataset_info.json` are written, so a killed build leaves no `<version>` directory and
@@ -34,12 +42,14 @@ from typing import Any
 
 import numpy as np
 
+from cbert_jax.data import cache_entry
 from cbert_jax.data import corpus as corpus_lib
 from cbert_jax.data import offline_corpus
 from cbert_jax.errors import ConfigError
 
 NAME = "offline_corpus"
 MANIFEST = "manifest.json"
+FILES_SIDECAR = "files.sha256.json"
 SPLITS = ("train", "validation")
 
 
@@ -133,27 +143,83 @@ def _complete(path: str) -> bool:
              for f in ("dataset_info.json", "features.json", MANIFEST))
 
 
+def _data_files(path: str) -> list[str]:
+  """The files TFDS wrote into a dataset directory (everything but our two records)."""
+  return sorted(n for n in os.listdir(path)
+                if n not in (MANIFEST, FILES_SIDECAR) and not n.startswith(".")
+                and os.path.isfile(os.path.join(path, n)))
+
+
+def verify(path: str, mode: str = "sample") -> str | None:
+  """Checks a finished dataset against `files.sha256.json`; None if it matches.
+
+  A dataset without the sidecar (built by an older version) passes here; `load_records`
+  checks it by reading it.
+  """
+  try:
+    return cache_entry.verify_dir(path, FILES_SIDECAR, mode)
+  except FileNotFoundError:
+    return None
+  except PermissionError as e:
+    raise _unreadable(path, e) from e
+
+
+def _unreadable(path: str, e: OSError) -> ConfigError:
+  return ConfigError(
+      f"data.cache_dir: the cached offline corpus dataset {path} cannot be read "
+      f"({e.strerror}: {e.filename}); fix its permissions, or set data.cache_dir to a "
+      "directory of your own.")
+
+
+def _move_damaged(path: str, cache_dir: str, reason: str) -> str | None:
+  """Moves a damaged dataset directory to `<cache>/damaged/` (with a warning)."""
+  config = os.path.basename(os.path.dirname(path))
+  return cache_entry.move_aside(
+      path, cache_dir, reason, what=f"offline corpus dataset ({config})",
+      name=f"tfds-{NAME}-{config}-{os.path.basename(path)}")
+
+
 def build(config: str, cache_dir: str,
-          built: offline_corpus.Built | None = None) -> str:
-  """Builds the dataset of `config` unless it is complete; returns its directory.
+          built: offline_corpus.Built | None = None, verify_mode: str = "sample", *,
+          damaged: tuple[str, str | None] | None = None) -> str:
+  """Builds the dataset of `config` unless it is complete and intact; returns its directory.
 
   Args:
     config: "small" | "full".
     cache_dir: the cache root (`corpus.resolve_cache_dir`).
     built: documents to write (tests); default `offline_corpus.build(config, cache_dir)`.
+    verify_mode: how a finished dataset is checked against its sidecar ("sample" |
+      "full", `data.verify_cache`); a damaged one is moved aside and rebuilt.
+    damaged: (reason, where it went) of a dataset the caller just moved aside, for the
+      error when it cannot be rebuilt.
+
+  Raises:
+    ConfigError: for an unknown config, or when a damaged dataset cannot be rebuilt
+      (its archives are gone and cannot be fetched).
   """
   if config not in offline_corpus.CONFIGS:
     raise ConfigError(f"{NAME}: unknown config {config!r}; expected one of "
                       f"{sorted(offline_corpus.CONFIGS)}.")
   path = dataset_dir(cache_dir, config)
   if _complete(path):
-    return path
+    reason = verify(path, verify_mode)
+    if reason is None:
+      return path
+    damaged = (reason, _move_damaged(path, cache_dir, reason))
   if os.path.isdir(path):
     # Renamed by TFDS but the manifest never landed (killed in between): start over.
     shutil.rmtree(path)
   start = time.perf_counter()
   if built is None:
-    built = offline_corpus.build(config, cache_dir)
+    try:
+      built = offline_corpus.build(config, cache_dir)
+    except ConfigError as e:
+      if damaged is None:
+        raise
+      raise ConfigError(
+          f"data.corpus='offline_{config}': the cached dataset {path} was damaged "
+          f"({damaged[0]}; moved to {damaged[1] or 'damaged/ by another process'}) and "
+          f"rebuilding it needs its source archives: {e}") from e
   documents_s = time.perf_counter() - start
   tfds = _tfds()
   tfds.disable_progress_bar()
@@ -172,11 +238,50 @@ def build(config: str, cache_dir: str,
   manifest["tfds"] = dict(name=NAME, config=config, version=offline_corpus.BUILD_VERSION,
                           dir=path, documents_s=round(documents_s, 2),
                           write_s=round(write_s, 2))
+  # The sidecar first: manifest.json marks the dataset finished.
+  cache_entry.write_dir_sidecar(path, _data_files(path), FILES_SIDECAR,
+                                kind="offline corpus dataset")
   corpus_lib.atomic_write(os.path.join(path, MANIFEST),
                           json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
   logging.info("offline corpus %s built in %.1f s (documents) + %.1f s (write) at %s",
                config, documents_s, write_s, path)
   return path
+
+
+def load_records(config: str, cache_dir: str, verify_mode: str = "sample",
+                 built: offline_corpus.Built | None = None
+                 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+  """Build-or-load `config` and read it back, checked: ({split: records}, manifest).
+
+  A dataset that fails its sidecar check (`build`) or whose records cannot be read (a
+  truncated or corrupted ArrayRecord file) is moved aside and rebuilt once.
+  """
+  damaged = None
+  for attempt in range(2):
+    path = build(config, cache_dir, built=built, verify_mode=verify_mode, damaged=damaged)
+    try:
+      records, manifest = read(path)
+    except ConfigError:
+      raise
+    except PermissionError as e:
+      raise _unreadable(path, e) from e
+    except Exception as e:  # the ArrayRecord reader raises RuntimeError, TFDS others
+      reason = f"reading it fails ({type(e).__name__}: {e})"
+      if attempt:
+        raise ConfigError(f"data.corpus='offline_{config}': the freshly built dataset "
+                          f"{path} cannot be read back ({reason}).") from e
+      damaged = (reason, _move_damaged(path, cache_dir, reason))
+      continue
+    if not os.path.exists(os.path.join(path, FILES_SIDECAR)):
+      # Built before sidecars: every record was just read, so record what is there.
+      try:
+        cache_entry.write_dir_sidecar(path, _data_files(path), FILES_SIDECAR,
+                                      kind="offline corpus dataset",
+                                      note="added to a dataset built before sidecars")
+      except OSError as e:
+        logging.info("Cannot add %s to %s (%s).", FILES_SIDECAR, path, e)
+    return records, manifest
+  raise AssertionError("unreachable")
 
 
 def read(path: str) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
@@ -204,11 +309,11 @@ def read(path: str) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
   return out, manifest
 
 
-def load(config: str, cache_dir: str) -> tuple[list[str], list[str], dict[str, Any]]:
+def load(config: str, cache_dir: str, verify_mode: str = "sample"
+         ) -> tuple[list[str], list[str], dict[str, Any]]:
   """Build-or-load: (train texts, validation texts, manifest) of `config`."""
-  path = build(config, cache_dir)
   start = time.perf_counter()
-  records, manifest = read(path)
+  records, manifest = load_records(config, cache_dir, verify_mode)
   manifest = dict(manifest)
   manifest["read_s"] = round(time.perf_counter() - start, 2)
   return ([r["text"] for r in records["train"]], [r["text"] for r in records["validation"]],

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
+from cbert_jax.data import cache_entry
 from cbert_jax.data import corpus as corpus_lib
 from cbert_jax.errors import ConfigError
 
@@ -33,8 +34,12 @@ MIN_VOCAB_SIZE = 300
 # Part of the cache key: bump when the trainer options below change.
 _TRAINER_VERSION = 1
 # Documents longer than this many bytes would be skipped by the trainer (its default is
-# 4192); our longest paragraph is ~50k chars.
+# 4192); our longest paragraph is ~50k chars. Longer documents (a file that is one line, a
+# `text_mode="file"` document) are cut into pieces of at most `_PIECE_CHARS` characters
+# for the training sample (`_sample_pieces`): without that the trainer skipped them, and a
+# corpus of only such documents ended in SentencePiece's `!sentences_.empty()` check.
 _MAX_SENTENCE_BYTES = 1 << 17
+_PIECE_CHARS = _MAX_SENTENCE_BYTES // 4  # UTF-8 needs at most 4 bytes per character
 
 
 class Tokenizer:
@@ -148,6 +153,7 @@ def check_tokenizer_config(cfg: Any) -> None:
   Raises:
     ConfigError: naming the bad field and what was expected.
   """
+  cache_entry.check_mode(getattr(cfg, "verify_cache", "sample"))
   path = getattr(cfg, "tokenizer_path", "") or ""
   if path:
     if not isinstance(path, str) or not os.path.isfile(os.path.expanduser(path)):
@@ -168,12 +174,49 @@ def check_tokenizer_config(cfg: Any) -> None:
     raise ConfigError(f"data.tokenizer_sample_chars must be an int > 0, got {cap!r}.")
 
 
+def _too_long(doc: str) -> bool:
+  """True if the trainer would skip `doc` (more than `_MAX_SENTENCE_BYTES` in UTF-8)."""
+  return len(doc) > _PIECE_CHARS and len(doc.encode("utf-8")) > _MAX_SENTENCE_BYTES
+
+
+def _pieces(doc: str, max_chars: int = _PIECE_CHARS) -> list[str]:
+  """Cuts `doc` into pieces of at most `max_chars` characters.
+
+  Cuts after the last sentence end (". ") in the second half of the window, else at the
+  last space, else (no space at all) hard at `max_chars`; the space at a cut is dropped.
+  Linear in len(doc).
+  """
+  out, start, n = [], 0, len(doc)
+  while n - start > max_chars:
+    end = start + max_chars
+    cut = doc.rfind(". ", start + max_chars // 2, end)
+    if cut >= 0:
+      cut += 1  # keep the full stop
+    else:
+      cut = doc.rfind(" ", start + 1, end)
+      cut = cut if cut > start else end
+    out.append(doc[start:cut])
+    start = cut + 1 if cut < n and doc[cut] == " " else cut
+  if start < n:
+    out.append(doc[start:])
+  return out
+
+
+def _sample_pieces(docs: Sequence[str]) -> list[str]:
+  """`docs` with every document the trainer would skip cut into `_pieces`."""
+  if not any(map(_too_long, docs)):
+    return list(docs)
+  return [p for doc in docs for p in (_pieces(doc) if _too_long(doc) else [doc])]
+
+
 def _training_sample(docs: Sequence[str], max_chars: int) -> list[str]:
   """Picks at most `max_chars` of text, spread evenly over the corpus, deterministically.
 
   A prefix would see only the first books (sources are sorted by name); a fixed stride
-  keeps every source represented without any randomness.
+  keeps every source represented without any randomness. Documents too long for the
+  trainer are first cut into pieces (`_sample_pieces`); other documents are taken whole.
   """
+  docs = _sample_pieces(docs)
   total = sum(map(len, docs))
   stride = max(1, -(-total // max_chars))  # ceil
   sample, chars = [], 0
@@ -206,6 +249,11 @@ def _train(docs: Sequence[str], *, vocab_size: int, model_type: str) -> bytes:
       # The message says the largest size this text supports ("<= N").
       raise ConfigError(
           f"data.vocab_size={vocab_size} is too large for this corpus: {e}") from e
+    if "Vocabulary size is smaller than required_chars" in str(e):
+      # Every distinct character of the sample needs a piece ("320 vs 325").
+      raise ConfigError(
+          f"data.vocab_size={vocab_size} is too small for the characters of this corpus: "
+          f"{str(e).split('] ', 1)[-1]}") from e
     raise
   return model.getvalue()
 
@@ -216,7 +264,19 @@ def _cache_key(corpus: corpus_lib.Corpus, vocab_size: int, model_type: str,
   key = dict(content_hash=corpus.manifest["content_hash"], vocab_size=vocab_size,
              model_type=model_type, sample_chars=sample_chars,
              trainer_version=_TRAINER_VERSION)
+  if any(map(_too_long, corpus.train_docs)):
+    # Such corpora used to train without their long documents (or not at all): a model
+    # cached then is not the one `_training_sample` gives now. Other keys are unchanged.
+    key["long_documents"] = f"pieces of {_PIECE_CHARS} chars"
   return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _load_cached(path: str) -> Tokenizer:
+  """A cached model, structurally checked (`cache_entry.Damaged` if it is not usable)."""
+  try:
+    return Tokenizer(path, field="data.tokenizer_path (cached model)")
+  except ConfigError as e:
+    raise cache_entry.Damaged(str(e)) from e
 
 
 def get_tokenizer(cfg: Any, corpus: corpus_lib.Corpus) -> Tokenizer:
@@ -231,29 +291,52 @@ def get_tokenizer(cfg: Any, corpus: corpus_lib.Corpus) -> Tokenizer:
 
   Returns:
     The tokenizer. A trained model is stored as
-    `<cache_dir>/tokenizers/spm-<type>-<vocab>-<key>.model`, where the key hashes the
-    corpus content hash, vocab size, type and sample cap; a later call with the same
-    inputs loads it instead of training.
+    `<cache_dir>/tokenizers/spm-<type>-<vocab>-<key>.model` with a sha256 sidecar
+    (cache_entry.py), where the key hashes the corpus content hash, vocab size, type and
+    sample cap; a later call with the same inputs loads it instead of training. A cached
+    model that fails its sidecar check or does not load is moved to `<cache>/damaged/`
+    with a warning and trained again.
 
   Raises:
-    ConfigError: for bad fields, an unusable tokenizer file, or a vocab too large for
-      the corpus.
+    ConfigError: for bad fields, an unusable `data.tokenizer_path` file, or a vocab too
+      large for the corpus.
   """
   check_tokenizer_config(cfg)
   path = getattr(cfg, "tokenizer_path", "") or ""
   if path:
-    return Tokenizer(os.path.expanduser(path), field="data.tokenizer_path")
+    path = os.path.expanduser(path)
+    # A model copied out of the cache keeps its sidecar: check it (a user's own model
+    # has none and is only checked by loading it).
+    try:
+      reason = cache_entry.verify(path, getattr(cfg, "verify_cache", "sample"))
+    except OSError as e:
+      raise ConfigError(f"data.tokenizer_path: {path!r} cannot be read ({e.strerror}).") from e
+    if reason is not None:
+      raise ConfigError(
+          f"data.tokenizer_path: {path!r} is damaged ({reason}; recorded in "
+          f"{cache_entry.sidecar_path(path)}); set data.tokenizer_path='' to train the "
+          "tokenizer again from the corpus, or point it at a good copy.")
+    return Tokenizer(path, field="data.tokenizer_path")
 
   vocab_size = int(getattr(cfg, "vocab_size", 8192))
   model_type = getattr(cfg, "tokenizer_type", "bpe")
   sample_chars = int(getattr(cfg, "tokenizer_sample_chars", 20_000_000))
   key = _cache_key(corpus, vocab_size, model_type, sample_chars)
-  model_path = os.path.join(
-      corpus_lib.resolve_cache_dir(cfg), "tokenizers",
-      f"spm-{model_type}-{vocab_size}-{key[:16]}.model")
-  if not os.path.exists(model_path):
-    proto = _train(_training_sample(corpus.train_docs, sample_chars),
-                   vocab_size=vocab_size, model_type=model_type)
-    corpus_lib.atomic_write(model_path, proto)
+  cache_root = corpus_lib.resolve_cache_dir(cfg)
+  model_path = os.path.join(cache_root, "tokenizers",
+                            f"spm-{model_type}-{vocab_size}-{key[:16]}.model")
+  tok = cache_entry.load_verified(
+      model_path, getattr(cfg, "verify_cache", "sample"), _load_cached,
+      cache_root=cache_root, what="tokenizer")
+  if tok is not None:
+    return tok
+  sample = _training_sample(corpus.train_docs, sample_chars)
+  if not sample:
+    raise ConfigError(
+        f"data.tokenizer_sample_chars={sample_chars}: no training document fits in the "
+        "tokenizer sample; raise it.")
+  proto = _train(sample, vocab_size=vocab_size, model_type=model_type)
+  cache_entry.write_entry(model_path, proto, kind="tokenizer", vocab_size=vocab_size,
+                          model_type=model_type, key=key)
   return Tokenizer(model_path, field="data.tokenizer_path (cached model)")
 
