@@ -9,6 +9,9 @@ can be judged by its age.
 A lock that exists is *stale* (taken over with a warning) when
 - it was written on this host and its pid is gone, or the pid now belongs to a process started
   at another time (pid reuse), or
+- it was written by an earlier attempt of this same scheduler job (`SLURM_JOB_ID` survives a
+  requeue, `JOBSET_NAME` an xpk/JobSet restart; neither scheduler runs two attempts of one job at
+  once), so a job requeued onto another node after a hard kill is not locked out, or
 - it was written on another host and its heartbeat is older than `STALE_AFTER_S` (a run killed
   with SIGKILL or a lost host; the live holder touches it every `HEARTBEAT_S`).
 Otherwise the run is refused with one line naming the other run and the lock file.
@@ -58,6 +61,18 @@ def _alive(pid: int, start: str | None) -> bool:
   return start is None or now is None or now == start
 
 
+# Environment variables that name a scheduler job across its restarts (first one set wins).
+JOB_ENV = ("SLURM_JOB_ID", "JOBSET_NAME")
+
+
+def _job_id() -> str:
+  """"SLURM_JOB_ID=123" (or JOBSET_NAME=...) when run by a scheduler, else ""."""
+  for name in JOB_ENV:
+    if os.environ.get(name):
+      return f"{name}={os.environ[name]}"
+  return ""
+
+
 def _describe(info: dict) -> str:
   started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("start_time", 0)))
   return (f"pid {info.get('pid')} on host {info.get('host')}, started {started}"
@@ -72,7 +87,7 @@ class WorkdirLock:
     self.path = os.path.join(workdir, LOCK_NAME)
     self._info = {"host": socket.gethostname(), "pid": os.getpid(),
                   "pid_start": _process_start(os.getpid()), "start_time": time.time(),
-                  "command": sys.argv}
+                  "command": sys.argv, "job": _job_id()}
     self._stop = threading.Event()
     self._thread = None
 
@@ -156,6 +171,8 @@ class WorkdirLock:
         raise WorkdirError(f"--workdir {self.workdir} is in use by another run ({_describe(info)}); "
                            "wait for it to finish, stop it, or use another --workdir")
       why = f"its run ({_describe(info)}) is no longer running"
+    elif self._info["job"] and info.get("job") == self._info["job"]:
+      why = f"it was left by an earlier attempt of this job ({self._info['job']}; {_describe(info)})"
     else:
       try:
         age = time.time() - os.path.getmtime(self.path)

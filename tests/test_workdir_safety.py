@@ -72,6 +72,20 @@ def test_another_hosts_lock_is_refused_while_fresh_and_taken_over_when_untouched
   lock.release()
 
 
+def test_a_lock_left_by_an_earlier_attempt_of_the_same_slurm_job_is_taken_over(tmp_path,
+                                                                               monkeypatch):
+  """A requeued job may land on another node seconds after a hard kill of the first attempt."""
+  monkeypatch.setenv("SLURM_JOB_ID", "777")
+  _write_lock(tmp_path, host="node-a", pid=4242, job="SLURM_JOB_ID=778")
+  with pytest.raises(WorkdirError, match="in use by a run on another host"):   # another job
+    workdir_lock.WorkdirLock(str(tmp_path)).acquire()
+  _write_lock(tmp_path, host="node-a", pid=4242, job="SLURM_JOB_ID=777")
+  lock = workdir_lock.WorkdirLock(str(tmp_path))
+  lock.acquire()
+  assert json.load(open(lock.path))["job"] == "SLURM_JOB_ID=777"
+  lock.release()
+
+
 def test_the_holder_heartbeats_and_releases_only_its_own_lock(tmp_path, monkeypatch):
   monkeypatch.setattr(workdir_lock, "HEARTBEAT_S", 0.05)
   lock = workdir_lock.WorkdirLock(str(tmp_path))
