@@ -25,6 +25,10 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 1, "processes in the run 
 _PROCESS_ID = flags.DEFINE_integer("process_id", 0, "this process's index in 0..num_processes-1")
 _INIT_TIMEOUT = flags.DEFINE_float("init_timeout", 300.0,
                                    "seconds to wait for every process to join before exiting")
+_PEER_TIMEOUT = flags.DEFINE_float(
+    "peer_timeout", None,
+    "seconds a process may go without a heartbeat before the others stop with one "
+    "'distributed error:' line (default 25, or $CBERT_PEER_TIMEOUT_S)")
 
 
 class _QuietLibraries:
@@ -47,9 +51,9 @@ def main(argv):
       if not _COORDINATOR.value:
         raise app.UsageError("--num_processes > 1 needs --coordinator_address=HOST:PORT (process 0's)")
       distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                             _INIT_TIMEOUT.value)
+                             _INIT_TIMEOUT.value, peer_timeout_s=_PEER_TIMEOUT.value)
     elif _MULTIPROCESS.value:
-      distributed.initialize(timeout_s=_INIT_TIMEOUT.value)
+      distributed.initialize(timeout_s=_INIT_TIMEOUT.value, peer_timeout_s=_PEER_TIMEOUT.value)
   except distributed.DistributedError as e:
     print(f"distributed error: {e}", file=sys.stderr)
     sys.exit(distributed.EXIT_CODE)
