@@ -48,14 +48,14 @@ def _corpus(directory: str, mb: int, files: int = 8) -> None:
 
 
 def _preprocess(work: str, tok, workers: int) -> tuple[float, dict]:
-  from cbert_jax.data import preprocess, sources  # pylint: disable=g-import-not-at-top
+  from cbert_jax.data import shards, sources  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
   out = os.path.join(work, f"packed-{workers}")
   shutil.rmtree(out, ignore_errors=True)
   cfg = ml_collections.ConfigDict(dict(sources=os.path.join(work, "in", "*.jsonl")))
   srcs = sources.expand_sources(cfg)
   start = time.perf_counter()
-  index = preprocess.build(srcs, sources.ReadOptions(), tokenizer=tok, seq_len=SEQ,
+  index = shards.build(srcs, sources.ReadOptions(), tokenizer=tok, seq_len=SEQ,
                            out_dir=out, split_seed=0, val_fraction=0.01, shard_bytes=1,
                            workers=workers)
   seconds = time.perf_counter() - start
@@ -121,7 +121,8 @@ def main() -> None:
 
   import ml_collections  # pylint: disable=g-import-not-at-top
   from cbert_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
-  from cbert_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+  from cbert_jax.data import shards  # pylint: disable=g-import-not-at-top
+  from cbert_jax.data import text as text_lib  # pylint: disable=g-import-not-at-top
   from cbert_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
 
   work = tempfile.mkdtemp(prefix="cbert_bench_")
@@ -133,14 +134,14 @@ def main() -> None:
       ml_collections.ConfigDict(dict(tokenizer_path="", vocab_size=4096, tokenizer_type="bpe",
                                      tokenizer_sample_chars=20_000_000,
                                      cache_dir=os.path.join(work, "cache"))),
-      corpus_lib.Corpus(docs, [], dict(content_hash=corpus_lib.content_hash([docs]))))
+      corpus_lib.Corpus(docs, [], dict(content_hash=text_lib.content_hash([docs]))))
 
   results: dict = dict(machine=dict(cpus=os.cpu_count()), input_mb=args.mb, seq_len=SEQ,
                        vocab=tok.vocab_size, preprocess={}, loader={}, step={})
   for w in sorted({1, args.workers}):
     tps, index = _preprocess(work, tok, w)
     results["preprocess"][f"workers={w}"] = tps
-  rows_ar = preprocess.row_sources(os.path.join(work, f"packed-{args.workers}"),
+  rows_ar = shards.row_sources(os.path.join(work, f"packed-{args.workers}"),
                                    index)["train"]
   rows_mem = rows_ar.read(np.arange(len(rows_ar)))
   results["rows"] = len(rows_ar)

@@ -402,8 +402,3 @@ def _first_line(e: BaseException) -> str:
   """The first line of an exception's message, at most 300 characters (tensorstore's are long)."""
   lines = str(e).strip().splitlines()
   return (lines[0] if lines else "")[:300]
-
-
-def abstract_like(tree, shardings):
-  """ShapeDtypeStructs of `tree` with the given shardings (targets for a restore)."""
-  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings)

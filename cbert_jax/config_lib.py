@@ -12,9 +12,8 @@ import difflib
 
 import ml_collections
 
-from cbert_jax.data import corpus as corpus_lib, sources as sources_lib, tokenizer as tokenizer_lib
 from cbert_jax.errors import ConfigError
-from cbert_jax.models import FAMILIES, sizes
+from cbert_jax.models import NAMES as MODEL_NAMES, model_config as model_config_lib, sizes
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 
 # Default masking ratio per family (SPEC §2: BERT 20%, CrossBERT 50%).
@@ -338,9 +337,9 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   Unknown fields and values of the wrong type (see `check_fields`) raise ConfigError first.
   """
   check_fields(config)
-  if config.model_name not in FAMILIES:
+  if config.model_name not in MODEL_NAMES:
     raise ConfigError(f"model_name: unknown model {config.model_name!r}; expected one of "
-                      f"{', '.join(FAMILIES)}")
+                      f"{', '.join(MODEL_NAMES)}")
   with config.unlocked():
     m = config.model
     if m.size:
@@ -365,9 +364,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   from cbert_jax import guard, sharding  # local: imports jax, and config files should stay light
   check_fields(config)
   m, mk, d = config.model, config.masking, config.data
-  if config.model_name not in FAMILIES:
+  if config.model_name not in MODEL_NAMES:
     raise ConfigError(f"model_name: unknown model {config.model_name!r}; expected one of "
-                      f"{', '.join(FAMILIES)}")
+                      f"{', '.join(MODEL_NAMES)}")
   if not 0.0 < mk.mask_ratio < 1.0:
     raise ConfigError(f"masking.mask_ratio must be in (0, 1), got {mk.mask_ratio}")
   for name in ("d_model", "num_layers", "num_heads"):
@@ -439,7 +438,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     raise ConfigError(f"faults.max_rollbacks must be >= 0, got {config.faults.max_rollbacks}")
   if config.optim.schedule not in ("wsd", "cosine", "constant"):
     raise ConfigError(f"optim.schedule must be wsd|cosine|constant, got {config.optim.schedule!r}")
-  data_cfg = data_config(config)
+  # pylint: disable-next=g-import-not-at-top  (sentencepiece, numpy: config files stay light)
+  from cbert_jax.data import corpus as corpus_lib, sources as sources_lib, tokenizer as tokenizer_lib
+  from cbert_jax.data import settings  # pylint: disable=g-import-not-at-top
+  data_cfg = settings.data_config(config)
   if data_cfg.corpus not in (*corpus_lib.CORPUS_KINDS, "sources"):
     raise ConfigError(f"data.corpus must be one of "
                       f"{', '.join(repr(k) for k in (*corpus_lib.CORPUS_KINDS, 'sources'))}, "
@@ -489,14 +491,6 @@ def _batch_axes(rules) -> tuple[str, ...]:
   return ()
 
 
-def data_config(config) -> ml_collections.ConfigDict:
-  """config.data as the data package reads it: corpus_files as a list (the config holds a
-  comma-separated string, easy to override from the command line)."""
-  files = config.data.corpus_files
-  files = [f.strip() for f in files.split(",") if f.strip()] if isinstance(files, str) else list(files)
-  return ml_collections.ConfigDict({**config.data.to_dict(), "corpus_files": files})
-
-
 def model_configs(config, vocab_size: int, mask_id: int,
                   special_ids: tuple[int, ...]) -> tuple[ModelConfig, MaskConfig]:
   """The frozen dataclasses the models are built from; records vocab_size in the config."""
@@ -508,13 +502,4 @@ def model_configs(config, vocab_size: int, mask_id: int,
 def build_model_configs(config, vocab_size: int, mask_id: int,
                         special_ids: tuple[int, ...]) -> tuple[ModelConfig, MaskConfig]:
   """`model_configs` without recording anything in `config` (e.g. planning before a tokenizer)."""
-  m = config.model
-  fields = {f.name for f in dataclasses.fields(ModelConfig)}
-  model_cfg = ModelConfig(**({k: m[k] for k in m.keys() if k in fields}
-                             | {"vocab_size": int(vocab_size)}))
-  mk = config.masking
-  mask_cfg = MaskConfig(mask_ratio=mk.mask_ratio, mask_id=int(mask_id),
-                        special_ids=tuple(int(i) for i in special_ids), p_mask=mk.p_mask,
-                        p_random=mk.p_random, cms=mk.cms and config.model_name == "crossbert",
-                        cms_form=mk.cms_form)
-  return model_cfg, mask_cfg
+  return model_config_lib.from_config(config, vocab_size, mask_id, special_ids)

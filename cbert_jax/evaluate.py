@@ -1,8 +1,9 @@
 """`run(config, workdir)` for `--config.mode=eval`: the suites of `evals.suites` on a workdir's
 latest checkpoint (or, with `evals.init=random`, on a randomly initialised encoder: the floor).
 
-Suites: `offline` (the task kit, `evaluators.suite`), `glue` (`evaluators.glue`, TFDS GLUE with
-the same probes), `mteb` (`evaluators.mteb_encoder`, the mteb package's benchmark).
+Suites (`evaluators.registry.SUITES`): `offline` (the task kit, `evaluators.suite`), `glue`
+(`evaluators.glue`, TFDS GLUE with the same probes), `mteb` (`evaluators.mteb_encoder`, the mteb
+package's benchmark).
 Writes `workdir/eval/<tag>.json` and `<tag>.md` for the offline suite and `<suite>-<tag>.json/.md`
 for the others (tag = step_<N> or random_init, plus a short hash of the `evals` settings when they
 differ from the defaults), and prints each table. Every suite's settings are checked before the
@@ -19,13 +20,10 @@ from flax import nnx
 
 from cbert_jax import checkpoint as ckpt_lib
 from cbert_jax import config_lib, sharding
-from cbert_jax.data import packing
+from cbert_jax.data import prepare, settings
 from cbert_jax.errors import ConfigError
-from cbert_jax.evaluators import glue, mteb_encoder, suite
-from cbert_jax.train import abstract_model
-
-
-SUITES = ("offline", "glue", "mteb")
+from cbert_jax.evaluators import registry, suite
+from cbert_jax.state import abstract_like, abstract_model
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -35,7 +33,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   config_lib.validate(config, len(devices))
   if config.evals.init not in ("checkpoint", "random"):
     raise ConfigError(f"evals.init must be checkpoint|random, got {config.evals.init!r}")
-  suites = suite_names(config.evals)
+  suites = registry.selected(config.evals)
   suite.check_model(config.evals, config.model_name, config.model.num_layers)
   ckpt_dir = os.path.join(workdir, "checkpoints")
   checkpointer = (ckpt_lib.Checkpointer(ckpt_dir, config.keep_checkpoints)
@@ -47,7 +45,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if checkpointer:
     check_trained_model(workdir, config)
 
-  data = packing.prepare(config_lib.data_config(config), config.data.seq_len)  # the tokenizer
+  data = prepare.prepare(settings.data_config(config), config.data.seq_len)  # the tokenizer
   tok = data.tokenizer
   model_cfg, mask_cfg = config_lib.model_configs(config, tok.vocab_size, tok.mask_id, tok.special_ids)
   mesh = sharding.make_mesh(config.mesh, config.mesh_dcn, devices)
@@ -60,7 +58,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
           jax.random.key(config.seed))
       tag = "random_init"
     else:
-      params = checkpointer.restore_params(step, ckpt_lib.abstract_like(abs_params, p_sh))
+      params = checkpointer.restore_params(step, abstract_like(abs_params, p_sh))
       tag = f"step_{step}"
       checkpointer.close()
 
@@ -70,22 +68,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     tag += "-" + hashlib.sha256(json.dumps(evals, sort_keys=True).encode()).hexdigest()[:8]
   title = f"{config.model_name} {config.model.size or ''} {tag} ({workdir})"
   out_dir = os.path.join(workdir, "eval")
+  ctx = registry.Context(cache_dir=config.data.cache_dir, out_dir=out_dir,
+                         model_label=f"cbert_jax/{config.model_name}-{config.model.size or 'custom'}",
+                         tag=tag, mesh=mesh, rules=rules)
   all_results = {}
-  for name in suites:
-    if name == "offline":
-      results = suite.run(graphdef, params, tok, config.evals, cache_dir=config.data.cache_dir,
-                          mesh=mesh, rules=rules)
-      table, file_tag = suite.markdown(results, title), tag
-    elif name == "glue":
-      results = glue.run(graphdef, params, tok, config.evals, cache_dir=config.data.cache_dir,
-                         mesh=mesh, rules=rules)
-      table, file_tag = glue.markdown(results, "GLUE: " + title), f"glue-{tag}"
-    else:
-      results = mteb_encoder.run(
-          graphdef, params, tok, config.evals, out_dir=os.path.join(out_dir, "mteb"),
-          name=f"cbert_jax/{config.model_name}-{config.model.size or 'custom'}", revision=tag,
-          cache_dir=config.data.cache_dir, mesh=mesh, rules=rules)
-      table, file_tag = mteb_encoder.markdown(results, "MTEB: " + title), f"mteb-{tag}"
+  for chosen in suites:
+    name = chosen.name
+    results = chosen.run(graphdef, params, tok, config.evals, ctx)
+    table, file_tag = chosen.markdown(results, chosen.title + title), chosen.file_prefix + tag
     if jax.process_index() == 0:
       os.makedirs(out_dir, exist_ok=True)
       with open(os.path.join(out_dir, f"{file_tag}.json"), "w") as f:
@@ -97,7 +87,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     logging.info("%s results written to %s", name, os.path.join(out_dir, f"{file_tag}.json"))
     all_results[name] = results
   # One suite (the usual case): its results, as before; several: {suite: results}.
-  return all_results[suites[0]] if len(suites) == 1 else all_results
+  return all_results[suites[0].name] if len(suites) == 1 else all_results
 
 
 # Fields that decide the encoder's family and shapes, compared with the workdir's config.json.
@@ -129,20 +119,3 @@ def check_trained_model(workdir: str, config: ml_collections.ConfigDict) -> None
         f"{get(trained, 'model.size') or ''} run (its config.json), not the model this config "
         f"describes: {'; '.join(diffs)}. Evaluate it with the config it was trained with (the same "
         "--config and --config.model_name / model.size)")
-
-
-def suite_names(ecfg) -> list[str]:
-  """The suites of `evals.suites`, each one's settings checked (ConfigError names the field)."""
-  names = [s.strip() for s in str(ecfg.get("suites", "offline")).split(",") if s.strip()]
-  if not names:
-    raise ConfigError("evals.suites: empty; expected a comma list of offline, glue, mteb")
-  for name in names:
-    if name not in SUITES:
-      raise ConfigError(f"evals.suites: unknown suite {name!r}; expected a comma list of "
-                        f"{', '.join(SUITES)}")
-  suite.task_names(ecfg)
-  if "glue" in names:
-    glue.task_names(ecfg.get("glue_tasks", ""))
-  if "mteb" in names:
-    mteb_encoder.check(ecfg)
-  return list(dict.fromkeys(names))

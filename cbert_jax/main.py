@@ -66,8 +66,8 @@ def main(argv):
       evaluate.run(config, workdir)
       return
     if config.get("mode", "train") == "sweep":
-      from cbert_jax.scaling import runner
-      failed = runner.run(config, workdir)
+      from cbert_jax import sweep
+      failed = sweep.run(config, workdir)
       if failed:
         print(f"sweep: {failed} member(s) failed; see {workdir}/sweep_status.json", file=sys.stderr)
         sys.exit(1)

@@ -14,11 +14,7 @@ to offer; if a row has fewer (the last, padded row of a corpus), the extra targe
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-
-def num_masked(seq_len: int, ratio: float) -> int:
-  """K, the static number of targets per row (at least 1, at most T - 1)."""
-  return int(min(max(round(ratio * seq_len), 1), seq_len - 1))
+from cbert_jax.models.model_config import num_masked  # noqa: F401  (masking.num_masked)
 
 
 def maskable(tokens: jax.Array, segment_ids: jax.Array, special_ids: tuple[int, ...]) -> jax.Array:

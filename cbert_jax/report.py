@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from cbert_jax import metrics as metrics_lib
+from cbert_jax import metrics as metrics_lib, plotting
 from cbert_jax.scaling import fit as fit_lib, status as status_lib
 
 ARCHS = ("bert", "crossbert")            # the curves; other members (controls) are listed only
@@ -204,10 +204,8 @@ def _tokens_to_reach(tokens: np.ndarray, loss: np.ndarray, level: float) -> floa
 
 # --------------------------------------------------------------------------------- plots ---
 def _figure(root: str):
-  os.environ.setdefault("MPLCONFIGDIR", os.path.join(root, ".matplotlib"))
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
-  from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
-  return Figure, FigureCanvasAgg
+  """(Figure, FigureCanvasAgg), matplotlib's font cache in the sweep's `.matplotlib`."""
+  return plotting.matplotlib_classes(os.path.join(root, ".matplotlib"))
 
 
 def plot_loss(members, fits, path, root) -> None:

@@ -21,10 +21,11 @@ from jax.experimental import multihost_utils
 
 from cbert_jax import checkpoint as ckpt_lib
 from cbert_jax import distributed, planned_devices, workdir as workdir_lib, workdir_lock
-from cbert_jax import config_lib, guard, hardware, metrics as metrics_lib, optim, sharding, steps
-from cbert_jax.data import corpus as corpus_lib, packing, pipeline
+from cbert_jax import config_lib, guard, hardware, metrics as metrics_lib, sharding, steps
+from cbert_jax import plotting, progress as progress_lib, provenance as provenance_lib
+from cbert_jax import state as state_lib
+from cbert_jax.data import fetch, pipeline, prepare, settings
 from cbert_jax.errors import WorkdirError
-from cbert_jax.models import FAMILIES
 from cbert_jax.models import flops as flops_lib
 
 
@@ -94,7 +95,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
   if config.compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-  timers = metrics_lib.Timers()
+  timers = progress_lib.Timers()
 
   if config.evals.every > 0:  # online probing: check the task list now, not after hours of training
     from cbert_jax.evaluators import online, suite as eval_suite
@@ -103,7 +104,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
 
   # ----------------------------------------------------------------- data ---
   with timers.span("data_prep"):
-    data = packing.prepare(config_lib.data_config(config), config.data.seq_len)
+    data = prepare.prepare(settings.data_config(config), config.data.seq_len)
   tok = data.tokenizer
   model_cfg, mask_cfg = config_lib.model_configs(config, tok.vocab_size, tok.mask_id, tok.special_ids)
   seq_len, batch_size = config.data.seq_len, config.batch_size
@@ -112,17 +113,10 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
                data.manifest["hash"])
 
   # ------------------------------------------------ mesh & abstract state ---
-  mesh = sharding.make_mesh(config.mesh, config.mesh_dcn, devices)
-  rules = tuple(tuple(r) for r in config.sharding_rules)
+  st = state_lib.setup(config, model_cfg, mask_cfg, devices)   # allocates nothing
+  mesh, rules, graphdef, guard_cfg = st.mesh, st.rules, st.graphdef, st.guard_cfg
+  p_sh, rep, batch_sh = st.param_shardings, st.replicated, st.batch_sharding
   total_steps = config.total_steps
-  tx, lr_schedule = optim.make_optimizer(config.optim, total_steps)
-  guard_cfg = guard.GuardConfig.from_config(config.faults)
-  make_model, graphdef, abs_params, p_sh = abstract_model(config.model_name, model_cfg, mask_cfg,
-                                                          mesh, rules)
-  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    o_sh = nnx.get_named_sharding(jax.eval_shape(tx.init, abs_params), mesh)
-  rep = sharding.replicated(mesh)
-  batch_sh = sharding.logical_sharding(mesh, rules, ("batch", "seq"))
   counts = flops_lib.param_counts(config.model_name, model_cfg)
   flops_per_token = flops_lib.flops_per_token(config.model_name, model_cfg, mask_cfg, seq_len)
   tokens_per_step = batch_size * seq_len
@@ -134,10 +128,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
   train_iter = pipeline.train_iterator(
       data.train, global_batch=batch_size, seed=config.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
-  abs_opt_state = ckpt_lib.abstract_like(jax.eval_shape(tx.init, abs_params), o_sh)
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     with timers.span("checkpoint"):   # the newest readable one (an unreadable one is moved aside)
-      restored = checkpointer.restore_latest(ckpt_lib.abstract_like(abs_params, p_sh), abs_opt_state,
+      restored = checkpointer.restore_latest(st.abs_params, st.abs_opt_state,
                                              restart_from_scratch=config.restart_from_scratch)
     start_step = restored[0] if restored else 0
     if restored and start_step >= total_steps:   # a finished run, rerun: say so, change nothing
@@ -148,11 +141,11 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
       guard_state = guard.state_from_json(meta.get("guard"))
       logging.info("resumed from checkpoint at step %d", start_step)
     else:
-      params, opt_state = init_state(make_model, tx, p_sh, o_sh, init_key)
+      params, opt_state = state_lib.init(st, init_key)
       guard_state = guard.init_state()
 
   writer = metrics_lib.MetricWriter(workdir, is_primary=is_primary, resume_step=start_step or None)
-  overview = metrics_lib.parameter_overview(params, include_stats=counts.total < 100_000_000)
+  overview = provenance_lib.parameter_overview(params, include_stats=counts.total < 100_000_000)
   logging.info("parameters:\n%s", overview)
   logging.info("analytic counts: %s; non-embedding N = %d; training FLOPs per data token = %.4g",
                counts, counts.non_embedding, flops_per_token)
@@ -165,7 +158,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
                devices[0].device_kind, peak, peak_source)
   if is_primary:
     writer.write_text("parameters", overview)
-    provenance = metrics_lib.provenance({"data_manifest_hash": data.manifest["hash"],
+    provenance = provenance_lib.provenance({"data_manifest_hash": data.manifest["hash"],
                                          "data_manifest": data.manifest, "peak_flops": peak,
                                          "peak_source": peak_source})
     with open(os.path.join(workdir, "config.json"), "w") as f:
@@ -175,10 +168,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
 
   # --------------------------------------------------------------- compile ---
   traces = []
-  train_step = jax.jit(steps.make_train_step(graphdef, tx, lr_schedule, traces, guard_cfg,
-                                             microbatches=config.optim.microbatches),
-                       in_shardings=(p_sh, o_sh, rep, batch_sh, rep, rep),
-                       out_shardings=(p_sh, o_sh, rep, rep), donate_argnums=(0, 1, 2))
+  train_step = state_lib.make_train_step(st, config.optim.microbatches, traces)
   eval_step = jax.jit(steps.make_eval_step(graphdef), in_shardings=(p_sh, batch_sh, rep),
                       out_shardings=rep)
   abstract_batch = {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=batch_sh)
@@ -270,10 +260,10 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     with timers.span("checkpoint"), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
       if back:
         params, opt_state, _, meta = checkpointer.restore(
-            back, ckpt_lib.abstract_like(abs_params, p_sh), abs_opt_state)
+            back, st.abs_params, st.abs_opt_state)
         guard_state = guard.state_from_json(meta.get("guard"))
       else:
-        params, opt_state = init_state(make_model, tx, p_sh, o_sh, init_key)
+        params, opt_state = state_lib.init(st, init_key)
         guard_state = guard.init_state()
     train_iter.set_state({"next_index": bad_index + 1})
     writer.close()
@@ -282,7 +272,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
                     "batch (global batch %d)", bad_step, back or 0, bad_index)
     return back or 0
 
-  progress = metrics_lib.Progress(total_steps, start_step)
+  progress = progress_lib.Progress(total_steps, start_step)
   first_loss = last_loss = float("nan")
   last_eval: dict = {}
   step = start_step
@@ -321,7 +311,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
       if spikes and guard_cfg.spike == "rollback":
         step = rollback(spikes[0], index_of[spikes[0]])
         data_index = index_of[spikes[0]] + 1
-        progress = metrics_lib.Progress(total_steps, step)
+        progress = progress_lib.Progress(total_steps, step)
         last_log_time, last_log_step, lost_at_last_log = time.perf_counter(), step, _lost(timers)
         continue
 
@@ -395,9 +385,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
   if is_primary and config.plot:
     # matplotlib's font cache goes to the data cache (not ~/.cache, ~/.config): a run writes only
     # to its workdir and the cache.
-    metrics_lib.plot_metrics(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "metrics.png"),
-                             mpl_cache_dir=os.path.join(corpus_lib.resolve_cache_dir(config.data),
-                                                        "matplotlib"))
+    plotting.plot_metrics(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "metrics.png"),
+                          mpl_cache_dir=os.path.join(fetch.resolve_cache_dir(config.data),
+                                                     "matplotlib"))
   logging.info("time outside the step: %s", {k: round(v, 2) for k, v in timers.totals().items()})
   return Summary(final_step=step, first_loss=first_loss, last_loss=last_loss, eval=last_eval,
                  num_traces=len(traces), stopped_early=stopped_early, workdir=workdir,
@@ -436,25 +426,6 @@ def _finished(workdir: str, step: int, total_steps: int, checkpointer) -> Summar
                  last_loss=losses[-1] if losses else float("nan"), eval=last_eval, num_traces=0,
                  stopped_early=False, workdir=workdir, already_finished=True)
 
-
-def abstract_model(model_name: str, model_cfg, mask_cfg, mesh, rules):
-  """(make_model(key), graphdef, abstract params, their NamedShardings), allocating nothing."""
-  family = FAMILIES[model_name]
-  make_model = lambda key: family(model_cfg, mask_cfg, nnx.Rngs(params=key))
-  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    abs_model = nnx.eval_shape(lambda: make_model(jax.random.key(0)))
-    graphdef, abs_params, abs_rest = nnx.split(abs_model, nnx.Param, ...)
-    if jax.tree.leaves(abs_rest):
-      raise ValueError("models must hold only nnx.Param state (found other variables)")
-    return make_model, graphdef, abs_params, nnx.get_named_sharding(abs_params, mesh)
-
-
-def init_state(make_model, tx, p_sh, o_sh, key):
-  """Freshly initialised (params, opt_state), laid out as the shardings say."""
-  def init_fn(key):
-    params = nnx.state(make_model(key), nnx.Param)
-    return params, tx.init(params)
-  return jax.jit(init_fn, out_shardings=(p_sh, o_sh))(key)
 
 
 def _lost(timers) -> float:

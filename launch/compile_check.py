@@ -8,7 +8,7 @@ r"""Compile every sweep member's train step for its target devices and mesh, wit
 
 For each member of `get_sweep(scale)` (default scale `paper`; an experiment file without
 `get_sweep` is one member, `FILE[:arg]`) this builds the trainer's own train step (the model's
-abstract parameters and their shardings from `train.abstract_model`, the optimizer, the fault
+abstract parameters and their shardings from `state.setup` (as `train.run`), the optimizer, the fault
 guard, `steps.make_train_step`, jitted with the trainer's in/out shardings and donation) for
 `sweep.target_devices` devices (0 = this machine's) on the member's configured mesh, lowers it on
 abstract arrays (no parameter is allocated) and compiles it. One row per member: devices, mesh
@@ -53,16 +53,14 @@ import time
 from typing import Any
 
 import jax  # the parent never starts a jax backend: each child gets its XLA_FLAGS first
-import jax.numpy as jnp
 from absl import flags
 from flax import nnx
 from jax.experimental import topologies
 from ml_collections import config_flags
 
-from cbert_jax import checkpoint as ckpt_lib
-from cbert_jax import config_lib, guard, optim, sharding, steps, train
+from cbert_jax import config_lib, sharding, state as state_lib
 from cbert_jax.errors import ConfigError
-from cbert_jax.scaling import memory as memory_lib, plan, runner
+from cbert_jax.scaling import members as members_lib, memory as memory_lib, plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD_PREFIX = "compile_check:"     # the child's progress lines on stderr, echoed by the parent
@@ -118,7 +116,7 @@ def load_member(config_spec: str, module, arg: str, overrides: list[str]):
     message = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
     raise ConfigError(f"{arg or path}: {message.split('ConfigError: ')[-1]}") from e
   config = config_lib.resolve(config)
-  name = module.workdir_name(arg) if hasattr(module, "workdir_name") else runner.member_name(config)
+  name = module.workdir_name(arg) if hasattr(module, "workdir_name") else members_lib.member_name(config)
   return name, config
 
 
@@ -153,45 +151,22 @@ def check_divisible(abs_params, shardings, mesh) -> None:
 def compile_member(config, devices, placeholder: str, row: dict[str, Any]) -> None:
   """Compiles `config`'s train step on `devices` (real, fake CPU or compile-only TPU ones).
 
-  Mirrors the "mesh & abstract state" and "compile" sections of `train.run` (keep in step with
-  them), on abstract arrays. Fills `row`'s mesh, params, compile_s and memory as they become known
+  The trainer's own `state.setup` and `state.make_train_step`, lowered on abstract arrays. Fills `row`'s mesh, params, compile_s and memory as they become known
   (a failure keeps what was known); raises ConfigError for a config that cannot fit the devices
   and whatever jax raises while lowering or compiling.
   """
   ici, dcn = sharding.mesh_shape(config.mesh, len(devices), config.mesh_dcn)
   row["mesh"] = {a: i * j for a, i, j in zip(sharding.AXES, ici, dcn)}
   config_lib.validate(without_corpus(config, placeholder), len(devices))
-  mesh = sharding.make_mesh(config.mesh, config.mesh_dcn, devices)
-  rules = tuple(tuple(r) for r in config.sharding_rules)
   model_cfg, mask_cfg = plan.model_config(config)        # vocabulary = data.vocab_size
-  tx, lr_schedule = optim.make_optimizer(config.optim, config.total_steps)
-  guard_cfg = guard.GuardConfig.from_config(config.faults)
-  _, graphdef, abs_params, p_sh = train.abstract_model(config.model_name, model_cfg, mask_cfg,
-                                                       mesh, rules)
-  row["params"] = int(sum(math.prod(x.shape) for x in jax.tree.leaves(abs_params)))
-  check_divisible(abs_params, p_sh, mesh)
-  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    abs_opt = jax.eval_shape(tx.init, abs_params)          # AdamW mu, nu (+ counts)
-    o_sh = nnx.get_named_sharding(abs_opt, mesh)
-  rep = sharding.replicated(mesh)
-  batch_sh = sharding.logical_sharding(mesh, rules, ("batch", "seq"))
-  params = ckpt_lib.abstract_like(abs_params, p_sh)
-  opt_state = ckpt_lib.abstract_like(abs_opt, o_sh)
-  guard_state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep),
-                             jax.eval_shape(guard.init_state))   # {mean, var, count}: f32 []
-  batch = {k: jax.ShapeDtypeStruct((config.batch_size, config.data.seq_len), jnp.int32,
-                                   sharding=batch_sh)            # [batch, seq_len]
-           for k in ("tokens", "positions", "segment_ids")}
-  step = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
-  key = jax.eval_shape(lambda: jax.random.key(0))             # a typed PRNG key, []
-  key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep)
-  train_step = jax.jit(steps.make_train_step(graphdef, tx, lr_schedule, [], guard_cfg,
-                                             microbatches=config.optim.microbatches),
-                       in_shardings=(p_sh, o_sh, rep, batch_sh, rep, rep),
-                       out_shardings=(p_sh, o_sh, rep, rep), donate_argnums=(0, 1, 2))
+  st = state_lib.setup(config, model_cfg, mask_cfg, devices)   # the trainer's own setup
+  row["params"] = int(sum(math.prod(x.shape) for x in jax.tree.leaves(st.abs_params)))
+  check_divisible(st.abs_params, st.param_shardings, st.mesh)
+  train_step = state_lib.make_train_step(st, config.optim.microbatches)
+  inputs = state_lib.abstract_step_inputs(st, config.batch_size, config.data.seq_len)
   start = time.perf_counter()
-  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    compiled = train_step.lower(params, opt_state, guard_state, batch, step, key).compile()
+  with jax.set_mesh(st.mesh), nnx.logical_axis_rules(st.rules):
+    compiled = train_step.lower(st.abs_params, st.abs_opt_state, *inputs).compile()
   row["compile_s"] = round(time.perf_counter() - start, 2)
   row["memory"] = memory(compiled)
 

@@ -146,13 +146,13 @@ import time
 from typing import Any
 
 from cbert_jax.errors import ConfigError
-from cbert_jax.metrics import format_duration
+from cbert_jax.progress import format_duration
 from cbert_jax.scaling import status as status_lib
 from launch import local
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MANIFEST = "launch_manifest.json"
-RUNNER_MANIFEST = "sweep.json"        # cbert_jax.scaling.runner's manifest (the in-process sweep)
+RUNNER_MANIFEST = "sweep.json"        # scaling.members.MANIFEST, written by the in-process sweep (cbert_jax.sweep)
 LOG_DIR = "logs"
 BACKENDS = ("local", "slurm", "tpu-vm", "xpk")
 DEFAULT_SCALE = "paper"
@@ -311,11 +311,11 @@ def load_members(spec: str, root: str, overrides: list[str],
   """(scale, experiment path for the commands, members) of `--config spec`, each resolved with
   the overrides applied; `only` selects members by name."""
   from cbert_jax import config_lib  # pylint: disable=import-outside-toplevel (imports jax)
-  from cbert_jax.scaling import runner  # pylint: disable=import-outside-toplevel
+  from cbert_jax.scaling import members as members_lib  # pylint: disable=import-outside-toplevel
   path, arg = split_config_spec(spec)
   if not os.path.exists(path):
     raise LaunchError(f"--config={spec}: no such experiment file {path!r}")
-  experiment = runner.load_experiment(path)
+  experiment = members_lib.load_experiment(path)
   whole = experiment.get_config(arg)
   scale = whole.get("sweep", {}).get("scale", "") or arg
   if whole.get("mode", "sweep") != "sweep":
@@ -331,7 +331,7 @@ def load_members(spec: str, root: str, overrides: list[str],
       apply_override(cfg, override)
     cfg = config_lib.resolve(cfg)
     name = (experiment.workdir_name(member_arg) if hasattr(experiment, "workdir_name")
-            else runner.member_name(cfg))
+            else members_lib.member_name(cfg))
     members.append(Member(name, member_arg, os.path.join(root, name) if root else "", cfg))
   known = [m.name for m in members]
   unknown = [n for n in only if n not in known]

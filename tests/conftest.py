@@ -3,3 +3,19 @@ import os
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def jax_compilation_cache(tmp_path_factory):
+  """One persistent XLA compilation cache per test process (per xdist worker: no two processes
+  write one directory), so a program compiled once in the session is loaded, not compiled again:
+  the trainer's init, train and eval steps are the same programs across the many tiny runs (a
+  resumed run, a run's rerun, the same model in another test). JAX fixes the directory at its
+  first use, so this is set before any test; a run with `compilation_cache_dir` (the sweep
+  runner) then reuses it. The executables are XLA's own, bit for bit: no result changes."""
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_compilation_cache")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  yield

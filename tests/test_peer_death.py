@@ -33,11 +33,10 @@ CRASH = re.compile(r"^F\d{4} |Check fail|^\*\*\* |^\s+@\s+0x|Fatal Python error|
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
   """A data cache filled here, so the two processes of a run do not both build the tokenizer."""
-  from cbert_jax import config_lib
-  from cbert_jax.data import packing
+  from cbert_jax.data import prepare, settings
   from tests.test_train import tiny_config
   path = str(tmp_path_factory.mktemp("peer_cache"))
-  packing.prepare(config_lib.data_config(tiny_config(path)), 32)
+  prepare.prepare(settings.data_config(tiny_config(path)), 32)
   return path
 
 

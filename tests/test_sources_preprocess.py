@@ -1,4 +1,4 @@
-"""Tests for pod-scale data: sources.py (formats, mixtures, bad input), preprocess.py
+"""Tests for pod-scale data: sources.py (formats, mixtures, bad input), preprocess.py and shards.py
 (parallel, resumable ArrayRecord packing) and the ArrayRecord-backed pipeline.
 
 Everything is built in tmp_path from tests/data/tiny_corpus.txt; no network.
@@ -19,8 +19,10 @@ import zstandard
 from cbert_jax.data import corpus as corpus_lib
 from cbert_jax.data import packing
 from cbert_jax.data import pipeline
-from cbert_jax.data import preprocess
+from cbert_jax.data import prepare
+from cbert_jax.data import shards
 from cbert_jax.data import sources
+from cbert_jax.data import text as text_lib
 from cbert_jax.data import tokenizer as tokenizer_lib
 from cbert_jax.errors import ConfigError
 
@@ -53,7 +55,7 @@ def tok(tmp_path_factory):
                                        tokenizer_type="bpe", cache_dir=str(cache),
                                        tokenizer_sample_chars=20_000_000))
   corpus = corpus_lib.Corpus(train_docs=DOCS, val_docs=[],
-                             manifest=dict(content_hash=corpus_lib.content_hash([DOCS])))
+                             manifest=dict(content_hash=text_lib.content_hash([DOCS])))
   return tokenizer_lib.get_tokenizer(cfg, corpus)
 
 
@@ -81,7 +83,7 @@ def _cfg(cache, **kw):
 
 def _build(corpus_dir, out, tok, workers=1, spec=None, **kw):
   cfg = _cfg(out, sources=spec or f"{corpus_dir}/*")
-  return preprocess.build(
+  return shards.build(
       sources.expand_sources(cfg), sources.read_options(cfg), tokenizer=tok, seq_len=32,
       out_dir=str(out), split_seed=0, val_fraction=0.1, shard_bytes=1, workers=workers,
       **kw)
@@ -188,16 +190,16 @@ def _read_shards(out_dir, index, split):
 
 def test_preprocess_preserves_tokens_and_boundaries(tmp_path, corpus_dir, tok, monkeypatch):
   # A tiny flush threshold exercises carrying a cut document across flushes.
-  monkeypatch.setattr(preprocess, "_FLUSH_TOKENS", 100)
+  monkeypatch.setattr(shards, "_FLUSH_TOKENS", 100)
   index = _build(corpus_dir, tmp_path / "out", tok)
   srcs = sources.expand_sources(_cfg(tmp_path, sources=f"{corpus_dir}/*"))
-  tasks = preprocess.plan_tasks(srcs, 1)
+  tasks = shards.plan_tasks(srcs, 1)
   assert len(tasks) == 4 and len(index["shards"]) == 4  # one file per shard here
   opts = sources.ReadOptions()
   for split in ("train", "val"):
     for task, (name, rows) in zip(tasks, _read_shards(tmp_path / "out", index, split)):
       docs = [d for d in sources.iter_documents(task.files[0], opts)
-              if preprocess._is_val(d, 0, 0.1) == (split == "val")]
+              if text_lib.is_val(d, 0, 0.1) == (split == "val")]
       want = packing.pack(tok.encode_batch(docs), 32)  # the in-memory packer
       for j, k in enumerate(packing.KEYS):
         np.testing.assert_array_equal(rows[:, j], want[k], err_msg=f"{name} {split} {k}")
@@ -259,13 +261,13 @@ def test_prepare_sources_end_to_end_with_skip(tmp_path, corpus_dir):
   bad.write_bytes(_jsonl(DOCS[:5]) + b"{oops\n")
   spec = f"{corpus_dir}/a.jsonl:1,{bad}:0.2"
   with pytest.raises(ConfigError, match=r"bad\.jsonl: line 6: is not valid JSON"):
-    packing.prepare(_cfg(tmp_path / "c", sources=spec), 32)
-  data = packing.prepare(_cfg(tmp_path / "c", sources=spec, on_bad_record="skip"), 32)
+    prepare.prepare(_cfg(tmp_path / "c", sources=spec), 32)
+  data = prepare.prepare(_cfg(tmp_path / "c", sources=spec, on_bad_record="skip"), 32)
   assert "preprocess" in data.timings
   assert data.manifest["sources"][1]["bad_records"]["invalid_json"] == 1
   assert isinstance(data.train, pipeline.ArrayRecordRows)
   assert pipeline.num_rows(data.train) == data.manifest["rows"]["train"] > 0
-  again = packing.prepare(_cfg(tmp_path / "c", sources=spec, on_bad_record="skip"), 32)
+  again = prepare.prepare(_cfg(tmp_path / "c", sources=spec, on_bad_record="skip"), 32)
   assert "cache_load" in again.timings and again.manifest == data.manifest
   row = data.train[0]
   assert data.tokenizer.decode(row["tokens"][row["segment_ids"] == 1])
@@ -276,7 +278,7 @@ def test_prepare_sources_end_to_end_with_skip(tmp_path, corpus_dir):
 
 def test_array_record_loader_matches_memory(tmp_path, corpus_dir, tok):
   index = _build(corpus_dir, tmp_path / "out", tok)
-  rows = preprocess.row_sources(str(tmp_path / "out"), index)["train"]
+  rows = shards.row_sources(str(tmp_path / "out"), index)["train"]
   n = len(rows)
   mem = rows.read(np.arange(n))  # the same rows in memory
   for k in packing.KEYS:

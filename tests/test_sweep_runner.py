@@ -11,7 +11,8 @@ import time
 import pytest
 
 from cbert_jax import train
-from cbert_jax.scaling import runner, status
+from cbert_jax import sweep
+from cbert_jax.scaling import members as members_lib, status
 from tests.test_eval_suite import toy_tasks  # noqa: F401  (fixture)
 from tests.test_train import TINY
 
@@ -33,16 +34,18 @@ def whole_sweep_config(cache, **extra):
   spec.loader.exec_module(exp)
   c = exp.get_config("quick")
   for path, value in (tiny_overrides(cache) | extra).items():
-    runner._set(c, path, value)  # pylint: disable=protected-access
+    members_lib._set(c, path, value)  # pylint: disable=protected-access
   return c
 
 
 def test_runner_trains_probes_reports_then_skips_finished_members(tmp_path, toy_tasks, monkeypatch):  # noqa: F811
   root = tmp_path / "sweep"
-  c = whole_sweep_config(tmp_path / "cache", **{"sweep.tokens_per_param": 0.3,
+  # 0.1 tokens per parameter: 45 and 68 steps (the budget as test_a_failing_member's, so the
+  # same programs), plenty for "trains, checkpoints, probes, reports, skips".
+  c = whole_sweep_config(tmp_path / "cache", **{"sweep.tokens_per_param": 0.1,
                                                 "evals.tasks": "toy_cls,toy_retrieval",
                                                 "evals.seq_len": 16})
-  assert runner.run(c, str(root)) == 0
+  assert sweep.run(c, str(root)) == 0
   names = ["bert_d32L2", "crossbert_d32L2"]
   st = json.loads((root / "sweep_status.json").read_text())
   assert [m["state"] for m in st["members"]] == ["done", "done"] and st["flops_done"] == st["flops_total"]
@@ -62,20 +65,23 @@ def test_runner_trains_probes_reports_then_skips_finished_members(tmp_path, toy_
   def no_training(*a, **k):
     raise AssertionError("a finished member was trained again")
   monkeypatch.setattr(train, "run", no_training)
-  assert runner.run(c, str(root)) == 0                       # the rerun: everything skipped
+  assert sweep.run(c, str(root)) == 0                       # the rerun: everything skipped
   assert os.path.getmtime(root / "bert_d32L2" / "checkpoints") == ckpt_mtime
 
 
 def _sweep_cmd(root, cache):
   args = [f"--config.{k}={v}" for k, v in tiny_overrides(cache).items()]
   return [sys.executable, "-m", "cbert_jax.main", f"--config={SWEEP}:quick", f"--workdir={root}",
-          *args, "--config.sweep.tokens_per_param=0.6", "--config.sweep.probe=false",
+          *args, "--config.sweep.tokens_per_param=0.3", "--config.sweep.probe=false",
           "--config.sweep.report=false"]
 
 
 def test_a_killed_sweep_resumes_the_interrupted_member_and_skips_the_finished_one(tmp_path):
   root, cache = tmp_path / "sweep", tmp_path / "cache"
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  # LLVM at -O0 (as tests/test_launch_simulations.py): quicker compiles, the same HLO programs;
+  # nothing here compares numbers with a run compiled otherwise.
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1 "
+             "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
   log = open(tmp_path / "first.log", "w")
   proc = subprocess.Popen(_sweep_cmd(root, cache), cwd=ROOT, env=env, stdout=log, stderr=log)
   second = root / "crossbert_d32L2"
@@ -110,10 +116,10 @@ def test_a_failing_member_is_marked_and_the_others_go_on(tmp_path, toy_tasks):  
   c = whole_sweep_config(tmp_path / "cache", **{"sweep.tokens_per_param": 0.1,
                                                 "sweep.probe": False, "sweep.report": False})
   c.sweep.models = "crossbert"
-  assert runner.run(c, str(root)) == 0
+  assert sweep.run(c, str(root)) == 0
   c.sweep.models = ""
   c.faults.plant_nan_step = 2                     # every member that trains now diverges at step 2
-  assert runner.run(c, str(root)) == 1            # bert fails; crossbert was done and is skipped
+  assert sweep.run(c, str(root)) == 1            # bert fails; crossbert was done and is skipped
   st = {m["name"]: m for m in json.loads((root / "sweep_status.json").read_text())["members"]}
   assert st["crossbert_d32L2"]["state"] == "done" and st["bert_d32L2"]["state"] == "failed"
   assert st["bert_d32L2"]["error"].startswith("NonFiniteError: non-finite training metrics at step 2")
@@ -127,13 +133,13 @@ def test_sweep_level_bad_input_is_refused_before_training(tmp_path, monkeypatch)
   root.mkdir()
   (root / "sweep.json").write_text(json.dumps({"scale": "cpu", "members": []}))
   c = whole_sweep_config(tmp_path / "cache")
-  with pytest.raises(runner.ConfigError, match=r"holds a cpu sweep; this is the quick sweep"):
-    runner.run(c, str(root))
+  with pytest.raises(members_lib.ConfigError, match=r"holds a cpu sweep; this is the quick sweep"):
+    sweep.run(c, str(root))
   c.sweep.sizes = "d2304L32"
-  with pytest.raises(runner.ConfigError, match=r"select no member of the quick sweep"):
-    runner.run(c, str(tmp_path / "other"))
+  with pytest.raises(members_lib.ConfigError, match=r"select no member of the quick sweep"):
+    sweep.run(c, str(tmp_path / "other"))
   c = whole_sweep_config(tmp_path / "cache", **{"batch_size": 0, "sweep.batch_size": 6,
                                                 "num_devices": 4})
-  with pytest.raises(runner.ConfigError, match=r"batch_size=6 is not divisible by the data-parallel size 4"):
-    runner.run(c, str(tmp_path / "third"))
+  with pytest.raises(members_lib.ConfigError, match=r"batch_size=6 is not divisible by the data-parallel size 4"):
+    sweep.run(c, str(tmp_path / "third"))
   assert not (tmp_path / "third").exists()

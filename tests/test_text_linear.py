@@ -13,11 +13,11 @@ import time
 import ml_collections
 import pytest
 
-from cbert_jax.data import corpus as corpus_lib
-from cbert_jax.data import offline_corpus
-from cbert_jax.data import packing
+from cbert_jax.data import prepare
 from cbert_jax.data import sources
+from cbert_jax.data import text as text_lib
 from cbert_jax.data import tokenizer as tokenizer_lib
+from cbert_jax.data.offline import readers as offline_readers
 from cbert_jax.errors import ConfigError
 
 MB = 1 << 20
@@ -58,10 +58,10 @@ CASES = {
 def test_normalise_is_linear(case):
   make = CASES[case]
   small, big = make(MB // 4), make(MB)
-  t_big = _seconds(corpus_lib.normalise_text, big)
+  t_big = _seconds(text_lib.book_paragraphs, big)
   assert t_big < MAX_SECONDS, f"{case}: 1 MB took {t_big:.2f} s"
-  t_small = _seconds(corpus_lib.normalise_text, small, repeat=3)
-  t_big = min(t_big, _seconds(corpus_lib.normalise_text, big, repeat=1))
+  t_small = _seconds(text_lib.book_paragraphs, small, repeat=3)
+  t_big = min(t_big, _seconds(text_lib.book_paragraphs, big, repeat=1))
   # 4x the input: linear code takes ~4x the time, the quadratic one took 16x (minutes for
   # 256 kB of blank lines). The 0.15 s slack keeps timings of a few tens of ms, noisy on a
   # loaded machine, from deciding the test.
@@ -71,8 +71,8 @@ def test_normalise_is_linear(case):
 def test_offline_and_sources_helpers_are_linear():
   """The other readers of raw text: Brown de-tagging, paragraphs, chunking, sources docs."""
   for text in ("a" * MB, " " * MB, "\n" * MB, "a/" * (MB // 2), _words(MB)):
-    for fn in (offline_corpus.detag_brown, offline_corpus.paragraphs,
-               lambda t: offline_corpus.chunk(t.strip() or "x"), sources.normalise_doc,
+    for fn in (offline_readers.detag_brown, offline_readers.paragraphs,
+               lambda t: offline_readers.chunk(t.strip() or "x"), sources.normalise_doc,
                tokenizer_lib._pieces):
       seconds = _seconds(fn, text, repeat=1)
       assert seconds < MAX_SECONDS, (fn, text[:10], seconds)
@@ -121,7 +121,7 @@ SNIPPETS = [
 
 @pytest.mark.parametrize("raw,expected", SNIPPETS)
 def test_snippets_unchanged(raw, expected):
-  assert corpus_lib.normalise_text(raw) == expected
+  assert text_lib.book_paragraphs(raw) == expected
 
 
 # The patterns as they were (quadratic on long blank runs; fine on small text).
@@ -135,7 +135,7 @@ _OLD_BLANK_LINE = re.compile(r"\n[ \t\f\v\u00a0]*\n")
 
 def _old_normalise(text: str, min_chars: int) -> list[str]:
   """The normaliser before the fix: the old patterns, the rest unchanged."""
-  text = corpus_lib.unicodedata.normalize(
+  text = text_lib.unicodedata.normalize(
       "NFC", text.replace("\r\n", "\n").replace("\r", "\n"))
   if start := _OLD_PG_START.search(text):
     text = text[start.end():]
@@ -144,10 +144,10 @@ def _old_normalise(text: str, min_chars: int) -> list[str]:
   docs = []
   for i, para in enumerate(_OLD_BLANK_LINE.split(text)):
     para = " ".join(para.split())
-    if i == 0 and corpus_lib._NLTK_TITLE.match(para):
+    if i == 0 and text_lib._NLTK_TITLE.match(para):
       continue
-    if corpus_lib._VERSE_START.match(para):
-      para = corpus_lib._VERSE_NUMBER.sub("", para)
+    if text_lib._VERSE_START.match(para):
+      para = text_lib._VERSE_NUMBER.sub("", para)
     if len(para) >= min_chars:
       docs.append(para)
   return docs
@@ -162,12 +162,12 @@ def test_random_text_matches_old_patterns(monkeypatch):
   rng = random.Random(0)
   # min_chars 1 keeps every non-empty paragraph, so a cut in the wrong place shows. (Empty
   # ones, which MIN_DOC_CHARS always drops, now come from a run of blank lines once.)
-  monkeypatch.setattr(corpus_lib, "MIN_DOC_CHARS", 1)
+  monkeypatch.setattr(text_lib, "MIN_DOC_CHARS", 1)
   cut = 0
   for _ in range(4000):
     text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
     want = _old_normalise(text, 1)
-    assert corpus_lib.normalise_text(text) == want, repr(text)
+    assert text_lib.book_paragraphs(text) == want, repr(text)
     cut += bool(_OLD_PG_END.search(text.replace("\r", "\n")))
   assert cut > 1000  # the random texts do exercise the end marker
 
@@ -197,7 +197,7 @@ def test_files_without_usable_text_give_one_line(tmp_path):
                    (empty, "it is empty")):
     start = time.perf_counter()
     with pytest.raises(ConfigError) as e:
-      packing.prepare(_cfg(tmp_path, [good, bad]), 16)
+      prepare.prepare(_cfg(tmp_path, [good, bad]), 16)
     assert time.perf_counter() - start < 3 * MAX_SECONDS
     msg = str(e.value)
     assert "\n" not in msg and str(bad) in msg and why in msg, msg
@@ -231,7 +231,7 @@ def test_single_line_corpus_trains(tmp_path):
   assert len(text) > 2 * tokenizer_lib._MAX_SENTENCE_BYTES and "\n" not in text
   path = tmp_path / "one_line.txt"
   path.write_text(text)
-  data = packing.prepare(_cfg(tmp_path, [path]), 64)
+  data = prepare.prepare(_cfg(tmp_path, [path]), 64)
   assert data.manifest["rows"]["train"] == len(data.train["tokens"]) > 100
   assert data.manifest["rows"]["val"] == 0
   # The vocabulary was learned from the text: each word is one piece.
@@ -240,4 +240,4 @@ def test_single_line_corpus_trains(tmp_path):
   assert text.startswith(data.tokenizer.decode(first))
   # A sample cap smaller than any piece is a config error, not a SentencePiece traceback.
   with pytest.raises(ConfigError, match=r"data\.tokenizer_sample_chars=10:"):
-    packing.prepare(_cfg(tmp_path, [path], tokenizer_sample_chars=10, vocab_size=320), 64)
+    prepare.prepare(_cfg(tmp_path, [path], tokenizer_sample_chars=10, vocab_size=320), 64)

@@ -65,15 +65,23 @@ def test_resumed_run_logs_the_same_losses(tmp_path, cache_dir, model):
   assert full.num_traces == 1                           # the train step compiled once for 8 steps
 
 
+@pytest.fixture(scope="module")
+def single_device_run(tmp_path_factory, cache_dir):
+  """The plain single-device run both sharded runs are compared with (the same run for each, so
+  it is trained once per module): its summary and its {step: loss}."""
+  workdir = tmp_path_factory.mktemp("single")
+  summary = train.run(tiny_config(cache_dir, num_devices=1, total_steps=4), str(workdir))
+  return summary, losses(workdir)
+
+
 @pytest.mark.parametrize("memory_options", [{}, {"model.ce_chunk": 8, "model.remat": "dots"}])
-def test_sharded_step_equals_single_device(tmp_path, cache_dir, memory_options):
+def test_sharded_step_equals_single_device(tmp_path, cache_dir, memory_options, single_device_run):
   # The sharded run may also chunk the CE and recompute activations: still the plain run's losses.
   mesh_222 = tiny_config(cache_dir, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "total_steps": 4},
                          **memory_options)
-  single = tiny_config(cache_dir, num_devices=1, total_steps=4)
   a = train.run(mesh_222, str(tmp_path / "sharded"))
-  b = train.run(single, str(tmp_path / "single"))
-  la, lb = losses(tmp_path / "sharded"), losses(tmp_path / "single")
+  b, lb = single_device_run
+  la = losses(tmp_path / "sharded")
   np.testing.assert_allclose([la[s] for s in range(1, 5)], [lb[s] for s in range(1, 5)], rtol=2e-5)
   np.testing.assert_allclose(a.eval["eval/loss"], b.eval["eval/loss"], rtol=2e-5)
 
@@ -166,8 +174,8 @@ def test_rollback_gives_up_after_max_rollbacks(tmp_path, cache_dir):
 ])
 def test_bad_input_fails_fast_with_the_field_named(tmp_path, cache_dir, overrides, field, monkeypatch):
   prepared = []
-  import cbert_jax.data.packing as packing
-  monkeypatch.setattr(packing, "prepare", lambda *a, **k: prepared.append(1))
+  import cbert_jax.data.prepare as prepare_lib
+  monkeypatch.setattr(prepare_lib, "prepare", lambda *a, **k: prepared.append(1))
   with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
     train.run(tiny_config(cache_dir, **overrides), str(tmp_path / "w"))
   assert not prepared and not os.path.exists(tmp_path / "w")   # nothing expensive, nothing written

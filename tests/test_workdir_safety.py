@@ -102,10 +102,10 @@ def test_the_holder_heartbeats_and_releases_only_its_own_lock(tmp_path, monkeypa
 @pytest.fixture()
 def no_data_prep(monkeypatch):
   """Fails the test if data preparation starts (the refusal must come before it)."""
-  from cbert_jax.data import packing  # pylint: disable=g-import-not-at-top
+  from cbert_jax.data import prepare as prepare_lib  # pylint: disable=g-import-not-at-top
   def prepare(*a, **k):
     raise AssertionError("data preparation started")
-  monkeypatch.setattr(packing, "prepare", prepare)
+  monkeypatch.setattr(prepare_lib, "prepare", prepare)
 
 
 def test_training_on_a_locked_workdir_writes_nothing(tmp_path, cache_dir, no_data_prep):

@@ -9,7 +9,7 @@ digest), which records its size and sha256 next to it:
                          "sample_bytes": S, "sample_sha256": hex, ...}
 
 Directory entries (a TFDS dataset) keep one such record per file in one sidecar
-(`write_dir_sidecar`), and preprocess.py keeps them in its `index.json`.
+(`write_dir_sidecar`), and shards.py keeps them in its `index.json`.
 
 What is verified when, and why:
 

@@ -23,6 +23,7 @@ import urllib.parse
 import urllib.request
 import zipfile
 from collections.abc import Iterator
+from typing import Any
 
 from cbert_jax.errors import ConfigError
 
@@ -90,6 +91,14 @@ def cache_root(cache_dir: str = "") -> str:
   """`cache_dir`, else $CBERT_JAX_CACHE, else ~/.cache/cbert_jax."""
   root = cache_dir or os.environ.get("CBERT_JAX_CACHE", "") or "~/.cache/cbert_jax"
   return os.path.abspath(os.path.expanduser(root))
+
+
+def resolve_cache_dir(cfg: Any) -> str:
+  """The cache directory of `cfg.cache_dir` (see `cache_root` for the fallbacks)."""
+  path = getattr(cfg, "cache_dir", "")
+  if not isinstance(path, str):
+    raise ConfigError(f"data.cache_dir must be a string path, got {path!r}.")
+  return cache_root(path)
 
 
 def sha256_file(path: str) -> str:

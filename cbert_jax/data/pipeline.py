@@ -8,7 +8,7 @@ is the same rows in the same order for every process count, and resuming on a di
 topology continues the same stream.
 
 Rows come either from memory (a dict of [N, T] arrays, the small corpora) or from packed
-ArrayRecord shards (`ArrayRecordRows`, written by `preprocess.py` for
+ArrayRecord shards (`ArrayRecordRows`, written by `shards.py` for
 `data.corpus = "sources"`). The stream is built over row *indices* and rows are gathered
 per local batch, so both give the same batches for the same rows, and a process reads
 only its own rows from disk.
@@ -35,7 +35,7 @@ KEYS = ("tokens", "segment_ids", "positions")  # record order of ArrayRecordRows
 
 
 class ArrayRecordRows:
-  """Random-access packed rows in ArrayRecord shards (see `preprocess.RECORD_LAYOUT`).
+  """Random-access packed rows in ArrayRecord shards (see `shards.RECORD_LAYOUT`).
 
   Each record is the little-endian int32 bytes of one row [3, T] (tokens, segment_ids,
   positions). Row i of the whole is row i of the concatenated shards, in the order given.

@@ -20,8 +20,8 @@ Formats, chosen by file name (per file, so one glob may mix them):
     `data.text_field` (`"json"`). ArrayRecord files must be local (or mounted, e.g.
     gcsfuse): the reader is C++ and opens paths itself.
   * anything else: UTF-8 plain text; `data.text_mode = "paragraphs"` splits it on blank
-    lines with the same normaliser as `data.corpus = "files"` (`corpus.normalise_text`,
-    which drops paragraphs shorter than `corpus.MIN_DOC_CHARS`), `"file"` makes the whole
+    lines with the same normaliser as `data.corpus = "files"` (`text.book_paragraphs`,
+    which drops paragraphs shorter than `text.MIN_DOC_CHARS`), `"file"` makes the whole
     file one document.
 
 Every document (other than paragraphs, which the normaliser already cleans) is Unicode
@@ -57,7 +57,7 @@ from typing import Any
 
 from etils import epath
 
-from cbert_jax.data import corpus as corpus_lib
+from cbert_jax.data import text as text_lib
 from cbert_jax.errors import ConfigError
 
 FORMATS = ("text", "jsonl", "jsonl.zst", "parquet", "array_record")
@@ -385,7 +385,7 @@ def _text_docs(r: _Reader, data: bytes) -> Iterator[str]:
     if (doc := r.doc(text, "")) is not None:
       yield doc
     return
-  for doc in corpus_lib.normalise_text(text):
+  for doc in text_lib.book_paragraphs(text):
     r.yielded += 1
     yield doc
 

@@ -25,6 +25,7 @@ import sentencepiece as spm
 
 from cbert_jax.data import cache_entry
 from cbert_jax.data import corpus as corpus_lib
+from cbert_jax.data import fetch
 from cbert_jax.errors import ConfigError
 
 MASK_PIECE = "[MASK]"
@@ -322,7 +323,7 @@ def get_tokenizer(cfg: Any, corpus: corpus_lib.Corpus) -> Tokenizer:
   model_type = getattr(cfg, "tokenizer_type", "bpe")
   sample_chars = int(getattr(cfg, "tokenizer_sample_chars", 20_000_000))
   key = _cache_key(corpus, vocab_size, model_type, sample_chars)
-  cache_root = corpus_lib.resolve_cache_dir(cfg)
+  cache_root = fetch.resolve_cache_dir(cfg)
   model_path = os.path.join(cache_root, "tokenizers",
                             f"spm-{model_type}-{vocab_size}-{key[:16]}.model")
   tok = cache_entry.load_verified(

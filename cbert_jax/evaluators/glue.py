@@ -1,7 +1,7 @@
 """GLUE through tensorflow-datasets, probed with the offline suite's frozen-feature probes.
 
 The paper reports GLUE with frozen features. This module turns a TFDS GLUE config into the same
-`tfds_tasks.Task` the offline kit produces, and runs `suite.probe_task` on it: mean-pooled
+`task_tfds.Task` the offline kit produces, and runs `suite.probe_task` on it: mean-pooled
 frozen features (pairs: SentEval [u, v, |u - v|, u * v] of the separately encoded sentences),
 ridge and kNN probes whose λ / k are chosen on a held-out part of *train*, scored on the
 validation split(s). GLUE's test labels are hidden (-1), so validation is the reported split, as
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from cbert_jax.data import tfds_tasks
+from cbert_jax.data.tasks import tfds as task_tfds
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import features as features_lib
 from cbert_jax.evaluators import suite
@@ -124,14 +124,14 @@ def _read(source, cap: int, seed: int) -> list[dict]:
 
 
 def load_task(name: str, *, data_dir: str = "", max_train: int = 5000,
-              max_eval: int = 2000, seed: int = 0) -> tfds_tasks.Task:
-  """GLUE task `name` as a `tfds_tasks.Task` (train plus its validation split(s)).
+              max_eval: int = 2000, seed: int = 0) -> task_tfds.Task:
+  """GLUE task `name` as a `task_tfds.Task` (train plus its validation split(s)).
 
   Rows with a hidden label (-1) are dropped. Labels: int32 class ids, or float32 scores (STS-B).
   """
   spec = GLUE_TASKS[name]
   builder = _builder(name, data_dir)
-  task = tfds_tasks.Task(name=f"glue/{name}", kind=spec.kind, metric=spec.metric,
+  task = task_tfds.Task(name=f"glue/{name}", kind=spec.kind, metric=spec.metric,
                          label_names=spec.label_names, description=f"GLUE {name}",
                          source="tensorflow_datasets glue", license="see the GLUE papers",
                          headline_split=spec.eval_splits[0], extra_metrics=spec.also)
@@ -167,7 +167,7 @@ def run(graphdef, params, tokenizer, ecfg, *, cache_dir: str = "", mesh=None, ru
   featurizer = features_lib.Featurizer(graphdef, params, batch_size=ecfg.batch_size,
                                        seq_len=ecfg.seq_len, layers=ecfg.layers, mesh=mesh,
                                        rules=rules, layer=suite.layer_of(ecfg))
-  data_dir = ecfg.get("glue_data_dir", "") or tfds_tasks.default_data_dir(cache_dir)
+  data_dir = ecfg.get("glue_data_dir", "") or task_tfds.default_data_dir(cache_dir)
   results: dict = {}
   for name in names:
     start = time.perf_counter()

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from cbert_jax.data import tfds_tasks
+from cbert_jax.data.tasks import tfds as task_tfds
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import features as features_lib
 from cbert_jax.evaluators import pooler as pooler_lib
@@ -137,7 +137,7 @@ def kit_retrieval_pooler(graphdef, params, tokenizer, ecfg, *, cache_dir: str = 
   """
   qa, db, names = [], [], []
   for name in suite.task_names(ecfg):
-    task = tfds_tasks.load_task(name, cache_dir=cache_dir)
+    task = task_tfds.load_task(name, cache_dir=cache_dir)
     if task.kind == "retrieval":
       a, b = suite.dev_pairs(task, ecfg)
       qa, db, names = qa + a, db + b, names + [name]

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 from absl import logging
 
-from cbert_jax.data import tfds_tasks
+from cbert_jax.data.tasks import tfds as task_tfds
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import features as features_lib
 from cbert_jax.evaluators import pooler as pooler_lib
@@ -205,7 +205,7 @@ def check_model(ecfg, model_name: str, num_layers: int) -> None:
 def task_names(ecfg) -> list[str]:
   """The tasks of `evals.tasks`, checked against the task kit (ConfigError naming the field)."""
   names = [t.strip() for t in ecfg.tasks.split(",") if t.strip()]
-  known = tfds_tasks.list_tasks()
+  known = task_tfds.list_tasks()
   for name in names:
     if name not in known:
       raise ConfigError(f"evals.tasks: unknown task {name!r}; known: {', '.join(known)}")
@@ -231,7 +231,7 @@ def run(graphdef, params, tokenizer, ecfg, *, cache_dir: str = "", mesh=None, ru
   results: dict = {}
   for name in names:
     start = time.perf_counter()
-    task = tfds_tasks.load_task(name, cache_dir=cache_dir)
+    task = task_tfds.load_task(name, cache_dir=cache_dir)
     if task.kind == "retrieval":
       results[name] = _retrieval_task(task, featurizer, tokenizer, ecfg.seq_len, ecfg, graphdef,
                                       params)

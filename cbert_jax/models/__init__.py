@@ -1,6 +1,13 @@
-"""Model families by name; `config.model_name` picks one."""
-from cbert_jax.models.bert import Bert
-from cbert_jax.models.crossbert import CrossBert
-from cbert_jax.models.electra import Electra
+"""Model families by name; `config.model_name` picks one.
 
-FAMILIES = {"bert": Bert, "crossbert": CrossBert, "electra": Electra}
+`NAMES` is importable without JAX (config files and `config_lib` check names against it);
+`FAMILIES` ({name: class}) imports the model modules on first use.
+"""
+NAMES = ("bert", "crossbert", "electra")
+
+
+def __getattr__(name: str):
+  if name == "FAMILIES":
+    from cbert_jax.models.families import FAMILIES  # pylint: disable=import-outside-toplevel
+    return FAMILIES
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,14 +34,7 @@ from cbert_jax import masking
 from cbert_jax.models import layers, losses
 from cbert_jax.models.encoder import Encoder, features, remat_block
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
-
-
-def generator_config(cfg: ModelConfig) -> ModelConfig:
-  """The generator's ModelConfig: narrower and/or shallower, same head size and numerics."""
-  hd = cfg.head_size
-  heads = max(1, round(cfg.d_model * cfg.generator_width / hd))
-  return dataclasses.replace(cfg, d_model=heads * hd, num_heads=heads, head_dim=hd, ffn_dim=0,
-                             num_layers=max(1, round(cfg.num_layers * cfg.generator_depth)))
+from cbert_jax.models.model_config import generator_config  # noqa: F401  (electra.generator_config)
 
 
 class Generator(nnx.Module):

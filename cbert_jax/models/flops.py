@@ -18,9 +18,7 @@ scaling curves and MFU use. They differ only for in-place CMS.
 """
 import dataclasses
 
-from cbert_jax.masking import num_masked
-from cbert_jax.models.electra import generator_config
-from cbert_jax.models.model_config import MaskConfig, ModelConfig
+from cbert_jax.models.model_config import MaskConfig, ModelConfig, generator_config, num_masked
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,8 +6,7 @@ model can be built in a test or a notebook without the config machinery.
 """
 import dataclasses
 import math
-
-import jax.numpy as jnp
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,10 +70,12 @@ class ModelConfig:
 
   @property
   def dtype(self):
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel  (config files stay light)
     return jnp.dtype(self.compute_dtype)
 
   @property
   def pdtype(self):
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
     return jnp.dtype(self.param_dtype)
 
   def std(self) -> float:
@@ -107,3 +108,37 @@ class MaskConfig:
 def ffn_size_for(d: int) -> int:
   """SwiGLU hidden width of SPEC §2 (Lingua's rule): 256 * ceil((8d/3) / 256)."""
   return 256 * math.ceil((8 * d / 3) / 256)
+
+
+def from_config(config: Any, vocab_size: int, mask_id: int,
+                special_ids: tuple[int, ...]) -> tuple[ModelConfig, MaskConfig]:
+  """The frozen dataclasses a resolved config's `model` / `masking` groups describe.
+
+  Args:
+    config: a resolved run config (ml_collections.ConfigDict; reads model.*, masking.* and
+      model_name).
+    vocab_size, mask_id, special_ids: from the tokenizer (or planned values before it exists).
+  """
+  m = config.model
+  fields = {f.name for f in dataclasses.fields(ModelConfig)}
+  model_cfg = ModelConfig(**({k: m[k] for k in m.keys() if k in fields}
+                             | {"vocab_size": int(vocab_size)}))
+  mk = config.masking
+  mask_cfg = MaskConfig(mask_ratio=mk.mask_ratio, mask_id=int(mask_id),
+                        special_ids=tuple(int(i) for i in special_ids), p_mask=mk.p_mask,
+                        p_random=mk.p_random, cms=mk.cms and config.model_name == "crossbert",
+                        cms_form=mk.cms_form)
+  return model_cfg, mask_cfg
+
+
+def num_masked(seq_len: int, ratio: float) -> int:
+  """K, the static number of targets per row (at least 1, at most T - 1)."""
+  return int(min(max(round(ratio * seq_len), 1), seq_len - 1))
+
+
+def generator_config(cfg: ModelConfig) -> ModelConfig:
+  """ELECTRA's generator ModelConfig: narrower and/or shallower, same head size and numerics."""
+  hd = cfg.head_size
+  heads = max(1, round(cfg.d_model * cfg.generator_width / hd))
+  return dataclasses.replace(cfg, d_model=heads * hd, num_heads=heads, head_dim=hd, ffn_dim=0,
+                             num_layers=max(1, round(cfg.num_layers * cfg.generator_depth)))

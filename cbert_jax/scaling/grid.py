@@ -43,7 +43,7 @@ import time
 
 import numpy as np
 
-from cbert_jax import metrics as metrics_lib
+from cbert_jax import metrics as metrics_lib, plotting
 from cbert_jax.scaling import fit as fit_lib, laws as laws_lib
 
 CI_LEVEL = 0.9                   # bootstrap interval level (fit.bootstrap's default)
@@ -296,11 +296,11 @@ def draw(optima: list[Optimum], laws: laws_lib.HyperLaws, path: str, n_boot: int
   """laws.png: lr* and B* against C (top) and N (bottom), log-log; each grid point coloured by
   its final loss above the best of its size (the lowest over the other hyperparameter where
   several share an x, y), diverged points as grey crosses, the optima as stars."""
-  os.environ.setdefault("MPLCONFIGDIR", os.path.join(os.path.dirname(path), ".matplotlib"))
+  Figure, FigureCanvasAgg = plotting.matplotlib_classes(  # pylint: disable=invalid-name
+      os.path.join(os.path.dirname(path), ".matplotlib"))
+  # After plotting's first import, the rest of matplotlib imports as usual.
   import matplotlib  # pylint: disable=import-outside-toplevel
   from matplotlib import cm, colors  # pylint: disable=import-outside-toplevel
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
-  from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
   # Per optimum and y field: y -> the lowest loss over the other hyperparameter (what is drawn).
   profiles = {(id(o), ykey): _profile(o, ykey) for o in optima for ykey in ("lr", "batch_tokens")}
   deltas = [loss - o.best.loss for o in optima for ykey in ("lr", "batch_tokens")

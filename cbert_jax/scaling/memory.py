@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from cbert_jax.masking import num_masked
+from cbert_jax.models.model_config import num_masked
 from cbert_jax.models import flops as flops_lib
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 
@@ -160,7 +160,7 @@ def _stacks(s: Shape, rows: int) -> tuple[list[_Stack], int]:
     k = num_masked(t, s.mask.mask_ratio)
     return [enc(rows * (t - k), rows * (t - k) ** 2), pred(rows * k, rows * k * (t - k))], rows * k
   if s.model_name == "electra":
-    from cbert_jax.models.electra import generator_config  # pylint: disable=import-outside-toplevel
+    from cbert_jax.models.model_config import generator_config  # pylint: disable=import-outside-toplevel
     g = generator_config(m)
     gen = _Stack(g.num_layers, rows * t, rows * t * t, g.d_model, g.ffn_size, g.num_heads)
     return [enc(rows * t, rows * t * t), gen], rows * num_masked(t, s.mask.mask_ratio)

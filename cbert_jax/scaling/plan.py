@@ -15,6 +15,7 @@ import ml_collections
 
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import flops as flops_lib
+from cbert_jax.models import model_config as model_config_lib
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 from cbert_jax.scaling import budget as budget_lib, laws as laws_lib, memory as memory_lib
 
@@ -25,8 +26,7 @@ _MASK_ID, _SPECIAL = 4, (0, 2, 3, 4)
 def model_config(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MaskConfig]:
   """The model and masking the member will train, before the tokenizer exists (vocabulary =
   model.vocab_size if set, else data.vocab_size: what a trained tokenizer gets)."""
-  from cbert_jax import config_lib  # pylint: disable=import-outside-toplevel (config_lib imports us)
-  return config_lib.build_model_configs(
+  return model_config_lib.from_config(
       config, int(config.model.vocab_size or config.data.vocab_size), _MASK_ID, _SPECIAL)
 
 

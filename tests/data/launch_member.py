@@ -81,7 +81,7 @@ def get_config(arg=None):
 def _toy_tasks():
   """One synthetic classification task decided by a marker word (as tests/test_eval_suite.py)."""
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from cbert_jax.data import tfds_tasks  # pylint: disable=import-outside-toplevel
+  from cbert_jax.data.tasks import tfds as task_tfds  # pylint: disable=import-outside-toplevel
   words = "the a of and to in that it was for on with as his at by from had not be".split()
   rs = np.random.RandomState(0)
 
@@ -90,10 +90,10 @@ def _toy_tasks():
              for _ in range(n // 2)]
     return {"ids": [str(i) for i in range(n)], "texts": texts,
             "labels": np.array([1] * (n // 2) + [0] * (n // 2), np.int32)}
-  task = tfds_tasks.Task(TOY_TASK, "classification", "accuracy", ("bad", "good"),
+  task = task_tfds.Task(TOY_TASK, "classification", "accuracy", ("bad", "good"),
                          splits={"train": split(64), "dev": split(32), "test": split(32)})
-  tfds_tasks.list_tasks = lambda: [TOY_TASK]
-  tfds_tasks.load_task = lambda name, **kw: task
+  task_tfds.list_tasks = lambda: [TOY_TASK]
+  task_tfds.load_task = lambda name, **kw: task
 
 
 if os.environ.get("CBERT_SIM_TOY_TASKS") == "1":

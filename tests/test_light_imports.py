@@ -1,0 +1,65 @@
+"""A launcher host needs no JAX: `launch/` imports and runs its JAX-free commands without it.
+
+Each check runs in a fresh interpreter where `import jax` raises ImportError
+(`sys.modules["jax"] = None`), so a module-level JAX import anywhere on the import chain fails the
+test instead of going unnoticed in a process where JAX is already loaded.
+"""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Packages a launcher host should not need to import.
+HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "tensorflow", "sentencepiece", "matplotlib")
+
+
+def run_without_jax(code: str, *args: str) -> subprocess.CompletedProcess:
+  """Runs `code` in a fresh interpreter (repository root as cwd) in which JAX cannot be imported;
+  prints the heavy packages that got imported anyway as the last line: `heavy: [...]`."""
+  prologue = "import sys\nsys.modules['jax'] = None\n"
+  # The blocked `jax` entry is None: only modules that were really imported count.
+  epilogue = ("\nprint('heavy:', sorted({name.split('.')[0] for name, module in sys.modules.items()"
+              f" if module is not None}} & set({HEAVY!r})))\n")
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  return subprocess.run([sys.executable, "-c", prologue + code + epilogue, *args], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_jax_is_blocked_in_the_subprocess():
+  r = run_without_jax("try:\n  import jax\nexcept ImportError:\n  print('blocked')\n")
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.splitlines()[0] == "blocked"
+
+
+def test_launch_modules_import_without_jax():
+  r = run_without_jax("import launch.sweep, launch.local\n"
+                      "from cbert_jax.progress import Progress, Timers, format_duration\n"
+                      "print(format_duration(602))\n")
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.splitlines() == ["10m02s", "heavy: []"]
+
+
+def test_local_dry_run_without_jax():
+  r = run_without_jax("from launch import local\n"
+                      "rc = local.main(sys.argv[1:])\n"
+                      "assert rc == 0, rc\n",
+                      "--config", "experiments/smoke.py", "--args", "model=bert", "model=crossbert",
+                      "--workdir_root", "runs/pair")
+  assert r.returncode == 0, r.stderr
+  lines = r.stdout.splitlines()
+  assert lines[0].startswith("[1/2] ") and "--workdir=runs/pair/model-bert" in lines[0]
+  assert lines[1].startswith("[2/2] ") and "--workdir=runs/pair/model-crossbert" in lines[1]
+  assert lines[2] == "heavy: []"
+
+
+def test_sweep_status_without_jax(tmp_path):
+  root = tmp_path / "sweep"
+  (root / "bert_d32L2" / "checkpoints" / "2").mkdir(parents=True)
+  (root / "bert_d32L2" / "config.json").write_text(json.dumps({"config": {"total_steps": 4}}))
+  r = run_without_jax("from launch import sweep\n"
+                      "rc = sweep.main(['status', '--workdir_root', sys.argv[1], '--no-probe'])\n"
+                      "assert rc == 0, rc\n", str(root))
+  assert r.returncode == 0, r.stderr
+  assert "(member directories): 1 members, 0 done, 0 running, 1 pending" in r.stdout
+  assert r.stdout.splitlines()[-1] == "heavy: []"
