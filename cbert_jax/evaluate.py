@@ -20,6 +20,7 @@ from flax import nnx
 
 from cbert_jax import checkpoint as ckpt_lib
 from cbert_jax import config_lib, sharding
+from cbert_jax import workdir as workdir_lib
 from cbert_jax.data import prepare, settings
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import registry, suite
@@ -45,8 +46,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if checkpointer:
     check_trained_model(workdir, config)
 
-  data = prepare.prepare(settings.data_config(config), config.data.seq_len)  # the tokenizer
-  tok = data.tokenizer
+  # The run's own tokenizer (saved in the workdir by the trainer); else rebuilt from the data config.
+  tok = workdir_lib.saved_tokenizer(workdir) if checkpointer else None
+  if tok is None:
+    tok = prepare.prepare(settings.data_config(config), config.data.seq_len).tokenizer
   model_cfg, mask_cfg = config_lib.model_configs(config, tok.vocab_size, tok.mask_id, tok.special_ids)
   mesh = sharding.make_mesh(config.mesh, config.mesh_dcn, devices)
   rules = tuple(tuple(r) for r in config.sharding_rules)

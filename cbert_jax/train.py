@@ -158,6 +158,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
                devices[0].device_kind, peak, peak_source)
   if is_primary:
     writer.write_text("parameters", overview)
+    workdir_lib.save_tokenizer(workdir, tok.model_path)   # the workdir alone can be evaluated
     provenance = provenance_lib.provenance({"data_manifest_hash": data.manifest["hash"],
                                          "data_manifest": data.manifest, "peak_flops": peak,
                                          "peak_source": peak_source})

@@ -141,3 +141,54 @@ def _keep_copy(path: str, is_primary: bool) -> None:
   with open(copy, "wb") as f:
     f.write(data)
   logging.warning("the workdir's previous config.json is kept as %s", copy)
+
+
+# The run's SentencePiece model, copied into the workdir by the trainer so the workdir alone is
+# enough to evaluate, embed or export its encoder (no corpus or data cache needed).
+TOKENIZER = "tokenizer.model"
+
+
+def save_tokenizer(workdir: str, model_path: str) -> None:
+  """Copies the tokenizer file to `workdir/tokenizer.model` (atomically; a no-op when an identical
+  copy is there). A different file already there is kept aside as `tokenizer.previous-<k>.model`
+  (a run resumed with `allow_config_change` across a data change), never overwritten in place."""
+  from cbert_jax.data import cache_entry   # data helpers; kept out of the light import path
+  dest = os.path.join(workdir, TOKENIZER)
+  with open(model_path, "rb") as f:
+    proto = f.read()
+  if os.path.isfile(dest):
+    with open(dest, "rb") as f:
+      if f.read() == proto:
+        return
+    k = 1
+    while os.path.exists(os.path.join(workdir, f"tokenizer.previous-{k}.model")):
+      k += 1
+    os.replace(dest, os.path.join(workdir, f"tokenizer.previous-{k}.model"))
+    logging.warning("the workdir's previous tokenizer is kept as tokenizer.previous-%d.model", k)
+  cache_entry.atomic_write(dest, proto)
+
+
+def saved_tokenizer(workdir: str):
+  """The tokenizer the workdir's run trained with (`data.tokenizer.Tokenizer`), or None when the
+  workdir has no `tokenizer.model` (a run from before it was saved there).
+
+  Raises:
+    ConfigError: the file is not a usable SentencePiece model, or its sha256 differs from the one
+      `config.json` records for the run's data (the file was replaced or damaged).
+  """
+  from cbert_jax.data import tokenizer as tokenizer_lib
+  path = os.path.join(workdir, TOKENIZER)
+  if not os.path.isfile(path):
+    return None
+  tok = tokenizer_lib.Tokenizer(path, field=f"workdir {workdir}: {TOKENIZER}")
+  try:
+    with open(os.path.join(workdir, "config.json")) as f:
+      recorded = json.load(f)["provenance"]["data_manifest"]["tokenizer"]["sha256"]
+  except (OSError, ValueError, KeyError, TypeError):
+    recorded = None
+  if recorded and recorded != tok.sha256:
+    raise ConfigError(
+        f"workdir {workdir}: {TOKENIZER} has sha256 {tok.sha256[:12]}..., but config.json records "
+        f"the run's tokenizer as {recorded[:12]}...; the file was replaced or damaged. Restore it "
+        "from the data cache (<cache_dir>/tokenizers/) or delete it to rebuild from the data config.")
+  return tok

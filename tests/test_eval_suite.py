@@ -71,9 +71,15 @@ def cache(tmp_path_factory):
   return str(tmp_path_factory.mktemp("eval_cache"))
 
 
-def test_mode_eval_on_a_trained_checkpoint_writes_json_and_table(tmp_path, cache, toy_tasks, capsys):
+def test_mode_eval_on_a_trained_checkpoint_writes_json_and_table(tmp_path, cache, toy_tasks, capsys,
+                                                                 monkeypatch):
   train.run(eval_config(cache), str(tmp_path))
-  results = evaluate.run(eval_config(cache, mode="eval"), str(tmp_path))
+  # The workdir alone is enough: the run's tokenizer is read from it, the data is not prepared.
+  def no_data(*a, **kw):
+    raise AssertionError("mode=eval prepared the data instead of reading workdir/tokenizer.model")
+  with monkeypatch.context() as m:
+    m.setattr(evaluate.prepare, "prepare", no_data)
+    results = evaluate.run(eval_config(cache, mode="eval"), str(tmp_path))
   [saved_path] = (tmp_path / "eval").glob("step_2-*.json")      # non-default evals: hashed name
   saved = json.loads(saved_path.read_text())
   assert saved["step"] == 2 and saved["results"] == json.loads(json.dumps(results))
@@ -84,6 +90,18 @@ def test_mode_eval_on_a_trained_checkpoint_writes_json_and_table(tmp_path, cache
   assert set(results["average"]) >= {"ridge", "knn", "retrieval", "all"}
   table = capsys.readouterr().out
   assert "| toy_cls | classification | accuracy |" in table and saved_path.with_suffix(".md").exists()
+
+
+  # A tokenizer.model that is not the run's (config.json records its sha256) is one clear error.
+  conf_path = tmp_path / "config.json"
+  conf = json.loads(conf_path.read_text())
+  conf["provenance"]["data_manifest"]["tokenizer"]["sha256"] = "0" * 64
+  conf_path.write_text(json.dumps(conf))
+  with pytest.raises(ConfigError, match=r"tokenizer.model has sha256 .* config.json records"):
+    evaluate.run(eval_config(cache, mode="eval"), str(tmp_path))
+  (tmp_path / "tokenizer.model").write_bytes(b"not a model")
+  with pytest.raises(ConfigError, match=r"tokenizer.model: .* is not a valid SentencePiece model"):
+    evaluate.run(eval_config(cache, mode="eval"), str(tmp_path))
 
 
 def test_layerwise_and_random_init_floor(tmp_path, cache, toy_tasks):

@@ -12,7 +12,8 @@ from tests.test_train import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIP_IN_REPO = {".git", ".venv", ".venv-ci", "__pycache__", ".pytest_cache"}
-WORKDIR_FILES = {"checkpoints", "config.json", "metrics.jsonl", "metrics.png", "parameters.txt", "tb"}
+WORKDIR_FILES = {"checkpoints", "config.json", "metrics.jsonl", "metrics.png", "parameters.txt", "tb",
+                 "tokenizer.model"}
 
 
 def _files(top: str, skip=frozenset()) -> set[str]:
