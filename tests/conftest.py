@@ -19,3 +19,27 @@ def jax_compilation_cache(tmp_path_factory):
   jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_compilation_cache")))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   yield
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+  """One data cache for the session (per xdist worker): the tiny corpus and its tokenizer are
+  built once and reused by every training test."""
+  return str(tmp_path_factory.mktemp("cbert_cache"))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+  """A data cache per test module (the probe-suite tests)."""
+  return str(tmp_path_factory.mktemp("eval_cache"))
+
+
+@pytest.fixture
+def toy_tasks(monkeypatch):
+  """The synthetic probe tasks of `helpers.synthetic_tasks` in place of the task kit."""
+  from cbert_jax.data.tasks import tfds as task_tfds  # pylint: disable=import-outside-toplevel
+  from tests import helpers  # pylint: disable=import-outside-toplevel
+  tasks = helpers.synthetic_tasks()
+  monkeypatch.setattr(task_tfds, "list_tasks", lambda: list(tasks))
+  monkeypatch.setattr(task_tfds, "load_task", lambda name, **kw: tasks[name])
+  return tasks

@@ -82,3 +82,42 @@ def write_tgz(path, files: dict[str, bytes]) -> str:
       info.size = len(data)
       tar.addfile(info, io.BytesIO(data))
   return str(path)
+
+
+# ---------------------------------------------------------------- synthetic probe tasks ---
+WORDS = "the a of and to in that it was for on with as his at by from had not be".split()
+
+
+def _texts(rs, marker, n):
+  return [" ".join([marker] * 3 + list(rs.choice(WORDS, 6))) for _ in range(n)]
+
+
+def synthetic_tasks() -> dict:
+  """A classification task decided by a marker word, a regression task, pairs and retrieval (the
+  `toy_tasks` fixture in conftest.py serves them in place of the task kit)."""
+  from cbert_jax.data.tasks import tfds as task_tfds
+  rs = np.random.RandomState(0)
+  def split(n):
+    texts = _texts(rs, "good", n // 2) + _texts(rs, "bad", n // 2)
+    return {"ids": [str(i) for i in range(n)], "texts": texts,
+            "labels": np.array([1] * (n // 2) + [0] * (n // 2), np.int32)}
+  cls = task_tfds.Task("toy_cls", "classification", "accuracy", ("bad", "good"),
+                        splits={"train": split(200), "dev": split(60), "test": split(60)})
+  reg_splits = {}
+  for name, n in (("train", 200), ("dev", 60), ("test", 60)):
+    s = split(n)
+    reg_splits[name] = dict(s, labels=s["labels"].astype(np.float32) * 2 - 1)
+  reg = task_tfds.Task("toy_reg", "regression", "spearman", (), splits=reg_splits)
+  pair_splits = {}
+  for name, n in (("train", 200), ("dev", 60), ("test", 60)):
+    s = split(n)
+    pair_splits[name] = {"ids": s["ids"], "texts_a": s["texts"], "texts_b": list(reversed(s["texts"])),
+                         "labels": s["labels"]}
+  pair = task_tfds.Task("toy_pair", "pair", "accuracy", ("no", "yes"), splits=pair_splits)
+  corpus = [f"{w} {w} {w} story" for w in WORDS]
+  retr = task_tfds.Task(
+      "toy_retrieval", "retrieval", "ndcg@10", (), corpus={"ids": WORDS, "texts": corpus},
+      queries={s: {"ids": [f"q{w}" for w in WORDS], "texts": [f"{w} {w}" for w in WORDS]}
+               for s in ("dev", "test")},
+      qrels={s: {f"q{w}": {w: 1} for w in WORDS} for s in ("dev", "test")})
+  return {t.name: t for t in (cls, reg, pair, retr)}

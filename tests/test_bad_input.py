@@ -1,6 +1,6 @@
 """Bad input gets one clear line naming the field or file, exit status 2, and changes nothing.
 
-Every case is a row of README.md's "When something is wrong: what you see" table, and asserts the
+Every case is a row of the table in docs/errors.md, and asserts the
 fragment that table shows. Command-line cases run the real CLI (flag parsing fails in ~2 s; a
 validation error after importing the trainer in ~4 s); the workdir check's edge cases and the
 cheap range checks run in-process.

@@ -12,7 +12,6 @@ from cbert_jax.evaluators import features as features_lib
 from cbert_jax.evaluators import glue, mteb_encoder, suite
 from cbert_jax.evaluators import pooler as pooler_lib
 from tests import helpers
-from tests.test_eval_suite import toy_tasks  # noqa: F401  (fixture)
 
 
 def _rows(n=6, t=12, seed=0):

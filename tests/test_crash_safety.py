@@ -14,7 +14,7 @@ import pytest
 from cbert_jax import train
 from cbert_jax.errors import CheckpointError
 from tests.test_cli import ROOT, cli, cli_env, run_cli
-from tests.test_train import cache_dir, losses, tiny_config  # noqa: F401  (fixture)
+from tests.test_train import losses, tiny_config
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"   # orbax writes here, then renames to <step> when complete
 STEPS = 16

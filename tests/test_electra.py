@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cbert_jax import metrics as metrics_lib, train
+from cbert_jax import metrics as metrics_lib
+from cbert_jax import train
 from cbert_jax.models import electra
 from tests import helpers
-from tests.test_train import cache_dir, tiny_config  # noqa: F401  (cache_dir is a fixture)
+from tests.test_train import tiny_config
 
 
 def _batch(**kw):

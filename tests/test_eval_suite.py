@@ -1,6 +1,5 @@
 """The offline probe suite and --config.mode=eval, on synthetic tasks (no task-kit download)."""
 import json
-import os
 
 import jax
 import numpy as np
@@ -8,54 +7,12 @@ import pytest
 from flax import nnx
 
 from cbert_jax import config_lib, evaluate, train
-from cbert_jax.data.tasks import tfds as task_tfds
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import pooler as pooler_lib
 from cbert_jax.evaluators import retrieval, suite
 from tests import helpers
+from tests.helpers import WORDS
 from tests.test_train import tiny_config
-
-WORDS = "the a of and to in that it was for on with as his at by from had not be".split()
-
-
-def _texts(rs, marker, n):
-  return [" ".join([marker] * 3 + list(rs.choice(WORDS, 6))) for _ in range(n)]
-
-
-def synthetic_tasks():
-  """A classification task decided by a marker word, a regression task, pairs and retrieval."""
-  rs = np.random.RandomState(0)
-  def split(n):
-    texts = _texts(rs, "good", n // 2) + _texts(rs, "bad", n // 2)
-    return {"ids": [str(i) for i in range(n)], "texts": texts,
-            "labels": np.array([1] * (n // 2) + [0] * (n // 2), np.int32)}
-  cls = task_tfds.Task("toy_cls", "classification", "accuracy", ("bad", "good"),
-                        splits={"train": split(200), "dev": split(60), "test": split(60)})
-  reg_splits = {}
-  for name, n in (("train", 200), ("dev", 60), ("test", 60)):
-    s = split(n)
-    reg_splits[name] = dict(s, labels=s["labels"].astype(np.float32) * 2 - 1)
-  reg = task_tfds.Task("toy_reg", "regression", "spearman", (), splits=reg_splits)
-  pair_splits = {}
-  for name, n in (("train", 200), ("dev", 60), ("test", 60)):
-    s = split(n)
-    pair_splits[name] = {"ids": s["ids"], "texts_a": s["texts"], "texts_b": list(reversed(s["texts"])),
-                         "labels": s["labels"]}
-  pair = task_tfds.Task("toy_pair", "pair", "accuracy", ("no", "yes"), splits=pair_splits)
-  corpus = [f"{w} {w} {w} story" for w in WORDS]
-  retr = task_tfds.Task(
-      "toy_retrieval", "retrieval", "ndcg@10", (), corpus={"ids": WORDS, "texts": corpus},
-      queries={s: {"ids": [f"q{w}" for w in WORDS], "texts": [f"{w} {w}" for w in WORDS]} for s in ("dev", "test")},
-      qrels={s: {f"q{w}": {w: 1} for w in WORDS} for s in ("dev", "test")})
-  return {t.name: t for t in (cls, reg, pair, retr)}
-
-
-@pytest.fixture
-def toy_tasks(monkeypatch):
-  tasks = synthetic_tasks()
-  monkeypatch.setattr(task_tfds, "list_tasks", lambda: list(tasks))
-  monkeypatch.setattr(task_tfds, "load_task", lambda name, **kw: tasks[name])
-  return tasks
 
 
 def eval_config(cache, **kw):
@@ -64,11 +21,6 @@ def eval_config(cache, **kw):
   c.evals.seq_len = 16
   c.evals.batch_size = 32
   return c
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("eval_cache"))
 
 
 def test_mode_eval_on_a_trained_checkpoint_writes_json_and_table(tmp_path, cache, toy_tasks, capsys,

@@ -21,7 +21,8 @@ from cbert_jax import config_lib, evaluate
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import glue
 from tests import helpers
-from tests.test_eval_suite import WORDS, cache, eval_config, toy_tasks  # noqa: F401  (fixtures)
+from tests.helpers import WORDS
+from tests.test_eval_suite import eval_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

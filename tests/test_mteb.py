@@ -6,12 +6,11 @@ checked against our own retrieval metrics on the same embeddings.
 import json
 import sys
 
+import mteb  # noqa: F401  (the test extra installs it; these tests need it)
 import numpy as np
 import pytest
-from flax import nnx
-
-import mteb  # noqa: F401  (the test extra installs it; these tests need it)
 from datasets import Dataset, DatasetDict  # installed with mteb
+from flax import nnx
 from mteb.abstasks.classification import AbsTaskClassification
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
@@ -23,7 +22,8 @@ from cbert_jax import config_lib, evaluate
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import mteb_encoder, retrieval
 from tests import helpers
-from tests.test_eval_suite import WORDS, cache, eval_config, toy_tasks  # noqa: F401
+from tests.helpers import WORDS
+from tests.test_eval_suite import eval_config
 
 KEYS = [f"k{i}" for i in range(20)]                                    # retrieval's rare words
 

@@ -1,10 +1,11 @@
 """config.evals.every: the probe suite runs during training and its scores land in metrics.jsonl."""
 import pytest
 
-from cbert_jax import metrics as metrics_lib, train
+from cbert_jax import metrics as metrics_lib
+from cbert_jax import train
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import online
-from tests.test_eval_suite import eval_config, toy_tasks  # noqa: F401  (toy_tasks is a fixture)
+from tests.test_eval_suite import eval_config
 
 
 def test_online_probes_are_logged_every_n_steps(tmp_path, tmp_path_factory, toy_tasks):

@@ -3,17 +3,17 @@ hyperparameters follow the laws; the scaling report on a synthetic sweep with kn
 import importlib.util
 import json
 import math
-import re
 import os
+import re
 
-import ml_collections
 import numpy as np
 import pytest
 
 from cbert_jax import config_lib, report
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import flops
-from cbert_jax.scaling import laws as laws_lib, plan
+from cbert_jax.scaling import laws as laws_lib
+from cbert_jax.scaling import plan
 from tests.test_train import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,10 +10,9 @@ import time
 
 import pytest
 
-from cbert_jax import train
-from cbert_jax import sweep
-from cbert_jax.scaling import members as members_lib, status
-from tests.test_eval_suite import toy_tasks  # noqa: F401  (fixture)
+from cbert_jax import sweep, train
+from cbert_jax.scaling import members as members_lib
+from cbert_jax.scaling import status
 from tests.test_train import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,22 +1,15 @@
 """The trainer end to end on the tiny committed corpus: resume, sharding, one compile, NaN guard, errors."""
-import dataclasses
 import json
 import os
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cbert_jax import config_lib, metrics as metrics_lib, steps, train
+from cbert_jax import config_lib, train
+from cbert_jax import metrics as metrics_lib
 from cbert_jax.errors import ConfigError
 
 TINY = os.path.join(os.path.dirname(__file__), "data", "tiny_corpus.txt")
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("cbert_cache"))
 
 
 def tiny_config(cache_dir, model="crossbert", **overrides):

@@ -15,7 +15,7 @@ import pytest
 
 from cbert_jax import config_lib, evaluate, train, workdir_lock
 from cbert_jax.errors import ConfigError, WorkdirError
-from tests.test_train import cache_dir, losses, tiny_config  # noqa: F401  (fixture)
+from tests.test_train import losses, tiny_config
 
 
 def _write_lock(workdir, **info):
