@@ -183,7 +183,7 @@ class Checkpointer:
     moved = []
     for step in sorted(self._mngr.all_steps(), reverse=True):
       try:
-        def attempt():
+        def attempt(step=step):
           self.check_files(step)
           self.check_shapes(step, abstract_params, abstract_opt_state)
           return self._read(step, abstract_params, abstract_opt_state)

@@ -336,7 +336,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
                 "perf/xla_flops_per_step": xla_flops}
         out |= timers.as_metrics()          # time/<name>_s and _frac: compile, data_wait, checkpoint, eval
         if step == start_step + 1:   # the first step's time includes dispatch warm-up, not the rate
-          out.pop("perf/tokens_per_sec"); out.pop("perf/mfu"); out.pop("perf/steps_per_sec")
+          for k in ("perf/tokens_per_sec", "perf/mfu", "perf/steps_per_sec"):
+            out.pop(k)
         if evaluating:
           last_eval = evaluate()
           out |= last_eval

@@ -43,3 +43,21 @@ def toy_tasks(monkeypatch):
   monkeypatch.setattr(task_tfds, "list_tasks", lambda: list(tasks))
   monkeypatch.setattr(task_tfds, "load_task", lambda name, **kw: tasks[name])
   return tasks
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, cache_dir):
+  """A factory: `trained_run(model)` is the workdir of a tiny `model` run (d32L2, 2 steps, one
+  checkpoint), trained once per session and shared by the tests that read trained runs back."""
+  runs = {}
+
+  def get(model: str = "crossbert") -> str:
+    if model not in runs:
+      from cbert_jax import train  # pylint: disable=import-outside-toplevel
+      from tests.test_train import tiny_config  # pylint: disable=import-outside-toplevel
+      workdir = str(tmp_path_factory.mktemp(f"trained_{model}"))
+      train.run(tiny_config(cache_dir, model, total_steps=2, checkpoint_every=2), workdir)
+      runs[model] = workdir
+    return runs[model]
+
+  return get

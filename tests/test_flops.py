@@ -91,7 +91,7 @@ def test_every_ladder_rung_builds_for_every_family_with_the_analytic_counts():
     for family in ("bert", "crossbert", "electra"):
       mask = helpers.mask_cfg(family, cms=family == "crossbert")
       with nnx.use_eager_sharding(False):
-        abstract = nnx.eval_shape(lambda: FAMILIES[family](cfg, mask, nnx.Rngs(0)))
+        abstract = nnx.eval_shape(lambda f=family, c=cfg, m=mask: FAMILIES[f](c, m, nnx.Rngs(0)))
       actual = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
       counts = flops_lib.param_counts(family, cfg)
       assert actual == counts.total, (name, family)

@@ -227,7 +227,7 @@ def test_remat_keeps_loss_and_gradients_and_saves_memory(model_name):
   for remat in ("none", "full", "dots"):
     model = helpers.build(model_name, cfg=helpers.model_cfg(remat=remat, num_layers=3, d_model=64))
     graphdef, params = nnx.split(model, nnx.Param)
-    fn = jax.jit(jax.value_and_grad(lambda p: nnx.merge(graphdef, p).loss(batch, RNG)[0]))
+    fn = jax.jit(jax.value_and_grad(lambda p, g=graphdef: nnx.merge(g, p).loss(batch, RNG)[0]))
     results[remat] = fn(params)
     temps[remat] = fn.lower(params).compile().memory_analysis().temp_size_in_bytes
   for remat in ("full", "dots"):
@@ -247,7 +247,7 @@ def test_chunked_cross_entropy_equals_the_full_logits(model_name, kw, chunk):
   for c in (0, chunk):                       # chunk sizes that do not divide K: padded chunks
     model = helpers.build(model_name, cfg=helpers.model_cfg(ce_chunk=c), **kw)
     graphdef, params = nnx.split(model, nnx.Param)
-    vals[c] = jax.value_and_grad(lambda p: nnx.merge(graphdef, p).loss(batch, RNG), has_aux=True)(params)
+    vals[c] = jax.value_and_grad(lambda p, g=graphdef: nnx.merge(g, p).loss(batch, RNG), has_aux=True)(params)
   (l0, m0), g0 = vals[0]
   (l1, m1), g1 = vals[chunk]
   np.testing.assert_allclose(l1, l0, rtol=1e-6)
@@ -263,7 +263,7 @@ def test_chunked_cross_entropy_never_holds_all_logits():
   for c in (0, 8):
     cfg = helpers.model_cfg(vocab_size=8192, ce_chunk=c)
     graphdef, params = nnx.split(helpers.build("crossbert", cfg=cfg, cms=True), nnx.Param)
-    fn = jax.jit(jax.grad(lambda p: nnx.merge(graphdef, p).loss(batch, RNG)[0]))
+    fn = jax.jit(jax.grad(lambda p, g=graphdef: nnx.merge(g, p).loss(batch, RNG)[0]))
     temps[c] = fn.lower(params).compile().memory_analysis().temp_size_in_bytes
   logits_bytes = 8 * 64 * 8192 * 4                               # every token's fp32 logits (CMS)
   assert temps[0] - temps[8] > logits_bytes // 2, temps

@@ -50,7 +50,11 @@ def encode_texts(texts: Sequence[str], tokenizer, seq_len: int) -> dict[str, np.
   """
   if int(seq_len) < 1:
     raise ConfigError(f"seq_len: must be >= 1, got {seq_len}.")
-  ids = tokenizer.encode_batch(list(texts)) if len(texts) else []
+  return rows_from_ids(tokenizer.encode_batch(list(texts)) if len(texts) else [], seq_len)
+
+
+def rows_from_ids(ids: Sequence[Sequence[int]], seq_len: int) -> dict[str, np.ndarray]:
+  """`encode_texts` after tokenisation: N id lists -> rows of `seq_len` (truncated, padded)."""
   n = len(ids)
   tokens = np.zeros((n, seq_len), np.int32)                                 # [N, T]
   segment_ids = np.zeros((n, seq_len), np.int32)                            # [N, T]

@@ -19,6 +19,7 @@ Tests run `run` offline on tiny local mteb tasks (tests/test_mteb.py).
 """
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -201,6 +202,11 @@ def run(graphdef, params, tokenizer, ecfg, *, out_dir: str, name: str, revision:
                                                   cache_dir=cache_dir)
     logging.info("mteb: pooler trained, InfoNCE %.3f -> %.3f", history[0]["loss"],
                  history[-1]["loss"])
+    if jax.process_index() == 0:   # kept, so `cbert_jax.embed --pooler` embeds with it
+      os.makedirs(out_dir, exist_ok=True)
+      pooler_path = os.path.join(out_dir, f"pooler-{revision}.npz")
+      pooler_lib.save(pooler_path, pooler_params, layer=suite.layer_of(ecfg))
+      logging.info("mteb: pooler saved to %s", pooler_path)
   encoder = CbertEncoder(graphdef, params, tokenizer, seq_len=ecfg.seq_len,
                          batch_size=ecfg.batch_size, pooler_params=pooler_params, mesh=mesh,
                          rules=rules, layer=suite.layer_of(ecfg))

@@ -86,6 +86,31 @@ def spec_from_params(pooler_params: nnx.State, cfg: ModelConfig) -> PoolerSpec:
   return PoolerSpec(nq, heads, out_dim, "concat" if d_in == nq * cfg.d_model and nq > 1 else "mean")
 
 
+def save(path: str, pooler_params: nnx.State, *, layer: int = -1) -> None:
+  """Writes a trained pooler as `.npz`: its parameters by path ("attn/wq", "proj", ...) and the
+  backbone layer it pools (`__layer__`). `load` reads it back; `cbert_jax.embed --pooler` uses it."""
+  flat = {"/".join(str(k) for k in path_): np.asarray(v)
+          for path_, v in nnx.to_flat_state(pooler_params)}
+  with open(path, "wb") as f:
+    np.savez(f, __layer__=np.int64(layer), **flat)
+
+
+def load(path: str) -> tuple[nnx.State, int]:
+  """(pooler params, the layer it pools) from a file written by `save`. ConfigError when the file
+  is not a saved pooler."""
+  try:
+    with np.load(path) as z:
+      arrays = {k: z[k] for k in z.files}
+  except (OSError, ValueError) as e:
+    raise ConfigError(f"pooler file {path!r}: cannot read it ({e})") from e
+  layer = int(arrays.pop("__layer__", -1))
+  if not {"queries", "proj"} <= set(arrays):
+    raise ConfigError(f"pooler file {path!r}: not a saved pooler (has {sorted(arrays)[:6]}; "
+                      "expected queries, attn/..., norm/..., proj)")
+  return nnx.State(nnx.traversals.unflatten_mapping(
+      {tuple(k.split("/")): v for k, v in arrays.items()})), layer
+
+
 def build_pooler(cfg: ModelConfig, spec: PoolerSpec, seed: int = 0):
   """(graphdef, params) of a freshly initialised pooler, built outside any mesh."""
   with nnx.use_eager_sharding(False):
@@ -165,7 +190,7 @@ def train_pooler(graphdef: nnx.GraphDef, backbone_params: nnx.State, pairs_rows_
     tx = optax.multi_transform(
         {"pooler": _optimizer(lr_pooler, total, weight_decay),
          "backbone": _optimizer(lr_backbone, total, weight_decay)},
-        lambda p: {name: jax.tree.map(lambda _: name, sub) for name, sub in p.items()})
+        lambda p: {name: jax.tree.map(lambda _, name=name: name, sub) for name, sub in p.items()})
   opt_state = tx.init(trainable)
 
   @jax.jit

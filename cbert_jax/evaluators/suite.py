@@ -291,7 +291,7 @@ def markdown(results: dict, title: str = "") -> str:
       key = r["metric"]                                                    # e.g. ndcg@10
       lines.append(f"| {name} | retrieval | {r['metric']} | {fmt(r['dev'][key])} | {fmt(r['test'][key])} | - | - |")
     else:
-      g = lambda p, s: r[p][s] if p in r else None
+      g = lambda p, s, r=r: r[p][s] if p in r else None
       lines.append(f"| {name} | {r['kind']} | {r['metric']} | {fmt(g('ridge', 'dev'))} | "
                    f"{fmt(g('ridge', 'test'))} | {fmt(g('knn', 'dev'))} | {fmt(g('knn', 'test'))} |")
   pooled = [(name, r) for name, r in results.items()
@@ -303,7 +303,7 @@ def markdown(results: dict, title: str = "") -> str:
               "|---|---|---|---|---|"]
     for name, r in pooled:
       key = r["metric"]
-      g = lambda m: r[f"pooler_{m}"]["test"][key] if f"pooler_{m}" in r else None
+      g = lambda m, r=r, key=key: r[f"pooler_{m}"]["test"][key] if f"pooler_{m}" in r else None
       lines.append(f"| {name} | {key} | {fmt(r['test'][key])} | {fmt(g('frozen'))} | "
                    f"{fmt(g('unfrozen'))} |")
   return "\n".join(lines + markdown_footer(results, "test"))

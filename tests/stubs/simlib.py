@@ -369,7 +369,7 @@ def run_workload(spec: dict) -> int:
       record("sessions", pid=p.pid)              # each pod: its own process group
     deleted = os.path.join(sim_dir(), f"xpk-delete-{name}")
     rc = watch_pods(started, spec["termination_grace_period_seconds"],
-                    lambda: os.path.exists(deleted))
+                    lambda d=deleted: os.path.exists(d))
     record("xpk", event="attempt", workload=name, attempt=attempt, rc=rc,
            codes=[p.returncode for p in started])
     if os.path.exists(deleted):
