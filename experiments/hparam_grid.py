@@ -32,13 +32,14 @@ the factors and rerun: members already done are skipped.
 
 Scales:
   cpu    BERT and CrossBERT+CMS at d32L2, d64L2, d96L3 (N 57k-443k), batch x {0.5, 1, 2} and
-         LR x {0.5, 1, 2}: 9 members per size, 54 in all, on experiments/sweep.py's cpu data
+         LR x {0.25, 0.5, 1, 2, 4} (a first 3 x 3 grid put optima on its LR edges): 15 members
+         per size, 90 in all, on experiments/sweep.py's cpu data
          (offline_small, vocabulary 4096, 128-token rows) at 5 tokens per parameter (the sweep
          trains on 20). Cost on 2 quiet cores, from measured throughput (BERT 45k / 43k / 27k
-         tokens/s, CrossBERT+CMS 30k / 25k / 16k at d32L2 / d64L2 / d96L3): 9 x (6 + 15 + 61 s
-         BERT + 14 + 40 + 139 s CrossBERT) = ~41 min of training, plus an assumed ~10 s of
-         compile, data and eval per member (~9 min): about 50 min; the 0.5x-batch members run
-         below the measured throughput (fixed per-step overhead), so plan an hour. At the
+         tokens/s, CrossBERT+CMS 30k / 25k / 16k at d32L2 / d64L2 / d96L3): 15 x (6 + 15 + 61 s
+         BERT + 14 + 40 + 139 s CrossBERT) = ~69 min of training, plus an assumed ~10 s of
+         compile, data and eval per member (~15 min): about 85 min; the 0.5x-batch members run
+         below the measured throughput (fixed per-step overhead), so plan 1.5-2 hours. At the
          sweep's 20 tokens per parameter (--config.sweep.tokens_per_param=20): ~2.8 h of
          training. Fitting the laws against C at 5 tokens per parameter and using them at 20
          assumes, as DeepSeek LLM's compute-indexed laws do, that the optimum depends on C; the
@@ -79,7 +80,7 @@ GRIDS = {
     # scale: candidate sizes (smallest first), models, multipliers on the laws' batch and LR
     # around each member's suggestion, tokens per parameter, N range (None = every candidate)
     "cpu": dict(sizes=SWEEP.CPU_SIZES[:3], models=("bert", "crossbert"),
-                batch_factors=(0.5, 1.0, 2.0), lr_factors=(0.5, 1.0, 2.0),
+                batch_factors=(0.5, 1.0, 2.0), lr_factors=(0.25, 0.5, 1.0, 2.0, 4.0),
                 tokens_per_param=5.0, n_range=None),
     "paper": dict(sizes=SWEEP.PAPER_SIZES, models=("bert", "crossbert"),
                   batch_factors=(0.5, 1.0, 2.0), lr_factors=(0.25, 0.5, 1.0, 2.0, 4.0),
