@@ -1,1 +1,3 @@
-"""Fan-out of training runs. `launch.local` runs members as subprocesses on this machine."""
+"""Fan-out of training runs: `python -m launch.sweep` runs an experiment's members on this machine
+or launches them on SLURM, Cloud TPU VMs or xpk; `launch.compile_check` compiles them without the
+hardware."""

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from launch import local
+from launch import sweep
 from tests.test_train import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,13 +113,21 @@ def test_a_signal_saves_a_checkpoint_and_the_next_run_resumes(tmp_path, cache, s
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
-def test_local_launcher_commands_are_golden(capsys):
-  cmds = local.commands("experiments/smoke.py", ["model=bert", "model=crossbert,size=d64L2"], "runs/pair",
-                        ["--config.total_steps=50"])
-  assert [c[2:] for c in cmds] == [
-      ["cbert_jax.main", "--config=experiments/smoke.py:model=bert", "--workdir=runs/pair/model-bert",
+def test_local_launcher_commands_are_golden(tmp_path, capsys):
+  launch, _ = sweep.build(["--config", "experiments/smoke.py", "--backend", "local", "--args", "model=bert",
+                           "model=crossbert,size=d64L2", "--workdir_root", "runs/pair",
+                           "--override=--config.total_steps=50"])
+  pair = os.path.abspath("runs/pair")
+  assert [j.steps for j in launch.jobs] == [[("train", j.train)] for j in launch.jobs]   # no probe
+  assert all(j.train[:2] == [sys.executable, "-m"] for j in launch.jobs)
+  assert [j.train[2:] for j in launch.jobs] == [
+      ["cbert_jax.main", "--config=experiments/smoke.py:model=bert", f"--workdir={pair}/model-bert",
        "--config.total_steps=50"],
       ["cbert_jax.main", "--config=experiments/smoke.py:model=crossbert,size=d64L2",
-       "--workdir=runs/pair/model-crossbert_size-d64L2", "--config.total_steps=50"]]
-  assert local.main(["--config", "experiments/smoke.py", "--args", "model=bert", "--workdir_root", "r"]) == 0
-  assert "[1/1]" in capsys.readouterr().out                          # dry run prints, runs nothing
+       f"--workdir={pair}/model-crossbert_size-d64L2", "--config.total_steps=50"]]
+  root = tmp_path / "r"
+  assert sweep.main(["--config", "experiments/smoke.py", "--backend", "local", "--args", "model=bert",
+                     "--workdir_root", str(root)]) == 0
+  out = capsys.readouterr().out                                       # dry run prints, runs nothing
+  assert "dry run: nothing is started or written" in out and "[1/1] model-bert (pending; " in out
+  assert not root.exists()

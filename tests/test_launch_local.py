@@ -1,10 +1,11 @@
-"""launch.local: a sweep member that keeps failing is marked failed with its error; the others go on."""
+"""launch.sweep --backend local --args: a member that keeps failing is marked failed with its error;
+the others go on."""
 import json
 import os
 import subprocess
 import sys
 
-from launch import local
+from launch import jobs
 from tests.test_train import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,9 +17,9 @@ def sweep(root, cache) -> subprocess.CompletedProcess:
           "--config.data.corpus=files", f"--config.data.corpus_files={TINY}",
           "--config.data.vocab_size=400", f"--config.data.cache_dir={cache}", "--config.peak_flops=1e11",
           "--config.plot=false", "--config.eval_batches=1", "--config.total_steps=2"]
-  args = [sys.executable, "-m", "launch.local", "--config", "experiments/smoke.py",
-          "--args", "model=bert", "model=gpt", "model=crossbert", "--workdir_root", str(root),
-          "--retries", "1", "--run", *(f"--override={o}" for o in tiny)]
+  args = [sys.executable, "-m", "launch.sweep", "--config", "experiments/smoke.py", "--backend",
+          "local", "--args", "model=bert", "model=gpt", "model=crossbert", "--workdir_root",
+          str(root), "--retries", "1", "--execute", *(f"--override={o}" for o in tiny)]
   # LLVM at -O0 (as tests/test_launch_simulations.py): quicker compiles of the same programs.
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2 "
              "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
@@ -42,7 +43,8 @@ def test_failing_member_is_retried_then_marked_failed_and_a_rerun_skips_done_one
   assert s["model-bert"]["command"].endswith("--config.total_steps=2")
   assert "model-gpt: attempt 1 failed (exit 2): " + ERROR + "; retrying (1 left)" in r.stdout
   assert "model-gpt: attempt 2 failed (exit 2): " + ERROR + "; FAILED" in r.stdout
-  table = r.stdout[r.stdout.index("member  "):].splitlines()   # the summary: member, state, attempts, error
+  assert "[1/3] model-bert: train started (attempt 1; " in r.stdout
+  table = r.stdout[r.stdout.index("member  "):].splitlines()   # the summary: member, state, attempts, step, error
   assert table[2].split()[:3] == ["model-gpt", "failed", "2"] and table[2].endswith(ERROR)
   logs = sorted(os.listdir(root / "logs"))
   assert logs == ["model-bert.attempt1.log", "model-crossbert.attempt1.log", "model-gpt.attempt1.log",
@@ -54,9 +56,9 @@ def test_failing_member_is_retried_then_marked_failed_and_a_rerun_skips_done_one
 
   r = sweep(root, cache)                                    # the rerun: only the failed member runs
   assert r.returncode == 1
-  assert "model-bert: skipped, done (checkpoint of the final step 2)" in r.stdout
-  assert "model-crossbert: skipped, done" in r.stdout
-  assert "model-bert (attempt" not in r.stdout and "model-crossbert (attempt" not in r.stdout
+  assert "model-bert: done, skipped (checkpoint of the final step 2)" in r.stdout
+  assert "model-crossbert: done, skipped" in r.stdout
+  assert "model-bert: train started" not in r.stdout and "model-crossbert: train started" not in r.stdout
   s = status(root)
   assert [s[n]["attempts"] for n in ("model-bert", "model-gpt", "model-crossbert")] == [1, 4, 1]
   assert s["model-gpt"]["state"] == "failed" and s["model-gpt"]["error"] == ERROR
@@ -66,12 +68,12 @@ def test_failing_member_is_retried_then_marked_failed_and_a_rerun_skips_done_one
 
 
 def test_error_line_prefers_the_trainers_one_liner():
-  e = local.ErrorLine()
+  e = jobs.ErrorLine()
   for line in ["I1203 train.py] step 3", "training stopped: non-finite loss at step 3", "", "W orbax: x"]:
     e.add(line)
   assert e.get(3) == "training stopped: non-finite loss at step 3"
-  e = local.ErrorLine()
+  e = jobs.ErrorLine()
   e.add("Traceback (most recent call last):\n")
   e.add("MemoryError\n")
   assert e.get(1) == "MemoryError"
-  assert local.ErrorLine().get(-9) == "killed by signal 9"
+  assert jobs.ErrorLine().get(-9) == "killed by signal 9"

@@ -268,7 +268,7 @@ def test_slurm_tpu_vm_and_xpk_launches_train_the_same_member(tmp_path):
   forwarded = simlib.read_records(str(sim), "signals")     # the stub srun passed SIGTERM on
   assert forwarded and {f["signal"] for f in forwarded} == {signal.SIGTERM}, forwarded
   assert len(forwarded[0]["to"]) == 2                      # to both tasks (again each second
-  # until they exit: the trainer can miss one, see launch/sweep.py)
+  # until they exit: the trainer can miss one, see launch/backends.py)
   assert f"job {done['job']} (restart 1) on localhost" in log
   k = stopped_step(log)
   assert STOP_AFTER <= k < STEPS and f"resumed from checkpoint at step {k}" in log

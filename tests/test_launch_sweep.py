@@ -18,7 +18,7 @@ import time
 import pytest
 
 from cbert_jax.scaling import status as status_lib
-from launch import sweep
+from launch import backends, members, snapshot, sweep
 from tests.stubs import simlib
 
 EXP = "experiments/sweep.py"
@@ -55,7 +55,7 @@ def test_paper_members_and_local_commands(tmp_path):
   assert names[-1] == "crossbert_d2304L32" and len(set(names)) == 17
   assert sum(n.startswith("bert_") for n in names) == 8
   j = launch.jobs[0]
-  assert sweep.shell_join(j.train) == (
+  assert backends.shell_join(j.train) == (
       f"python -m cbert_jax.main --config=experiments/sweep.py:{FIRST} "
       f"--workdir={root}/bert_d384L6 --config.data.sources='/data/*.jsonl.zst'")
   assert j.probe == [*j.train, "--config.mode=eval"]
@@ -139,12 +139,12 @@ def test_slurm_script_golden(tmp_path):
   root = tmp_path / "sweep"
   launch = build(root, *SLURM_ARGS)
   j = job(launch, "bert_d384L6")
-  expected = (SBATCH.replace("ROOT", str(root)).replace("CODE", sweep.snapshot_id())
+  expected = (SBATCH.replace("ROOT", str(root)).replace("CODE", snapshot.snapshot_id())
               .replace("SUMMARY", j.member.summary()).replace("STEPS", str(j.member.total_steps)))
   assert j.script == expected
   assert j.script_path == f"{root}/slurm/bert_d384L6.sbatch"
   assert j.steps == [("submit", ["sbatch", j.script_path])]
-  assert launch.code_dir == f"{root}/code/{sweep.snapshot_id()}" and launch.snapshot
+  assert launch.code_dir == f"{root}/code/{snapshot.snapshot_id()}" and launch.snapshot
   assert len(launch.jobs) == 17
   big = job(launch, "crossbert_d2304L32")                   # 64 GPUs: 8 nodes of 8, 64 tasks
   assert "#SBATCH --nodes=8\n#SBATCH --ntasks-per-node=8\n#SBATCH --gpus-per-node=8\n" in big.script
@@ -187,12 +187,12 @@ def test_tpu_vm_commands_golden(tmp_path):
   j = job(launch, "bert_d384L6")
   member = (f"--config=experiments/sweep.py:{FIRST} --workdir={root}/bert_d384L6 --multiprocess "
             "--config.data.sources='gs://b/c/*.zst' --config.sweep.chip=v5p")
-  remote = (f"cd {root}/code/{sweep.snapshot_id()} || exit 1; " +
+  remote = (f"cd {root}/code/{snapshot.snapshot_id()} || exit 1; " +
             wrapper("bert_d384L6", f"{root}/bert_d384L6", j.member.total_steps,
                     f"python3 -m cbert_jax.main {member}",
                     f"python3 -m cbert_jax.main {member} --config.mode=eval"))
   assert [k for k, _ in j.steps] == ["ssh"]
-  assert sweep.shell_join(j.steps[0][1]) == (
+  assert backends.shell_join(j.steps[0][1]) == (
       "gcloud compute tpus tpu-vm ssh cbert-bert-d384l6 --zone=us-east5-a --project=my-proj "
       "--worker=all --command=" + shlex.quote(remote))
   assert j.steps[0][1][-1] == "--command=" + remote          # one argv item, no shell needed
@@ -217,13 +217,13 @@ def test_tpu_vm_setup_workers_installs_the_snapshot_on_every_worker(tmp_path, ca
   args = ("--config", EXP, "--backend", "tpu-vm", "--zone", "z", "--project", "p",
           "--members", "bert_d384L6", "--setup_workers", "--create_tpus", "--workdir_root", root)
   launch, _ = sweep.build([str(a) for a in args])
-  code = f"{root}/code/{sweep.snapshot_id()}"
+  code = f"{root}/code/{snapshot.snapshot_id()}"
   kinds = [k for k, _ in launch.jobs[0].steps]
   assert kinds == ["create", "setup", "ssh"]                  # created, set up, then run
   setup = launch.jobs[0].steps[1][1]
   assert setup[:9] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "cbert-bert-d384l6", "--zone=z",
                        "--project=p", "--worker=all"]
-  copy = f"/tmp/cbert_jax-{sweep.snapshot_id()}"
+  copy = f"/tmp/cbert_jax-{snapshot.snapshot_id()}"
   assert setup[9] == (f"--command=rm -rf {copy} && cp -r {code} {copy} && "
                       f"python3 -m pip install --quiet '{copy}[tpu]'")
   rc, out, err = run_main(capsys, *args)                       # the dry run shows all three
@@ -233,13 +233,13 @@ def test_tpu_vm_setup_workers_installs_the_snapshot_on_every_worker(tmp_path, ca
 
 
 def test_tpu_type_mapping():
-  assert sweep.tpu_type("v4", 8) == "v4-16" and sweep.tpu_type("v5p", 64) == "v5p-128"
-  assert sweep.tpu_type("v5e", 8) == "v5litepod-8" and sweep.tpu_type("v6e", 256) == "v6e-256"
-  assert sweep.tpu_type("v5p", 4) == "v5p-8"
-  with pytest.raises(sweep.LaunchError, match=r"--tpu_generation=v5e has no slice of 12 chips"):
-    sweep.tpu_type("v5e", 12, "m")
-  with pytest.raises(sweep.LaunchError, match=r"whole hosts of 4 chips; target_devices=6"):
-    sweep.tpu_type("v4", 6, "m")
+  assert backends.tpu_type("v4", 8) == "v4-16" and backends.tpu_type("v5p", 64) == "v5p-128"
+  assert backends.tpu_type("v5e", 8) == "v5litepod-8" and backends.tpu_type("v6e", 256) == "v6e-256"
+  assert backends.tpu_type("v5p", 4) == "v5p-8"
+  with pytest.raises(members.LaunchError, match=r"--tpu_generation=v5e has no slice of 12 chips"):
+    backends.tpu_type("v5e", 12, "m")
+  with pytest.raises(members.LaunchError, match=r"whole hosts of 4 chips; target_devices=6"):
+    backends.tpu_type("v4", 6, "m")
 
 
 def test_xpk_command_golden_and_names(tmp_path):
@@ -254,7 +254,7 @@ def test_xpk_command_golden_and_names(tmp_path):
   remote = wrapper("bert_d384L6", f"{root}/bert_d384L6", j.member.total_steps,
                    f"python -m cbert_jax.main {member}",
                    f"python -m cbert_jax.main {member} --config.mode=eval")
-  assert sweep.shell_join(j.steps[0][1]) == (
+  assert backends.shell_join(j.steps[0][1]) == (
       "xpk workload create --cluster=pod1 --workload=cbert-bert-d384l6 --tpu-type=v5litepod-8 "
       "--num-slices=1 --docker-image=gcr.io/p/cbert:1 --max-restarts=3 "
       "--termination-grace-period-seconds=300 --command='" + remote + "'")
@@ -263,11 +263,11 @@ def test_xpk_command_golden_and_names(tmp_path):
   names = [jb.info["workload"] for jb in launch.jobs]
   assert len(set(names)) == 17
   assert all(len(n) <= 40 and re.fullmatch(r"[a-z][a-z0-9-]*[a-z0-9]", n) for n in names)
-  long = sweep.xpk_names("a-very-long-team-prefix-for-runs-", ["crossbert_d2304L32", "bert_d384L6"])
+  long = backends.xpk_names("a-very-long-team-prefix-for-runs-", ["crossbert_d2304L32", "bert_d384L6"])
   assert all(len(n) <= 40 for n in long.values()) and len(set(long.values())) == 2
   assert long["crossbert_d2304L32"].startswith("a-very-long-team-prefix-for-runs-")
   assert re.fullmatch(r".*-[0-9a-f]{6}", long["crossbert_d2304L32"])   # the hash suffix
-  same = sweep.xpk_names("x-", ["Bert_A", "bert-a"])            # equal once lowercased: suffixed
+  same = backends.xpk_names("x-", ["Bert_A", "bert-a"])            # equal once lowercased: suffixed
   assert len(set(same.values())) == 2
 
 
@@ -279,11 +279,11 @@ def test_shared_root_holds_workdirs_snapshot_and_data_cache(tmp_path, capsys):
   launch = build_shared(shared, "--backend", "slurm", "--members", "bert_d384L6,crossbert_d384L6",
                         "--override=--config.data.sources=/data/c.jsonl")
   assert launch.root == f"{shared}/sweep_paper" and launch.shared_root == str(shared)
-  assert launch.code_dir == f"{shared}/code/{sweep.snapshot_id()}"   # shared by every sweep
+  assert launch.code_dir == f"{shared}/code/{snapshot.snapshot_id()}"   # shared by every sweep
   for j in launch.jobs:
     assert j.member.workdir == f"{shared}/sweep_paper/{j.member.name}"
     assert j.member.config.data.cache_dir == f"{shared}/cache"        # what the trainer gets
-    assert f" --config.data.cache_dir={shared}/cache " in f" {sweep.shell_join(j.train)} "
+    assert f" --config.data.cache_dir={shared}/cache " in f" {backends.shell_join(j.train)} "
     assert f"--config.data.cache_dir={shared}/cache" in j.script       # prepare, train, probe
   assert launch.overrides == [f"--config.data.cache_dir={shared}/cache",
                               "--override=--config.data.sources=/data/c.jsonl"[11:],
@@ -294,7 +294,7 @@ def test_shared_root_holds_workdirs_snapshot_and_data_cache(tmp_path, capsys):
                       "--override=--config.data.cache_dir=/fast/cache")
   assert mine.root == str(tmp_path / "runs") and mine.overrides == [
       "--config.data.cache_dir=/fast/cache", "--config.sweep.chip=v5p"]
-  assert mine.code_dir == f"{shared}/code/{sweep.snapshot_id()}"
+  assert mine.code_dir == f"{shared}/code/{snapshot.snapshot_id()}"
   rc, out, err = run_main(capsys, "--config", EXP, "--backend", "local", "--shared_root", shared)
   assert rc == 0, err
   assert f"shared root: {shared} (workdirs {shared}/sweep_paper, data cache {shared}/cache)" in out
@@ -375,10 +375,10 @@ def test_snapshot_holds_an_experiment_file_outside_experiments(tmp_path):
   launch = build(tmp_path / "r", "--config", "tests/data/launch_member.py:sim2", "--backend",
                  "slurm", "--gpus_per_node", "2")
   assert launch.snapshot_extra == ("tests/data/launch_member.py",)
-  assert "tests/data/launch_member.py" in sweep.snapshot_files(sweep.REPO, launch.snapshot_extra)
-  assert launch.code_dir.endswith(sweep.snapshot_id(sweep.REPO, launch.snapshot_extra))
-  assert sweep.snapshot_id(sweep.REPO, launch.snapshot_extra) != sweep.snapshot_id()
-  sweep.write_snapshot(str(tmp_path / "snap"), sweep.REPO, launch.snapshot_extra)
+  assert "tests/data/launch_member.py" in snapshot.snapshot_files(members.REPO, launch.snapshot_extra)
+  assert launch.code_dir.endswith(snapshot.snapshot_id(members.REPO, launch.snapshot_extra))
+  assert snapshot.snapshot_id(members.REPO, launch.snapshot_extra) != snapshot.snapshot_id()
+  snapshot.write_snapshot(str(tmp_path / "snap"), members.REPO, launch.snapshot_extra)
   assert (tmp_path / "snap" / "tests" / "data" / "launch_member.py").is_file()
   assert not (tmp_path / "snap" / "tests" / "data" / "tiny_corpus.txt").exists()
 
@@ -417,7 +417,7 @@ def wrapper_run(tmp_path, shell: list[str], naive: bool = False, **env_extra):
   j = launch.jobs[0]
   command = j.steps[0][1][-1][len("--command="):]
   if naive:                                              # what the launcher rendered before
-    command = f"cd {tmp_path} && {sweep.shell_join(j.train)} && {sweep.shell_join(j.probe)}"
+    command = f"cd {tmp_path} && {backends.shell_join(j.train)} && {backends.shell_join(j.probe)}"
   events = tmp_path / "events"
   env = dict(os.environ, EVENTS=str(events),
              FINAL=f"{j.member.workdir}/checkpoints/{j.member.total_steps}", **env_extra)
@@ -446,7 +446,7 @@ def test_member_wrapper_forwards_sigterm_and_does_not_probe_an_unfinished_run(tm
   wait_events(proc, events, "train")
   proc.send_signal(signal.SIGTERM)                       # Kubernetes / a preemption: the pod's PID 1
   out, _ = proc.communicate(timeout=20)
-  assert proc.returncode == sweep.STOPPED_EXIT == 143, out      # xpk restarts on 42 and 127-255
+  assert proc.returncode == backends.STOPPED_EXIT == 143, out      # xpk restarts on 42 and 127-255
   assert [e.split()[0] for e in read_events(events)] == ["train", "checkpoint"]   # no probe
   assert (f"bert_d384L6: train stopped before its final step {member.total_steps} (SIGTERM); "
           "exit 143: the next attempt resumes from its checkpoint") in out
@@ -665,9 +665,9 @@ def test_slurm_execute_writes_snapshot_scripts_configs_and_submits(tmp_path, cap
   assert os.access(script, os.X_OK) and (root / "logs").is_dir()
   config = json.loads((root / "slurm" / "bert_d384L6.config.json").read_text())
   assert config["arg"] == FIRST and config["config"]["sweep"]["target_devices"] == 8
-  code = root / "code" / sweep.snapshot_id()
+  code = root / "code" / snapshot.snapshot_id()
   for rel in ("cbert_jax/main.py", "experiments/sweep.py", "launch/sweep.py", "pyproject.toml"):
-    assert (code / rel).read_bytes() == (pathlib.Path(sweep.REPO) / rel).read_bytes()
+    assert (code / rel).read_bytes() == (pathlib.Path(members.REPO) / rel).read_bytes()
   assert not list(code.rglob("__pycache__"))
   manifest = json.loads((root / "launch_manifest.json").read_text())
   assert manifest["code_dir"] == str(code) and manifest["members"][0]["script"] == str(script)
@@ -875,11 +875,11 @@ def test_argparse_rejects_an_unknown_backend(tmp_path, capsys):
 
 
 def test_slurm_time_formats():
-  assert sweep.slurm_seconds("48:00:00") == 48 * 3600 and sweep.slurm_seconds("90") == 5400
-  assert sweep.slurm_seconds("1:30") == 90 and sweep.slurm_seconds("2-00:00:00") == 2 * 86400
-  assert sweep.slurm_seconds("1-12") == 36 * 3600 and sweep.slurm_seconds("1-0:30") == 86400 + 1800
+  assert backends.slurm_seconds("48:00:00") == 48 * 3600 and backends.slurm_seconds("90") == 5400
+  assert backends.slurm_seconds("1:30") == 90 and backends.slurm_seconds("2-00:00:00") == 2 * 86400
+  assert backends.slurm_seconds("1-12") == 36 * 3600 and backends.slurm_seconds("1-0:30") == 86400 + 1800
   with pytest.raises(ValueError):
-    sweep.slurm_seconds("1:2:3:4")
+    backends.slurm_seconds("1:2:3:4")
 
 
 def test_members_are_planned_for_the_backends_chip_and_too_big_ones_are_refused(

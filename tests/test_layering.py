@@ -8,13 +8,15 @@ test needs no imports of the package. Layers, bottom to top:
   1  steps, state, evaluators, config_lib, report, scaling.members
   2  train, evaluate, sweep (the in-process sweep driver)
   3  main
+  4  the launcher (launch/, which starts the package's commands): members, compile_check;
+     5 backends; 6 snapshot; 7 jobs; 8 sweep (the CLI)
 A module may import its own layer or lower ones. A new module must be given a layer here.
 """
 import ast
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGE = "cbert_jax"
+PACKAGES = ("cbert_jax", "launch")
 
 LAYER_OF_PREFIX = {   # longest matching prefix wins
     "cbert_jax": 0, "cbert_jax.models": 0, "cbert_jax.data": 0, "cbert_jax.scaling": 0,
@@ -22,23 +24,27 @@ LAYER_OF_PREFIX = {   # longest matching prefix wins
     "cbert_jax.config_lib": 1, "cbert_jax.report": 1,
     "cbert_jax.scaling.members": 1,   # a sweep's members, resolved: it sits with config_lib
     "cbert_jax.train": 2, "cbert_jax.evaluate": 2, "cbert_jax.sweep": 2,
-    "cbert_jax.main": 3,
+    "cbert_jax.trained": 2,           # a run read back from its workdir (beside evaluate)
+    "cbert_jax.main": 3, "cbert_jax.embed": 3, "cbert_jax.export": 3,   # the entry points
+    "launch": 4, "launch.members": 4, "launch.compile_check": 4, "launch.backends": 5,
+    "launch.snapshot": 6, "launch.jobs": 7, "launch.sweep": 8,
 }
 LAYER_ZERO = ("sharding", "checkpoint", "optim", "metrics", "masking", "errors", "progress",
               "provenance", "plotting", "hardware", "guard", "distributed", "workdir",
-              "workdir_lock", "planned_devices")
+              "workdir_lock", "planned_devices", "mesh_shape")
 for _name in LAYER_ZERO:
   LAYER_OF_PREFIX[f"cbert_jax.{_name}"] = 0
 
 
 def modules() -> dict[str, str]:
   out = {}
-  for directory, _, files in os.walk(os.path.join(ROOT, PACKAGE)):
-    for f in files:
-      if f.endswith(".py"):
-        path = os.path.join(directory, f)
-        name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-        out[name.removesuffix(".__init__")] = path
+  for package in PACKAGES:
+    for directory, _, files in os.walk(os.path.join(ROOT, package)):
+      for f in files:
+        if f.endswith(".py"):
+          path = os.path.join(directory, f)
+          name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+          out[name.removesuffix(".__init__")] = path
   return out
 
 
@@ -108,6 +114,9 @@ def test_the_import_graph_sees_known_arrows():
   assert "cbert_jax.state" in g["cbert_jax.train"]
   assert "cbert_jax.data.text" in g["cbert_jax.data.corpus"]
   assert "cbert_jax.models.model_config" in g["cbert_jax.scaling.plan"]
+  assert "cbert_jax.mesh_shape" in g["cbert_jax.scaling.plan"]
+  assert "launch.jobs" in g["launch.sweep"] and "launch.members" in g["launch.backends"]
+  assert "cbert_jax.config_lib" in g["launch.members"]          # imported inside a function
 
 
 def test_no_import_circle():

@@ -9,6 +9,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from tests.test_launch_sweep import BACKEND_ARGS
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Packages a launcher host should not need to import.
 HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "tensorflow", "sentencepiece", "matplotlib")
@@ -33,24 +37,46 @@ def test_jax_is_blocked_in_the_subprocess():
 
 
 def test_launch_modules_import_without_jax():
-  r = run_without_jax("import launch.sweep, launch.local\n"
+  r = run_without_jax("import launch.sweep, launch.members, launch.backends, launch.snapshot, "
+                      "launch.jobs\n"
                       "from cbert_jax.progress import Progress, Timers, format_duration\n"
                       "print(format_duration(602))\n")
   assert r.returncode == 0, r.stderr
   assert r.stdout.splitlines() == ["10m02s", "heavy: []"]
 
 
-def test_local_dry_run_without_jax():
-  r = run_without_jax("from launch import local\n"
-                      "rc = local.main(sys.argv[1:])\n"
+def test_args_dry_run_without_jax(tmp_path):
+  root = tmp_path / "pair"
+  r = run_without_jax("from launch import sweep\n"
+                      "rc = sweep.main(sys.argv[1:])\n"
                       "assert rc == 0, rc\n",
-                      "--config", "experiments/smoke.py", "--args", "model=bert", "model=crossbert",
-                      "--workdir_root", "runs/pair")
+                      "--config", "experiments/smoke.py", "--backend", "local", "--args", "model=bert",
+                      "model=crossbert", "--workdir_root", str(root))
   assert r.returncode == 0, r.stderr
   lines = r.stdout.splitlines()
-  assert lines[0].startswith("[1/2] ") and "--workdir=runs/pair/model-bert" in lines[0]
-  assert lines[1].startswith("[2/2] ") and "--workdir=runs/pair/model-crossbert" in lines[1]
-  assert lines[2] == "heavy: []"
+  first = lines.index("[1/2] model-bert (pending; config arg 'model=bert')")
+  assert f"--workdir={root}/model-bert" in lines[first + 1]
+  assert lines[first + 2] == "[2/2] model-crossbert (pending; config arg 'model=crossbert')"
+  assert f"--workdir={root}/model-crossbert" in lines[first + 3]
+  assert "dry run: nothing is started or written" in r.stdout and not root.exists()
+  assert lines[-1] == "heavy: []"
+
+
+@pytest.mark.parametrize("backend", list(BACKEND_ARGS))
+def test_sweep_dry_run_without_jax(tmp_path, backend):
+  """The paper sweep's members are planned (configs resolved, memory plans on the backend's chip)
+  and rendered for every backend without JAX."""
+  root = tmp_path / "sweep"
+  r = run_without_jax("from launch import sweep\n"
+                      "rc = sweep.main(sys.argv[1:])\n"
+                      "assert rc == 0, rc\n",
+                      "--config", "experiments/sweep.py", "--backend", backend, "--workdir_root",
+                      str(root), *BACKEND_ARGS[backend])
+  assert r.returncode == 0, r.stderr
+  assert "dry run: nothing is started or written" in r.stdout
+  assert "[17/17] crossbert_d2304L32 (pending; " in r.stdout
+  assert not root.exists()                                   # nothing written
+  assert r.stdout.splitlines()[-1] == "heavy: []"
 
 
 def test_sweep_status_without_jax(tmp_path):

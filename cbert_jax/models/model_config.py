@@ -8,6 +8,16 @@ import dataclasses
 import math
 from typing import Any
 
+import ml_dtypes
+import numpy as np
+
+
+def numpy_dtype(name: str) -> np.dtype:
+  """The dtype object `jax.numpy.dtype(name)` gives (jnp.dtype is np.dtype; bfloat16 and the other
+  ML types come from ml_dtypes, as in JAX), without importing JAX."""
+  ml_type = getattr(ml_dtypes, name, None)
+  return np.dtype(ml_type if isinstance(ml_type, type) else name)
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -69,14 +79,12 @@ class ModelConfig:
     return ffn_size_for(self.pred_d) if self.pred_d != self.d_model else self.ffn_size
 
   @property
-  def dtype(self):
-    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel  (config files stay light)
-    return jnp.dtype(self.compute_dtype)
+  def dtype(self) -> np.dtype:
+    return numpy_dtype(self.compute_dtype)
 
   @property
-  def pdtype(self):
-    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-    return jnp.dtype(self.param_dtype)
+  def pdtype(self) -> np.dtype:
+    return numpy_dtype(self.param_dtype)
 
   def std(self) -> float:
     """Base init std of input projections and embeddings."""

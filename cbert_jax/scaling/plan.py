@@ -13,6 +13,7 @@ import math
 
 import ml_collections
 
+from cbert_jax import mesh_shape
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import flops as flops_lib
 from cbert_jax.models import model_config as model_config_lib
@@ -73,9 +74,7 @@ def derive(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 def mesh_sizes(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, int]:
   """{data, fsdp, tensor}: the member's mesh on `num_devices` devices (ICI x DCN)."""
-  from cbert_jax import sharding  # pylint: disable=import-outside-toplevel (imports jax)
-  ici, dcn = sharding.mesh_shape(config.mesh, num_devices, config.mesh_dcn)
-  return {a: i * j for a, i, j in zip(sharding.AXES, ici, dcn)}
+  return mesh_shape.axis_sizes(config.mesh, num_devices, config.mesh_dcn)
 
 
 def memory_shape(config: ml_collections.ConfigDict, num_devices: int) -> memory_lib.Shape:

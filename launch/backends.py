@@ -1,0 +1,468 @@
+r"""The backends: how each member's job is rendered for this machine, SLURM, Cloud TPU VMs or xpk.
+
+`RENDER[backend](launch, members, ns, python)` -> one `Job` per member (its steps, and for slurm
+its sbatch script); nothing here starts a process or writes a file.
+  local   subprocesses here (launch/jobs.py runs them): train, then probe.
+  slurm   one script per member, <root>/slurm/<member>.sbatch (+ <member>.config.json, its
+          resolved config): nodes = target_devices / --gpus_per_node, one task per GPU (below),
+          srun'd train then probe with --multiprocess. `--requeue --signal=B:USR1@<--signal_seconds>`:
+          near the time limit the script sends SIGTERM to the running step (the trainer
+          checkpoints and exits) and runs `scontrol requeue`; the requeued job resumes (SLURM may
+          signal up to a minute late: leave time for a step and a checkpoint). A train step that
+          ends without the final checkpoint (stopped by a SIGTERM from elsewhere) is not probed.
+          A failing step writes the member's FAILED marker. A member on a `data.corpus=sources`
+          corpus first prepares its data in one task (`python -m cbert_jax.data.preprocess`):
+          G x nodes trainer processes would otherwise each tokenise the same corpus, each with all
+          the node's cores. The script `cd`s into a snapshot of the code (launch/snapshot.py).
+          --execute submits with `--sbatch`.
+  tpu-vm  per member a TPU VM named <--tpu_prefix><member> (lowercase, `_` -> `-`): its
+          `gcloud compute tpus tpu-vm create` command and the
+          `gcloud compute tpus tpu-vm ssh --worker=all --command='cd <code> && <member wrapper>'`
+          that runs the member on every host. --execute runs the ssh commands here, all members
+          at once (`--parallel` caps it), each one's output in <root>/logs/<member>.log (run the
+          launcher in tmux/screen: an ssh that drops stops its member; launching again resumes
+          it); `--create_tpus` runs the create commands first, `--setup_workers` then installs
+          the snapshot (`pip install <copy>[tpu]`, the pinned dependencies) on every worker.
+  xpk     per member `xpk workload create --cluster=... --workload=<name> --tpu-type=...
+          --num-slices=1 --docker-image=... --max-restarts=N --termination-grace-period-seconds=S
+          [--storage=...] --command='<member wrapper>'`; the image holds this repository at its
+          working directory (or give --code_dir) with its dependencies installed. Workload names
+          are lowercase [a-z0-9-], at most 40 characters, unique (a hash suffix when truncated).
+
+Processes per accelerator: what JAX 0.10's `jax.distributed.initialize()` expects (read in
+jax/_src/clusters/*.py). `ClusterEnv.auto_detect_unset_distributed_params` takes the coordinator,
+process count and process id from the cluster, and, unless `running_in_cloud_tpu_vm`, sets
+`local_device_ids = [get_local_process_id()]`, which `jax._src.distributed` turns into
+`jax_cuda_visible_devices` (env JAX_LOCAL_DEVICE_IDS overrides it).
+  slurm   SlurmCluster: SLURM_NTASKS processes, id SLURM_PROCID, coordinator the first host of
+          SLURM_STEP_NODELIST (port from SLURM_JOB_ID), local process id SLURM_LOCALID. So each
+          process gets exactly one GPU, the one numbered SLURM_LOCALID among those it can see:
+          one task per node (this launcher before) used GPU 0 of each node only. The script runs
+          one task per GPU: `#SBATCH --ntasks-per-node=G --gpus-per-node=G` and
+          `srun --ntasks-per-node=G --gpu-bind=none`, so every task sees the node's G GPUs
+          (CUDA_VISIBLE_DEVICES=0..G-1) and task i picks GPU i. Not `--gpus-per-task=1`: SLURM would
+          give each task one GPU, renumbered 0 by CUDA, while JAX asks for GPU SLURM_LOCALID, which
+          tasks 1..G-1 do not have. Each task gets the node's allocated CPUs / G
+          (`--cpus-per-task`, from SLURM_CPUS_ON_NODE at run time).
+  tpu-vm  GceTpuCluster (needs `running_in_cloud_tpu_vm`, set by jax's cloud_tpu_init when libtpu
+          finds TPU chips, and the GCE metadata server): process id = metadata
+          `agent-worker-number`, the hosts = `worker-network-endpoints` (coordinator: the first,
+          port 8482 or JAX_COORDINATOR_PORT), slices from `tpu-env`. One process per host
+          (`gcloud ... ssh --worker=all`); local_device_ids is never set on a TPU VM, so each
+          process drives all its host's chips (4 on v4/v5p/v5e/v6e hosts).
+  xpk     GkeTpuCluster (`running_in_cloud_tpu_vm` and TPU_WORKER_HOSTNAMES or
+          TPU_PROCESS_ADDRESSES, which GKE sets in each TPU pod): process id TPU_WORKER_ID, hosts
+          from that list; one pod, so one process, per host, all its chips.
+
+The member wrapper (tpu-vm, xpk): one POSIX-shell line that runs train, then probe, each in the
+background with a TERM (and HUP) trap that forwards SIGTERM to the trainer, again each second
+until it exits, and waits for it (the slurm script's USR1 trap repeats it the same way; a trainer
+can miss a single SIGTERM: one that comes after jax.distributed.initialize but before the train
+loop is taken by JAX's preemption notifier, and one that comes during the processes' stop vote
+can be overwritten; both seen in tests/test_launch_simulations.py):
+a pod's shell (`bash -c 'cd X && train && probe'`) would itself die on SIGTERM and leave the
+trainer to be killed without its checkpoint (xpk runs the command as `(command) &` and sends
+SIGTERM to that subshell). The trainer checkpoints on SIGTERM and exits 0; the wrapper then does
+not probe an unfinished run but exits 143 (128 + SIGTERM), one of the exit codes on which xpk's
+JobSet restarts a workload (42 and 127-255 by default; --max-restarts times), so the restarted
+pods resume from the checkpoint. A train step is skipped when the final checkpoint exists (a
+restart after train, during the probe). Other trainer failures keep their status (2 config,
+3 non-finite, 4 distributed, 5 checkpoint), on which xpk does not restart.
+
+TPU types (`--tpu_generation`, from a member's target_devices = chips): v4 and v5p names count
+TensorCores, 2 per chip (8 chips -> v4-16 / v5p-16; slices of whole 4-chip hosts); v5e and v6e
+names count chips (8 chips -> v5litepod-8 / v6e-8; slices of 1, 4, 8, ..., 256 chips).
+
+Every value ends up in a script line, an #SBATCH line or a remote command: values in #SBATCH
+lines are quoted the way sbatch reads them when they hold anything but [A-Za-z0-9_./:@%+,=-].
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shlex
+import sys
+
+from launch.members import LOG_DIR, Job, Launch, LaunchError, Member, member_commands
+
+BACKENDS = ("local", "slurm", "tpu-vm", "xpk")
+# TPU generations: the accelerator-type prefix, TensorCores per chip in the type's number, and the
+# default TPU VM runtime (Cloud TPU's documented software versions).
+TPU_PREFIX = {"v4": "v4", "v5p": "v5p", "v5e": "v5litepod", "v6e": "v6e"}
+TPU_CORES_PER_CHIP = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}
+TPU_RUNTIME = {"v4": "tpu-ubuntu2204-base", "v5p": "v2-alpha-tpuv5",
+               "v5e": "v2-alpha-tpuv5-lite", "v6e": "v2-alpha-tpuv6e"}
+GPU_CHIPS = ("a100", "h100", "h200", "b200")    # GPU keys of cbert_jax/scaling/memory.py:CHIPS
+CHIP_SLICES = (1, 4, 8, 16, 32, 64, 128, 256)   # v5e / v6e slice sizes, in chips
+XPK_NAME_MAX = 40                                # xpk's limit on workload names
+# Default interpreter per backend: this one here; TPU VM images ship `python3` only.
+DEFAULT_PYTHON = {"local": sys.executable, "slurm": "python", "tpu-vm": "python3", "xpk": "python"}
+# The member wrapper's exit status for a train step stopped before its final step (SIGTERM): 128 +
+# SIGTERM, which xpk's JobSet restarts on (its podFailurePolicy fails the job without a restart
+# unless the exit code is 42 or 127-255: xpk/commands/workload.py get_restart_exit_codes).
+STOPPED_EXIT = 143
+DEFAULT_MAX_RESTARTS = 10     # xpk --max-restarts (xpk's own default is 0: no restart at all)
+DEFAULT_GRACE_S = 300         # xpk --termination-grace-period-seconds (xpk's default: 30)
+# Characters an #SBATCH value may hold unquoted (sbatch reads its #SBATCH lines with quotes,
+# backslash escapes and `#` comments: src/sbatch/opt.c _get_argument).
+SBATCH_PLAIN = re.compile(r"[A-Za-z0-9_./:@%+,=-]+")
+
+
+# ---------------------------------------------------------- shell quoting ---
+
+
+def shell_join(argv: list[str]) -> str:
+  """argv as one shell line; `--flag=value` quotes only the value (`--command='a && b'`)."""
+  out = []
+  for a in argv:
+    flag = re.fullmatch(r"(--[\w.-]+=)(.*)", a, re.S)    # keep the flag name outside the quotes
+    out.append(flag.group(1) + shlex.quote(flag.group(2)) if flag else shlex.quote(a))
+  return " ".join(out)
+
+
+def quote_path(path: str) -> str:
+  """shlex.quote, but a leading `~/` stays outside the quotes (so the remote shell expands it)."""
+  return "~/" + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
+
+
+def double_quote(text: str) -> str:
+  """`text` in shell double quotes (`\\`, `"`, `$` and backquote escaped)."""
+  return '"' + re.sub(r'([\\"$`])', r"\\\1", text) + '"'
+
+
+def sbatch_value(value: str) -> str:
+  """A value as an #SBATCH line reads it: as is when plain, else in double quotes with `"` and
+  `\\` escaped (sbatch's parser takes quotes and backslash escapes; line breaks never get here)."""
+  if SBATCH_PLAIN.fullmatch(value):
+    return value
+  return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+# ------------------------------------------------------------------- slurm ---
+
+
+def slurm_seconds(text: str) -> int:
+  """A SLURM --time (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in seconds; ValueError if malformed."""
+  days, dash, rest = text.partition("-")
+  if not dash:
+    days, rest = "0", text
+  parts = rest.split(":")
+  if not (days.isdigit() and 1 <= len(parts) <= 3 and all(p.isdigit() for p in parts)):
+    raise ValueError(text)
+  nums = [int(p) for p in parts]
+  if dash:                                        # with days: H, H:M, H:M:S
+    h, m, s = (nums + [0, 0])[:3]
+  elif len(nums) == 3:                            # H:M:S
+    h, m, s = nums
+  else:                                           # M or M:S
+    h, (m, s) = 0, (nums + [0])[:2]
+  return int(days) * 86400 + h * 3600 + m * 60 + s
+
+
+def slurm_nodes(member: Member, gpus_per_node: int) -> int:
+  """Nodes for a member: target_devices / --gpus_per_node, which must divide it."""
+  if member.target_devices <= 0:
+    raise LaunchError(f"member {member.name} has target_devices=0 (planned for this machine): "
+                      "use --backend local, or a scale planned for a cluster (paper)")
+  if member.target_devices % gpus_per_node:
+    raise LaunchError(f"--gpus_per_node={gpus_per_node} does not divide target_devices="
+                      f"{member.target_devices} of member {member.name}")
+  return member.target_devices // gpus_per_node
+
+
+def preprocess_command(python: list[str], experiment: str, member: Member,
+                       overrides: list[str]) -> list[str]:
+  """`python -m cbert_jax.data.preprocess` for a member's data (its --config.* overrides only:
+  the preprocess CLI has no trainer flags)."""
+  return [*python, "-m", "cbert_jax.data.preprocess", f"--config={experiment}:{member.arg}",
+          *[o for o in overrides if o.startswith("--config.")]]
+
+
+def render_sbatch(member: Member, train: list[str], probe: list[str], ns: argparse.Namespace,
+                  code_dir: str, root: str, prepare: list[str] | None = None) -> str:
+  """The member's sbatch script: one task per GPU; requeue on the time-limit signal; train (after
+  a one-task data preparation for `sources` corpora) then probe, each srun'd in the background."""
+  nodes = slurm_nodes(member, ns.gpus_per_node)
+  gpus = ns.gpus_per_node
+  log = os.path.join(root, LOG_DIR, f"{member.name}.log")
+  config_json = os.path.join(root, "slurm", f"{member.name}.config.json")
+  q = shlex.quote
+  setup = f"{ns.setup}\n" if ns.setup else ""     # a line of its own, when given
+  head = ["#!/bin/bash",
+          f"#SBATCH --job-name={sbatch_value(member.name)}",
+          f"#SBATCH --nodes={nodes}",
+          f"#SBATCH --ntasks-per-node={gpus}",
+          f"#SBATCH --gpus-per-node={gpus}",
+          f"#SBATCH --time={ns.time}",
+          f"#SBATCH --output={sbatch_value(log)}",
+          "#SBATCH --open-mode=append",
+          "#SBATCH --requeue",
+          f"#SBATCH --signal=B:USR1@{ns.signal_seconds}"]
+  head += [f"#SBATCH --partition={sbatch_value(ns.partition)}"] if ns.partition else []
+  head += [f"#SBATCH --account={sbatch_value(ns.account)}"] if ns.account else []
+  steps = member.total_steps
+  prep = (f'  run_step "${{one[@]}}" {shell_join(prepare)} || fail prepare $?  # the data, once\n'
+          if prepare else "")
+  body = f"""\
+# {member.name} ({member.arg}): {member.summary()}.
+# Written by launch/sweep.py; the resolved config: {config_json}
+# One task per GPU ({gpus} per node, {nodes * gpus} in all): each task sees the node's {gpus} GPUs
+# and JAX's SLURM detection gives task i of a node the GPU numbered SLURM_LOCALID = i.
+# Near the time limit SLURM sends USR1 to this script: the running step gets SIGTERM (the trainer
+# checkpoints and exits), then the job is requeued and resumes from that checkpoint.
+set -uo pipefail
+cd {quote_path(code_dir)} || exit 1
+# JAX preallocates 75% of a GPU's memory by default; the memory plan counts on 92% of it.
+export XLA_PYTHON_CLIENT_MEM_FRACTION="${{XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}}"
+{setup}workdir={q(member.workdir)}
+final="$workdir/checkpoints/{steps}"  # the final checkpoint: train is done
+cpus=$(( ${{SLURM_CPUS_ON_NODE:-{gpus}}} / {gpus} ))  # the node's CPUs, split over its {gpus} tasks
+if [ "$cpus" -lt 1 ]; then cpus=1; fi
+tasks=(--nodes={nodes} --ntasks-per-node={gpus} --cpus-per-task="$cpus" --gpu-bind=none)
+one=(--nodes=1 --ntasks=1 --cpus-per-task="${{SLURM_CPUS_ON_NODE:-1}}")
+step=""
+on_usr1() {{
+  echo "$(date -Is) USR1: time limit near; checkpointing, then requeueing job $SLURM_JOB_ID"
+  if [ -n "$step" ]; then  # srun forwards SIGTERM to its tasks: the trainer checkpoints, exits
+    ( while kill -TERM "$step" 2>/dev/null; do sleep 1; done ) &  # each second: one can be missed
+    wait "$step"
+  fi
+  scontrol requeue "$SLURM_JOB_ID"  # back to the queue; the rerun resumes from the checkpoint
+  exit 0
+}}
+trap on_usr1 USR1
+run_step() {{
+  srun "$@" &  # in the background: USR1 runs the trap during the wait
+  step=$!
+  wait "$step"
+  local rc=$?
+  step=""
+  return "$rc"
+}}
+fail() {{  # the member's FAILED marker, read by `python -m launch.sweep status`
+  echo "slurm job $SLURM_JOB_ID: $1 exited with status $2; log: "{q(log)} > "$workdir/FAILED"
+  exit "$2"
+}}
+echo "$(date -Is) job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $SLURM_JOB_NODELIST"
+mkdir -p "$workdir" && rm -f "$workdir/FAILED"
+if [ ! -d "$final" ]; then  # no final checkpoint yet
+{prep}  run_step "${{tasks[@]}}" {shell_join(train)} || fail train $?
+  if [ ! -d "$final" ]; then  # stopped early by a SIGTERM that was not our USR1 trap's
+    echo "$(date -Is) train stopped before step {steps}: not probing; launch again to resume"
+    exit 0
+  fi
+fi
+run_step "${{tasks[@]}}" {shell_join(probe)} || fail probe $?
+"""
+  return "\n".join(head) + "\n" + body
+
+
+def render_slurm(launch: Launch, members: list[Member], ns: argparse.Namespace,
+                 python: list[str]) -> list[Job]:
+  try:
+    limit = slurm_seconds(ns.time)
+  except ValueError:
+    raise LaunchError(f"--time={ns.time}: expected a SLURM time (e.g. 48:00:00 or "
+                      "2-00:00:00)") from None
+  if not 0 < ns.signal_seconds < limit or ns.signal_seconds > 65535:
+    raise LaunchError(f"--signal_seconds={ns.signal_seconds} must be in 1..65535 and below "
+                      f"--time={ns.time} ({limit} s)")
+  if ns.gpus_per_node < 1:
+    raise LaunchError(f"--gpus_per_node={ns.gpus_per_node} must be >= 1")
+  for m in members:                               # every member is checked before any is rendered
+    slurm_nodes(m, ns.gpus_per_node)
+  jobs = []
+  for m in members:
+    train, probe = member_commands(python, launch.experiment, m, launch.overrides, True)
+    prepare = (preprocess_command(python, launch.experiment, m, launch.overrides)
+               if m.config.data.corpus == "sources" else None)
+    path = os.path.join(launch.root, "slurm", f"{m.name}.sbatch")
+    script = render_sbatch(m, train, probe, ns, launch.code_dir, launch.root, prepare)
+    nodes = slurm_nodes(m, ns.gpus_per_node)
+    jobs.append(Job(m, train, probe, [("submit", [*shlex.split(ns.sbatch), path])], script, path,
+                    {"nodes": nodes, "gpus_per_node": ns.gpus_per_node,
+                     "tasks": nodes * ns.gpus_per_node}))
+  return jobs
+
+
+# ------------------------------------------------------------- TPU VMs, xpk ---
+
+
+def tpu_type(generation: str, chips: int, member: str = "") -> str:
+  """The accelerator type of a slice of `chips` chips: v4/v5p count TensorCores (2 per chip),
+  v5e/v6e count chips. Raises LaunchError for a size the generation has no slice of."""
+  where = f" (member {member})" if member else ""
+  if chips <= 0:
+    raise LaunchError(f"member {member} has target_devices=0 (planned for this machine): use "
+                      "--backend local, or a scale planned for a pod (paper)")
+  if generation in ("v5e", "v6e") and chips not in CHIP_SLICES:
+    raise LaunchError(f"--tpu_generation={generation} has no slice of {chips} chips{where}; "
+                      f"slices: {', '.join(map(str, CHIP_SLICES))} chips")
+  if generation in ("v4", "v5p") and chips % 4:
+    raise LaunchError(f"--tpu_generation={generation} slices are whole hosts of 4 chips; "
+                      f"target_devices={chips}{where} is not a multiple of 4")
+  return f"{TPU_PREFIX[generation]}-{chips * TPU_CORES_PER_CHIP[generation]}"
+
+
+def resource_name(prefix: str, member: str) -> str:
+  """A cloud resource name: lowercase, anything but [a-z0-9-] -> '-'."""
+  return re.sub(r"[^a-z0-9-]+", "-", (prefix + member).lower()).strip("-")
+
+
+def xpk_names(prefix: str, members: list[str]) -> dict[str, str]:
+  """Unique xpk workload names (<= 40 chars, [a-z0-9-], a letter first): a name truncated or
+  shared by two members ends in 6 hex digits of its member's hash."""
+  base = {m: resource_name(prefix, m) for m in members}
+  counts: dict[str, int] = {}
+  for name in base.values():
+    counts[name] = counts.get(name, 0) + 1
+  out = {}
+  for m, name in base.items():
+    if len(name) > XPK_NAME_MAX or counts[name] > 1:
+      tag = hashlib.sha1(m.encode()).hexdigest()[:6]          # stable: the same member, same name
+      name = name[:XPK_NAME_MAX - 7].rstrip("-") + "-" + tag
+    out[m] = name
+  return out
+
+
+def member_wrapper(member: Member, train: list[str], probe: list[str]) -> str:
+  """The member's train-then-probe as one POSIX-shell line for a pod or a TPU host (module
+  docstring): each step runs in the background under a TERM/HUP trap that passes SIGTERM on to
+  it, again each second until it ends (`nag`: a trainer can miss one, see the module docstring),
+  and waits for it to checkpoint; a train that ends before the final checkpoint, or a SIGTERM
+  before the probe, exits STOPPED_EXIT instead of probing; a finished train is not run again
+  (a restart during the probe only probes). No `$(`: Kubernetes
+  would expand `$(NAME)` in a pod's command."""
+  final = f"{member.workdir}/checkpoints/{member.total_steps}"
+  stopped = (f"{member.name}: train stopped before its final step {member.total_steps} "
+             f"(SIGTERM); exit {STOPPED_EXIT}: the next attempt resumes from its checkpoint")
+  no_probe = (f"{member.name}: SIGTERM; exit {STOPPED_EXIT} before the probe: the next attempt "
+              "runs it")
+  return " ".join([
+      f"final={shlex.quote(final)}; child=; stop=;",
+      "nag() { ( while kill -TERM \"$child\" 2>/dev/null; do sleep 1; done ) & };",
+      "fwd() { [ -z \"$stop\" ] || return 0; stop=1; [ -z \"$child\" ] || nag; }; trap fwd TERM HUP;",
+      "step() { \"$@\" & child=$!; [ -z \"$stop\" ] || nag;",
+      "wait \"$child\"; rc=$?; while kill -0 \"$child\" 2>/dev/null; do wait \"$child\"; rc=$?;",
+      "done; child=; return \"$rc\"; };",
+      f"if [ ! -d \"$final\" ]; then step {shell_join(train)} ||",
+      "{ rc=$?; [ -n \"$stop\" ] || exit \"$rc\"; }; fi;",
+      f"if [ ! -d \"$final\" ]; then echo {double_quote(stopped)} >&2; exit {STOPPED_EXIT}; fi;",
+      f"if [ -n \"$stop\" ]; then echo {double_quote(no_probe)} >&2; exit {STOPPED_EXIT}; fi;",
+      f"step {shell_join(probe)}"])
+
+
+def remote_line(code_dir: str, setup: str, member: Member, train: list[str],
+                probe: list[str]) -> str:
+  """'cd <code> && <setup> || exit 1; <member wrapper>': one shell line for a remote host."""
+  parts = [f"cd {quote_path(code_dir)}"] if code_dir else []
+  parts += [setup] if setup else []
+  head = f"{' && '.join(parts)} || exit 1; " if parts else ""
+  return head + member_wrapper(member, train, probe)
+
+
+def setup_line(code_dir: str, python: list[str], snapshot: str) -> str:
+  """--setup_workers: install the code (and its pinned dependencies, with the `tpu` extra) on a
+  worker from a private copy (pip builds in the source tree; the shared one stays untouched)."""
+  copy = f"/tmp/cbert_jax-{snapshot}"
+  return (f"rm -rf {copy} && cp -r {quote_path(code_dir)} {copy} && "
+          f"{shell_join(python)} -m pip install --quiet {shlex.quote(copy + '[tpu]')}")
+
+
+def check_prefix(flag: str, prefix: str) -> None:
+  if not re.fullmatch(r"[a-z][a-z0-9-]*", prefix):
+    raise LaunchError(f"{flag}={prefix!r}: must start with a lowercase letter and hold only "
+                      "[a-z0-9-]")
+
+
+def render_tpu_vm(launch: Launch, members: list[Member], ns: argparse.Namespace,
+                  python: list[str]) -> list[Job]:
+  missing = [f for f in ("zone", "project") if not getattr(ns, f)]
+  if missing:
+    raise LaunchError(f"--backend tpu-vm needs {' and '.join('--' + f for f in missing)}")
+  check_prefix("--tpu_prefix", ns.tpu_prefix)
+  types = {m.name: tpu_type(ns.tpu_generation, m.target_devices, m.name) for m in members}
+  runtime = ns.runtime_version or TPU_RUNTIME[ns.tpu_generation]
+  gcloud = [*shlex.split(ns.gcloud), "compute", "tpus", "tpu-vm"]
+  tag = os.path.basename(launch.code_dir.rstrip("/")) or "code"   # the snapshot's hash
+  jobs = []
+  for m in members:
+    train, probe = member_commands(python, launch.experiment, m, launch.overrides, True)
+    name = resource_name(ns.tpu_prefix, m.name)
+    where = [f"--zone={ns.zone}", f"--project={ns.project}"]
+    create = [*gcloud, "create", name, *where, f"--accelerator-type={types[m.name]}",
+              f"--version={runtime}"]
+    ssh = [*gcloud, "ssh", name, *where, "--worker=all",
+           f"--command={remote_line(launch.code_dir, ns.setup, m, train, probe)}"]
+    setup = [*gcloud, "ssh", name, *where, "--worker=all",
+             f"--command={setup_line(launch.code_dir, python, tag)}"]
+    steps = ([("create", create)] if ns.create_tpus else []) + (
+        [("setup", setup)] if ns.setup_workers else []) + [("ssh", ssh)]
+    jobs.append(Job(m, train, probe, steps,
+                    info={"tpu_name": name, "tpu_type": types[m.name],
+                          "create": shell_join(create)}))
+  return jobs
+
+
+def render_xpk(launch: Launch, members: list[Member], ns: argparse.Namespace,
+               python: list[str]) -> list[Job]:
+  for flag in ("cluster", "docker_image"):
+    if not getattr(ns, flag):
+      raise LaunchError(f"--backend xpk needs --{flag}")
+  check_prefix("--workload_prefix", ns.workload_prefix)
+  if ns.max_restarts < 0:
+    raise LaunchError(f"--max_restarts={ns.max_restarts} must be >= 0")
+  if ns.termination_grace_seconds < 1:
+    raise LaunchError(f"--termination_grace_seconds={ns.termination_grace_seconds} must be >= 1")
+  for name in ns.xpk_storage:
+    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+      raise LaunchError(f"--xpk_storage={name!r}: expected an xpk storage name ([a-z0-9-], a "
+                        "letter first), as given to `xpk storage attach NAME`")
+  types = {m.name: tpu_type(ns.tpu_generation, m.target_devices, m.name) for m in members}
+  names = xpk_names(ns.workload_prefix, [m.name for m in members])
+  jobs = []
+  for m in members:
+    train, probe = member_commands(python, launch.experiment, m, launch.overrides, True)
+    cmd = [*shlex.split(ns.xpk), "workload", "create", f"--cluster={ns.cluster}",
+           f"--workload={names[m.name]}", f"--tpu-type={types[m.name]}", "--num-slices=1",
+           f"--docker-image={ns.docker_image}"]
+    cmd += [f"--project={ns.project}"] if ns.project else []
+    cmd += [f"--zone={ns.zone}"] if ns.zone else []
+    cmd += [f"--max-restarts={ns.max_restarts}",
+            f"--termination-grace-period-seconds={ns.termination_grace_seconds}"]
+    cmd += [f"--storage={name}" for name in ns.xpk_storage]
+    cmd += [f"--command={remote_line(ns.code_dir, ns.setup, m, train, probe)}"]
+    jobs.append(Job(m, train, probe, [("submit", cmd)],
+                    info={"workload": names[m.name], "tpu_type": types[m.name]}))
+  return jobs
+
+
+def render_local(launch: Launch, members: list[Member], ns: argparse.Namespace,
+                 python: list[str]) -> list[Job]:
+  """Subprocesses here: train, then probe (`--args` members: train only)."""
+  del ns  # local has no options that change the commands
+  jobs = []
+  for m in members:
+    train, probe = member_commands(python, launch.experiment, m, launch.overrides, False)
+    steps = [("train", train)] + ([] if launch.plain else [("probe", probe)])
+    jobs.append(Job(m, train, probe, steps))
+  return jobs
+
+
+RENDER = {"local": render_local, "slurm": render_slurm, "tpu-vm": render_tpu_vm,
+          "xpk": render_xpk}
+
+
+def describe(job: Job) -> str:
+  """Where a job runs: ', 1 node x 8 GPUs' | ', TPU VM <name> (v5p-16)' | ', workload <name>'."""
+  i = job.info
+  if "nodes" in i:
+    return (f", {i['nodes']} node{'s' if i['nodes'] > 1 else ''} x {i['gpus_per_node']} GPUs, "
+            f"{i['tasks']} tasks")
+  if "tpu_name" in i:
+    return f", TPU VM {i['tpu_name']} ({i['tpu_type']})"
+  if "workload" in i:
+    return f", workload {i['workload']} ({i['tpu_type']})"
+  return ""
