@@ -53,22 +53,19 @@ Scales:
          ~0.8x the paper sweep's 2.4e21.
 """
 import functools
-import importlib.util
 import os
 
 import ml_collections
 
 from cbert_jax import config_lib
+from cbert_jax.scaling import members
 from cbert_jax.errors import ConfigError
 
 
 def _load_sweep():
   """experiments/sweep.py, loaded by path (experiments/ is not a package)."""
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sweep.py")
-  spec = importlib.util.spec_from_file_location("cbert_hparam_grid_sweep", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return members.load_experiment(path, field="experiments/hparam_grid.py")
 
 
 SWEEP = _load_sweep()

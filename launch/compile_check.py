@@ -75,12 +75,8 @@ NEEDS_LIBTPU = ("--tpu_topology {topology} needs libtpu (pip install 'jax[tpu]')
 
 def _load_module(path: str):
   """The experiment file as a module (for get_sweep / workdir_name)."""
-  if not os.path.exists(path):
-    raise ConfigError(f"--config: no such experiment file {path!r}")
-  spec = importlib.util.spec_from_file_location("cbert_compile_check_experiment", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  from cbert_jax.scaling import members  # pylint: disable=import-outside-toplevel
+  return members.load_experiment(path, field="--config", needs=("get_config",))
 
 
 def member_args(config_spec: str) -> tuple[Any, list[str]]:

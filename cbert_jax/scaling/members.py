@@ -24,15 +24,20 @@ _SWEEP_ONLY = ("mode", "name", "sweep.scale", "sweep.arg", "sweep.models", "swee
                "sweep.probe", "sweep.report", "sweep.experiment")
 
 
-def load_experiment(path: str):
+def load_experiment(path: str, *, field: str = "sweep.experiment",
+                    needs: tuple[str, ...] = ("get_config", "get_sweep")):
+  """The experiment file `path` as a module (experiments/ is not a package): the one loader of
+  experiment files (the sweep driver, launch.sweep, launch.compile_check, hparam_grid.py).
+  ConfigError naming `field` when the file is missing or lacks a function of `needs`."""
   if not path or not os.path.exists(path):
-    raise ConfigError(f"sweep.experiment: no such experiment file {path!r}")
-  spec = importlib.util.spec_from_file_location("cbert_sweep_experiment", path)
+    raise ConfigError(f"{field}: no such experiment file {path!r}")
+  name = "cbert_experiment_" + os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  for fn in ("get_config", "get_sweep"):
+  for fn in needs:
     if not callable(getattr(module, fn, None)):
-      raise ConfigError(f"sweep.experiment: {path} has no {fn}()")
+      raise ConfigError(f"{field}: {path} has no {fn}()")
   return module
 
 
