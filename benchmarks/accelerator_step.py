@@ -19,6 +19,7 @@ forward matmul FLOPs, no recompute), MFU is against the device's dense spec-shee
 `--dtype` (`cbert_jax.hardware`, e.g. H100/H200 SXM bf16 989 TFLOP/s); a measured 8192^2 matmul
 in the same dtype is printed next to it. Writes <out>/accelerator_step.{json,md}.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.train_step import JaxStep, Shape  # noqa: E402
 
-CONTESTANTS = {"BERT": ("bert", 0.2, False), "CrossBERT": ("crossbert", 0.5, False),
-               "CrossBERT+CMS": ("crossbert", 0.5, True)}
+CONTESTANTS = {
+  "BERT": ("bert", 0.2, False),
+  "CrossBERT": ("crossbert", 0.5, False),
+  "CrossBERT+CMS": ("crossbert", 0.5, True),
+}
 
 
 def time_steps(step: JaxStep, steps: int, warmup: int) -> list[float]:
@@ -43,7 +47,7 @@ def time_steps(step: JaxStep, steps: int, warmup: int) -> list[float]:
   times = []
   for _ in range(steps):
     start = time.perf_counter()
-    step.step()                                # returns the loss as a float: blocks on the step
+    step.step()  # returns the loss as a float: blocks on the step
     times.append(time.perf_counter() - start)
   return times
 
@@ -71,57 +75,103 @@ def main(argv=None) -> dict:
       p.error(f"--contestants: unknown {n!r}; known: {', '.join(CONTESTANTS)}")
 
   import jax
+
   from cbert_jax import hardware
   from cbert_jax.models.model_config import ffn_size_for
 
   device = jax.local_devices()[0]
   ffn = args.ffn or ffn_size_for(args.d)
-  shape = Shape(layers=args.layers, d=args.d, heads=args.heads, ffn=ffn, vocab=args.vocab,
-                seq=args.seq, batch=args.batch)
+  shape = Shape(
+    layers=args.layers,
+    d=args.d,
+    heads=args.heads,
+    ffn=ffn,
+    vocab=args.vocab,
+    seq=args.seq,
+    batch=args.batch,
+  )
   peak, peak_source = hardware.device_peak(args.dtype)
-  measured = hardware.measure_matmul_peak(args.dtype, n=2048 if device.platform == "cpu" else 8192,
-                                          seconds=1.0)
-  print(f"device: {device.device_kind} ({device.platform}); peak {peak / 1e12:.1f} TFLOP/s "
-        f"[{peak_source}]; measured {args.dtype} matmul {measured / 1e12:.1f} TFLOP/s", flush=True)
+  measured = hardware.measure_matmul_peak(
+    args.dtype, n=2048 if device.platform == "cpu" else 8192, seconds=1.0
+  )
+  print(
+    f"device: {device.device_kind} ({device.platform}); peak {peak / 1e12:.1f} TFLOP/s "
+    f"[{peak_source}]; measured {args.dtype} matmul {measured / 1e12:.1f} TFLOP/s",
+    flush=True,
+  )
   results = {}
   for name in names:
     family, ratio, cms = CONTESTANTS[name]
     t0 = time.perf_counter()
-    step = JaxStep(family, shape, ratio, cms, compute_dtype=args.dtype,
-                   attention_impl=args.attention, remat=args.remat)
+    step = JaxStep(
+      family,
+      shape,
+      ratio,
+      cms,
+      compute_dtype=args.dtype,
+      attention_impl=args.attention,
+      remat=args.remat,
+    )
     compile_s = time.perf_counter() - t0
     times = time_steps(step, args.steps, args.warmup)
     med = statistics.median(times)
     flops_s = step.flops_per_step / med
-    results[name] = {"params": step.params, "compile_s": compile_s, "step_s": med,
-                     "step_s_min": min(times), "step_s_max": max(times),
-                     "tokens_per_s": shape.batch * shape.seq / med, "model_flops_per_s": flops_s,
-                     "mfu": flops_s / peak, "memory_mb": step.memory_bytes / 2**20}
+    results[name] = {
+      "params": step.params,
+      "compile_s": compile_s,
+      "step_s": med,
+      "step_s_min": min(times),
+      "step_s_max": max(times),
+      "tokens_per_s": shape.batch * shape.seq / med,
+      "model_flops_per_s": flops_s,
+      "mfu": flops_s / peak,
+      "memory_mb": step.memory_bytes / 2**20,
+    }
     r = results[name]
-    print(f"  {name}: {r['params'] / 1e6:.0f}M params, step {med * 1e3:.1f} ms, "
-          f"{r['tokens_per_s']:,.0f} tokens/s, {flops_s / 1e12:.1f} TFLOP/s, MFU {100 * r['mfu']:.1f}%, "
-          f"{r['memory_mb']:,.0f} MB (compiled in {compile_s:.0f} s)", flush=True)
+    print(
+      f"  {name}: {r['params'] / 1e6:.0f}M params, step {med * 1e3:.1f} ms, "
+      f"{r['tokens_per_s']:,.0f} tokens/s, {flops_s / 1e12:.1f} TFLOP/s, MFU {100 * r['mfu']:.1f}%, "
+      f"{r['memory_mb']:,.0f} MB (compiled in {compile_s:.0f} s)",
+      flush=True,
+    )
     del step
-  lines = [f"{device.device_kind}, {args.dtype} compute / float32 parameters, attention "
-           f"{args.attention}, remat {args.remat}; d {shape.d}, {shape.layers} layers, {shape.heads} "
-           f"heads, FFN {shape.ffn}, vocab {shape.vocab}, seq {shape.seq}, batch {shape.batch}; "
-           f"peak {peak / 1e12:.1f} TFLOP/s ({peak_source}); measured matmul "
-           f"{measured / 1e12:.1f} TFLOP/s; median of {args.steps} steps", "",
-           "| model | params | step (ms) | data tokens/s | model TFLOP/s | MFU | memory (MB) |",
-           "|---|---|---|---|---|---|---|"]
+  lines = [
+    f"{device.device_kind}, {args.dtype} compute / float32 parameters, attention "
+    f"{args.attention}, remat {args.remat}; d {shape.d}, {shape.layers} layers, {shape.heads} "
+    f"heads, FFN {shape.ffn}, vocab {shape.vocab}, seq {shape.seq}, batch {shape.batch}; "
+    f"peak {peak / 1e12:.1f} TFLOP/s ({peak_source}); measured matmul "
+    f"{measured / 1e12:.1f} TFLOP/s; median of {args.steps} steps",
+    "",
+    "| model | params | step (ms) | data tokens/s | model TFLOP/s | MFU | memory (MB) |",
+    "|---|---|---|---|---|---|---|",
+  ]
   for name, r in results.items():
-    lines.append(f"| {name} | {r['params'] / 1e6:.0f}M | {r['step_s'] * 1e3:.1f} | "
-                 f"{r['tokens_per_s']:,.0f} | {r['model_flops_per_s'] / 1e12:.1f} | "
-                 f"{100 * r['mfu']:.1f}% | {r['memory_mb']:,.0f} |")
+    lines.append(
+      f"| {name} | {r['params'] / 1e6:.0f}M | {r['step_s'] * 1e3:.1f} | "
+      f"{r['tokens_per_s']:,.0f} | {r['model_flops_per_s'] / 1e12:.1f} | "
+      f"{100 * r['mfu']:.1f}% | {r['memory_mb']:,.0f} |"
+    )
   if "BERT" in results:
-    lines += [""] + [f"- {n} / BERT data tokens/s: **{r['tokens_per_s'] / results['BERT']['tokens_per_s']:.2f}x**"
-                     for n, r in results.items() if n != "BERT"]
+    lines += [""] + [
+      f"- {n} / BERT data tokens/s: **{r['tokens_per_s'] / results['BERT']['tokens_per_s']:.2f}x**"
+      for n, r in results.items()
+      if n != "BERT"
+    ]
   table = "\n".join(lines)
   print("\n" + table)
-  info = {"device_kind": device.device_kind, "platform": device.platform, "peak_flops": peak,
-          "peak_source": peak_source, "measured_matmul_flops": measured, "dtype": args.dtype,
-          "attention": args.attention, "remat": args.remat, "shape": dataclasses.asdict(shape),
-          "results": results, "jax": jax.__version__}
+  info = {
+    "device_kind": device.device_kind,
+    "platform": device.platform,
+    "peak_flops": peak,
+    "peak_source": peak_source,
+    "measured_matmul_flops": measured,
+    "dtype": args.dtype,
+    "attention": args.attention,
+    "remat": args.remat,
+    "shape": dataclasses.asdict(shape),
+    "results": results,
+    "jax": jax.__version__,
+  }
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "accelerator_step.json"), "w") as f:
     json.dump(info, f, indent=2)

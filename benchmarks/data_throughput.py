@@ -27,8 +27,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
-                    "data", "tiny_corpus.txt")
+TINY = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data", "tiny_corpus.txt"
+)
 SEQ = 128
 
 
@@ -48,16 +49,26 @@ def _corpus(directory: str, mb: int, files: int = 8) -> None:
 
 
 def _preprocess(work: str, tok, workers: int) -> tuple[float, dict]:
-  from cbert_jax.data import shards, sources  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
+
+  from cbert_jax.data import shards, sources  # pylint: disable=g-import-not-at-top
+
   out = os.path.join(work, f"packed-{workers}")
   shutil.rmtree(out, ignore_errors=True)
   cfg = ml_collections.ConfigDict(dict(sources=os.path.join(work, "in", "*.jsonl")))
   srcs = sources.expand_sources(cfg)
   start = time.perf_counter()
-  index = shards.build(srcs, sources.ReadOptions(), tokenizer=tok, seq_len=SEQ,
-                           out_dir=out, split_seed=0, val_fraction=0.01, shard_bytes=1,
-                           workers=workers)
+  index = shards.build(
+    srcs,
+    sources.ReadOptions(),
+    tokenizer=tok,
+    seq_len=SEQ,
+    out_dir=out,
+    split_seed=0,
+    val_fraction=0.01,
+    shard_bytes=1,
+    workers=workers,
+  )
   seconds = time.perf_counter() - start
   tokens = sum(index["manifest"]["tokens"].values())
   return tokens / seconds, index
@@ -65,8 +76,10 @@ def _preprocess(work: str, tok, workers: int) -> tuple[float, dict]:
 
 def _loader(rows, global_batch: int, batches: int = 300) -> float:
   from cbert_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  it = pipeline.train_iterator(rows, global_batch=global_batch, seed=0, process_index=0,
-                               process_count=1)
+
+  it = pipeline.train_iterator(
+    rows, global_batch=global_batch, seed=0, process_index=0, process_count=1
+  )
   for _ in range(20):  # warm up threads, readers and prefetch
     next(it)
   start = time.perf_counter()
@@ -75,17 +88,27 @@ def _loader(rows, global_batch: int, batches: int = 300) -> float:
   return batches * global_batch * SEQ / (time.perf_counter() - start)
 
 
-def _train_step(model: str, size: str, vocab: int, mask_id: int, special: tuple[int, ...],
-                batch: dict, steps: int = 5) -> float:
+def _train_step(
+  model: str,
+  size: str,
+  vocab: int,
+  mask_id: int,
+  special: tuple[int, ...],
+  batch: dict,
+  steps: int = 5,
+) -> float:
   """Median seconds per jitted train step (after compile)."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
+
   from cbert_jax import config_lib, optim, sharding  # pylint: disable=g-import-not-at-top
   from cbert_jax import steps as steps_lib  # pylint: disable=g-import-not-at-top
   from cbert_jax.models import FAMILIES  # pylint: disable=g-import-not-at-top
+
   sys.path.insert(0, os.path.join(os.path.dirname(TINY), "..", ".."))
   from experiments import smoke  # pylint: disable=g-import-not-at-top
+
   config = smoke.get_config(f"model={model},size={size}")
   config = config_lib.resolve(config)
   model_cfg, mask_cfg = config_lib.model_configs(config, vocab, mask_id, special)
@@ -120,6 +143,7 @@ def main() -> None:
   args = parser.parse_args()
 
   import ml_collections  # pylint: disable=g-import-not-at-top
+
   from cbert_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
   from cbert_jax.data import shards  # pylint: disable=g-import-not-at-top
   from cbert_jax.data import text as text_lib  # pylint: disable=g-import-not-at-top
@@ -128,21 +152,35 @@ def main() -> None:
   work = tempfile.mkdtemp(prefix="cbert_bench_")
   os.makedirs(os.path.join(work, "in"))
   _corpus(os.path.join(work, "in"), args.mb)
-  docs = [" ".join(p.split()) for p in open(TINY, encoding="utf-8").read().split("\n\n")
-          if len(p) > 60]
+  docs = [
+    " ".join(p.split()) for p in open(TINY, encoding="utf-8").read().split("\n\n") if len(p) > 60
+  ]
   tok = tokenizer_lib.get_tokenizer(
-      ml_collections.ConfigDict(dict(tokenizer_path="", vocab_size=4096, tokenizer_type="bpe",
-                                     tokenizer_sample_chars=20_000_000,
-                                     cache_dir=os.path.join(work, "cache"))),
-      corpus_lib.Corpus(docs, [], dict(content_hash=text_lib.content_hash([docs]))))
+    ml_collections.ConfigDict(
+      dict(
+        tokenizer_path="",
+        vocab_size=4096,
+        tokenizer_type="bpe",
+        tokenizer_sample_chars=20_000_000,
+        cache_dir=os.path.join(work, "cache"),
+      )
+    ),
+    corpus_lib.Corpus(docs, [], dict(content_hash=text_lib.content_hash([docs]))),
+  )
 
-  results: dict = dict(machine=dict(cpus=os.cpu_count()), input_mb=args.mb, seq_len=SEQ,
-                       vocab=tok.vocab_size, preprocess={}, loader={}, step={})
+  results: dict = dict(
+    machine=dict(cpus=os.cpu_count()),
+    input_mb=args.mb,
+    seq_len=SEQ,
+    vocab=tok.vocab_size,
+    preprocess={},
+    loader={},
+    step={},
+  )
   for w in sorted({1, args.workers}):
     tps, index = _preprocess(work, tok, w)
     results["preprocess"][f"workers={w}"] = tps
-  rows_ar = shards.row_sources(os.path.join(work, f"packed-{args.workers}"),
-                                   index)["train"]
+  rows_ar = shards.row_sources(os.path.join(work, f"packed-{args.workers}"), index)["train"]
   rows_mem = rows_ar.read(np.arange(len(rows_ar)))
   results["rows"] = len(rows_ar)
   for gb in (32, 16):
@@ -151,6 +189,7 @@ def main() -> None:
 
   if not args.skip_steps:
     import jax  # pylint: disable=g-import-not-at-top
+
     results["machine"]["device"] = str(jax.devices()[0].device_kind)
     batch = {k: v[:32] for k, v in rows_mem.items()}
     for model in ("bert", "crossbert"):
@@ -168,7 +207,9 @@ def main() -> None:
   for k, v in results["step"].items():
     ratio = slowest_loader / v
     results["ratio"][k] = ratio
-    lines.append(f"| train step {k} | {v:,.0f} | {ratio:,.1f}x{'' if ratio >= 20 else ' (< 20x!)'} |")
+    lines.append(
+      f"| train step {k} | {v:,.0f} | {ratio:,.1f}x{'' if ratio >= 20 else ' (< 20x!)'} |"
+    )
   table = "\n".join(lines)
   print(table)
   results["table"] = table

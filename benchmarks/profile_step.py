@@ -8,6 +8,7 @@ kind (matmuls: XLA:CPU's YNNPACK fusions and dots; everything else by fusion kin
 largest non-matmul ops with the JAX operation they come from (from the HLO metadata), so a
 slow transpose or reduction can be traced back to the model code.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.train_step import SHAPES, JaxStep  # noqa: E402
 
-MODELS = {"bert": ("bert", 0.2, False), "crossbert": ("crossbert", 0.5, False),
-          "crossbert_cms": ("crossbert", 0.5, True)}
+MODELS = {
+  "bert": ("bert", 0.2, False),
+  "crossbert": ("crossbert", 0.5, False),
+  "crossbert_cms": ("crossbert", 0.5, True),
+}
 
 
 def main(argv=None) -> None:
@@ -36,6 +40,7 @@ def main(argv=None) -> None:
   p.add_argument("--top", type=int, default=15)
   args = p.parse_args(argv)
   import jax
+
   family, ratio, cms = MODELS[args.model]
   step = JaxStep(family, SHAPES[args.shape], ratio, cms)
   for _ in range(2):
@@ -55,9 +60,14 @@ def main(argv=None) -> None:
   per_op = collections.Counter()
   for e in events:
     # Device-side ops only: not the executor's own spans, Python frames or host-side waits.
-    if (e.get("ph") == "X" and "dur" in e and not e["name"].startswith(
-        ("ThunkExecutor", "$", "np.", "PjitFunction", "SlinkyThreadPool"))):
-      per_op[e["name"]] += e["dur"] / args.steps / 1e3                     # ms per step
+    if (
+      e.get("ph") == "X"
+      and "dur" in e
+      and not e["name"].startswith(
+        ("ThunkExecutor", "$", "np.", "PjitFunction", "SlinkyThreadPool")
+      )
+    ):
+      per_op[e["name"]] += e["dur"] / args.steps / 1e3  # ms per step
   is_mm = lambda n: n.startswith(("ynn_fusion", "dot", "xnn", "custom-call"))
   kinds = collections.Counter()
   for name, ms in per_op.items():
@@ -67,27 +77,33 @@ def main(argv=None) -> None:
   mm = kinds["matmul (YNNPACK fusions, dots)"]
   # XLA's CPU runtime runs independent ops concurrently on the thread pool, so op times overlap:
   # their sum exceeds the step's wall time, and FLOPs / matmul op time is a lower bound.
-  print(f"{args.model} @ {args.shape}: {total:.0f} ms of op time per step (ops may overlap); model "
-        f"FLOPs {flops / 1e9:.1f} G -> >= {flops / (mm / 1e3) / 1e9:.0f} GFLOP/s inside matmuls")
+  print(
+    f"{args.model} @ {args.shape}: {total:.0f} ms of op time per step (ops may overlap); model "
+    f"FLOPs {flops / 1e9:.1f} G -> >= {flops / (mm / 1e3) / 1e9:.0f} GFLOP/s inside matmuls"
+  )
   for kind, ms in kinds.most_common(args.top):
     print(f"  {ms:8.1f} ms {100 * ms / total:5.1f}%  {kind}")
   print("largest matmul ops:")
-  for name, ms in [kv for kv in per_op.most_common() if is_mm(kv[0])][:args.top]:
+  for name, ms in [kv for kv in per_op.most_common() if is_mm(kv[0])][: args.top]:
     print(f"  {ms:8.1f} ms  {name:34s} {meta.get(name, '')[:90]}")
   print("largest non-matmul ops:")
-  for name, ms in [kv for kv in per_op.most_common() if not is_mm(kv[0])][:args.top]:
+  for name, ms in [kv for kv in per_op.most_common() if not is_mm(kv[0])][: args.top]:
     print(f"  {ms:8.1f} ms  {name:34s} {meta.get(name, '')[:90]}")
   print("the step's matmul shapes alone (float32, forward; GFLOP/s and share of a 2048^2 matmul):")
   peak = _matmul_rate(2048, 2048, 2048)
   sh = SHAPES[args.shape]
   rows, k_rows = sh.batch * sh.seq, max(1, int(round(ratio * sh.seq))) * sh.batch
-  for label, (m, k, n) in {"2048^2 reference": (2048, 2048, 2048),
-                           "attention projection": (rows, sh.d, sh.d),
-                           "FFN in (w1, w3)": (rows, sh.d, sh.ffn),
-                           "FFN out (w2)": (rows, sh.ffn, sh.d),
-                           "vocabulary head (targets)": (k_rows, sh.d, sh.vocab)}.items():
+  for label, (m, k, n) in {
+    "2048^2 reference": (2048, 2048, 2048),
+    "attention projection": (rows, sh.d, sh.d),
+    "FFN in (w1, w3)": (rows, sh.d, sh.ffn),
+    "FFN out (w2)": (rows, sh.ffn, sh.d),
+    "vocabulary head (targets)": (k_rows, sh.d, sh.vocab),
+  }.items():
     rate = _matmul_rate(m, k, n)
-    print(f"  {label:28s} [{m} x {k}] @ [{k} x {n}]: {rate / 1e9:6.1f} GFLOP/s ({100 * rate / peak:.0f}%)")
+    print(
+      f"  {label:28s} [{m} x {k}] @ [{k} x {n}]: {rate / 1e9:6.1f} GFLOP/s ({100 * rate / peak:.0f}%)"
+    )
 
 
 def _matmul_rate(m: int, k: int, n: int, seconds: float = 0.5) -> float:
@@ -97,6 +113,7 @@ def _matmul_rate(m: int, k: int, n: int, seconds: float = 0.5) -> float:
 
   import jax
   import jax.numpy as jnp
+
   a = jax.random.normal(jax.random.key(0), (m, k))
   b = jax.random.normal(jax.random.key(1), (k, n))
   f = jax.jit(jnp.matmul)

@@ -33,6 +33,7 @@ process's peak RSS is printed too. Numbers on a shared VM are noisy: medians ove
 
 Writes <out>/train_step.json, .md and .png.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,12 +66,17 @@ class Shape:
 
 
 SHAPES = {
-    "tiny": Shape(layers=4, d=256, heads=4, ffn=1024, vocab=8192, seq=128, batch=32),
-    "small": Shape(layers=6, d=512, heads=8, ffn=2048, vocab=32768, seq=128, batch=16),
+  "tiny": Shape(layers=4, d=256, heads=4, ffn=1024, vocab=8192, seq=128, batch=32),
+  "small": Shape(layers=6, d=512, heads=8, ffn=2048, vocab=32768, seq=128, batch=16),
 }
-CONTESTANTS = ("cbert_jax BERT", "cbert_jax CrossBERT", "cbert_jax CrossBERT+CMS",
-               "cbert_jax CrossBERT+CMS ce_chunk=32", "HF BertForMaskedLM",
-               "HF ModernBertForMaskedLM")
+CONTESTANTS = (
+  "cbert_jax BERT",
+  "cbert_jax CrossBERT",
+  "cbert_jax CrossBERT+CMS",
+  "cbert_jax CrossBERT+CMS ce_chunk=32",
+  "HF BertForMaskedLM",
+  "HF ModernBertForMaskedLM",
+)
 
 
 # ----------------------------------------------------------------------------------- cbert_jax --
@@ -89,8 +95,15 @@ class JaxStep:
     from cbert_jax.models.model_config import MaskConfig, ModelConfig
 
     s = shape
-    cfg = ModelConfig(vocab_size=s.vocab, d_model=s.d, num_layers=s.layers, num_heads=s.heads,
-                      ffn_dim=s.ffn, predictor_layers=max(1, s.layers // 4), **model_kw)
+    cfg = ModelConfig(
+      vocab_size=s.vocab,
+      d_model=s.d,
+      num_layers=s.layers,
+      num_heads=s.heads,
+      ffn_dim=s.ffn,
+      predictor_layers=max(1, s.layers // 4),
+      **model_kw,
+    )
     mask = MaskConfig(mask_ratio=mask_ratio, mask_id=MASK_ID, special_ids=SPECIAL, cms=cms)
     with nnx.use_eager_sharding(False):
       model = FAMILIES[family](cfg, mask, nnx.Rngs(0))
@@ -99,15 +112,25 @@ class JaxStep:
     tx, lr = optim.make_optimizer(ocfg, 1000)
     opt_state = tx.init(params)
     rs = np.random.RandomState(0)
-    self.batch = {"tokens": jnp.asarray(rs.randint(5, s.vocab, (s.batch, s.seq)), jnp.int32),
-                  "positions": jnp.broadcast_to(jnp.arange(s.seq, dtype=jnp.int32), (s.batch, s.seq)),
-                  "segment_ids": jnp.ones((s.batch, s.seq), jnp.int32)}
+    self.batch = {
+      "tokens": jnp.asarray(rs.randint(5, s.vocab, (s.batch, s.seq)), jnp.int32),
+      "positions": jnp.broadcast_to(jnp.arange(s.seq, dtype=jnp.int32), (s.batch, s.seq)),
+      "segment_ids": jnp.ones((s.batch, s.seq), jnp.int32),
+    }
     self.rng = jax.random.key(0)
     step = jax.jit(steps.make_train_step(graphdef, tx, lr), donate_argnums=(0, 1))
     compiled = step.lower(params, opt_state, self.batch, jnp.int32(0), self.rng).compile()
     mem = compiled.memory_analysis()
-    self.memory_bytes = (mem.argument_size_in_bytes + mem.output_size_in_bytes
-                         - mem.alias_size_in_bytes + mem.temp_size_in_bytes) if mem else float("nan")
+    self.memory_bytes = (
+      (
+        mem.argument_size_in_bytes
+        + mem.output_size_in_bytes
+        - mem.alias_size_in_bytes
+        + mem.temp_size_in_bytes
+      )
+      if mem
+      else float("nan")
+    )
     self.flops_per_step = flops_lib.flops_per_token(family, cfg, mask, s.seq) * s.batch * s.seq
     self.params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     self._compiled, self._state, self._i = compiled, (params, opt_state), 0
@@ -116,9 +139,10 @@ class JaxStep:
   def step(self) -> float:
     params, opt_state = self._state
     self._i += 1
-    params, opt_state, metrics = self._compiled(params, opt_state, self.batch,
-                                                self._jnp.int32(self._i), self.rng)
-    loss = float(metrics["loss"])                                          # blocks
+    params, opt_state, metrics = self._compiled(
+      params, opt_state, self.batch, self._jnp.int32(self._i), self.rng
+    )
+    loss = float(metrics["loss"])  # blocks
     self._state = (params, opt_state)
     return loss
 
@@ -135,41 +159,62 @@ class TorchStep:
     s = shape
     if kind == "bert":
       cfg = transformers.BertConfig(
-          vocab_size=s.vocab, hidden_size=s.d, num_hidden_layers=s.layers,
-          num_attention_heads=s.heads, intermediate_size=s.ffn, max_position_embeddings=s.seq,
-          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        vocab_size=s.vocab,
+        hidden_size=s.d,
+        num_hidden_layers=s.layers,
+        num_attention_heads=s.heads,
+        intermediate_size=s.ffn,
+        max_position_embeddings=s.seq,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+      )
       self.model = transformers.BertForMaskedLM(cfg)
       ffn_mm = 2 * s.d * s.ffn
     else:
       cfg = transformers.ModernBertConfig(
-          vocab_size=s.vocab, hidden_size=s.d, num_hidden_layers=s.layers,
-          num_attention_heads=s.heads, intermediate_size=s.ffn, max_position_embeddings=s.seq,
-          pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3)
+        vocab_size=s.vocab,
+        hidden_size=s.d,
+        num_hidden_layers=s.layers,
+        num_attention_heads=s.heads,
+        intermediate_size=s.ffn,
+        max_position_embeddings=s.seq,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+        cls_token_id=2,
+        sep_token_id=3,
+      )
       self.model = transformers.ModernBertForMaskedLM(cfg)
       ffn_mm = 3 * s.d * s.ffn
     self.model.train()
-    self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.95),
-                                 weight_decay=0.1)
+    self.opt = torch.optim.AdamW(
+      self.model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1
+    )
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, s.vocab, (s.batch, s.seq), generator=g)
     masked = torch.rand(s.batch, s.seq, generator=g) < 0.2
     self.labels = torch.where(masked, ids, torch.full_like(ids, -100))
     self.inputs = torch.where(masked, torch.full_like(ids, MASK_ID), ids)
     self.attention_mask = torch.ones_like(ids)
-    per_token = (6 * s.layers * (4 * s.d * s.d + ffn_mm) + 12 * s.layers * s.seq * s.d
-                 + 6 * (s.d * s.d + s.d * s.vocab))
+    per_token = (
+      6 * s.layers * (4 * s.d * s.d + ffn_mm)
+      + 12 * s.layers * s.seq * s.d
+      + 6 * (s.d * s.d + s.d * s.vocab)
+    )
     self.flops_per_step = per_token * s.batch * s.seq
     self.params = sum(p.numel() for p in self.model.parameters())
     self.memory_bytes = self._memory()
     self._torch = torch
 
   def _loss(self):
-    return self.model(input_ids=self.inputs, attention_mask=self.attention_mask,
-                      labels=self.labels).loss
+    return self.model(
+      input_ids=self.inputs, attention_mask=self.attention_mask, labels=self.labels
+    ).loss
 
   def _memory(self) -> int:
     """Parameters + gradients + AdamW's two moments (fp32) + tensors saved for backward."""
     import torch
+
     saved: dict[int, int] = {}
 
     def pack(t):
@@ -198,7 +243,7 @@ def build(name: str, shape: Shape):
     return JaxStep("crossbert", shape, 0.5, cms=False)
   if name == "cbert_jax CrossBERT+CMS":
     return JaxStep("crossbert", shape, 0.5, cms=True)
-  if name == "cbert_jax CrossBERT+CMS ce_chunk=32":   # logits 32 positions at a time (memory)
+  if name == "cbert_jax CrossBERT+CMS ce_chunk=32":  # logits 32 positions at a time (memory)
     return JaxStep("crossbert", shape, 0.5, cms=True, ce_chunk=32)
   if name == "HF BertForMaskedLM":
     return TorchStep("bert", shape)
@@ -213,6 +258,7 @@ def matmul_peaks(n: int = 2048, seconds: float = 2.0) -> dict[str, float]:
   import torch
 
   from cbert_jax import hardware
+
   out = {"jax": hardware.measure_matmul_peak(np.float32, n=n, seconds=seconds)}
   a, b = torch.randn(n, n), torch.randn(n, n)
   torch.mm(a, b)
@@ -222,7 +268,7 @@ def matmul_peaks(n: int = 2048, seconds: float = 2.0) -> dict[str, float]:
     start = time.perf_counter()
     torch.mm(a, b)
     times.append(time.perf_counter() - start)
-  out["torch"] = 2.0 * n ** 3 / statistics.median(times)
+  out["torch"] = 2.0 * n**3 / statistics.median(times)
   return out
 
 
@@ -235,28 +281,39 @@ def run_shape(shape_name: str, names, steps: int, warmup: int, rounds: int) -> d
     contestants[name] = build(name, shape)
     for _ in range(warmup):
       contestants[name].step()
-    print(f"  [{shape_name}] {name}: built and warmed up in {time.perf_counter() - t0:.1f} s",
-          flush=True)
+    print(
+      f"  [{shape_name}] {name}: built and warmed up in {time.perf_counter() - t0:.1f} s",
+      flush=True,
+    )
   times = {name: [] for name in names}
   per_round = max(1, -(-steps // rounds))
   for r in range(rounds):
     for name in names:
-      contestants[name].step()          # untimed: the first step after switching pays for caches
+      contestants[name].step()  # untimed: the first step after switching pays for caches
       for _ in range(per_round):
         start = time.perf_counter()
         contestants[name].step()
         times[name].append(time.perf_counter() - start)
-    print(f"  [{shape_name}] round {r + 1}/{rounds}: " + ", ".join(
-        f"{n} {statistics.median(t):.3f} s" for n, t in times.items()), flush=True)
+    print(
+      f"  [{shape_name}] round {r + 1}/{rounds}: "
+      + ", ".join(f"{n} {statistics.median(t):.3f} s" for n, t in times.items()),
+      flush=True,
+    )
   tokens = shape.batch * shape.seq
   out = {}
   for name in names:
     c, med = contestants[name], statistics.median(times[name])
-    out[name] = {"step_s": med, "steps_timed": len(times[name]),
-                 "step_s_min": min(times[name]), "step_s_max": max(times[name]),
-                 "tokens_per_s": tokens / med, "flops_per_step": c.flops_per_step,
-                 "model_flops_per_s": c.flops_per_step / med, "memory_mb": c.memory_bytes / 2**20,
-                 "params": c.params}
+    out[name] = {
+      "step_s": med,
+      "steps_timed": len(times[name]),
+      "step_s_min": min(times[name]),
+      "step_s_max": max(times[name]),
+      "tokens_per_s": tokens / med,
+      "flops_per_step": c.flops_per_step,
+      "model_flops_per_s": c.flops_per_step / med,
+      "memory_mb": c.memory_bytes / 2**20,
+      "params": c.params,
+    }
   del contestants
   return out
 
@@ -265,39 +322,56 @@ def ratios(res: dict) -> dict:
   out = {}
   for shape, r in res.items():
     tps = {n: v["tokens_per_s"] for n, v in r.items()}
-    pairs = [("cbert_jax BERT", "HF BertForMaskedLM"), ("cbert_jax BERT", "HF ModernBertForMaskedLM"),
-             ("cbert_jax CrossBERT+CMS", "cbert_jax BERT"), ("cbert_jax CrossBERT", "cbert_jax BERT")]
+    pairs = [
+      ("cbert_jax BERT", "HF BertForMaskedLM"),
+      ("cbert_jax BERT", "HF ModernBertForMaskedLM"),
+      ("cbert_jax CrossBERT+CMS", "cbert_jax BERT"),
+      ("cbert_jax CrossBERT", "cbert_jax BERT"),
+    ]
     out[shape] = {f"{a} / {b}": tps[a] / tps[b] for a, b in pairs if a in tps and b in tps}
   return out
 
 
 def markdown(res: dict, peak: float, peaks: dict, rat: dict) -> str:
-  lines = [f"matmul peak (2048^2 float32, best of JAX/torch, this run): {peak / 1e9:.1f} GFLOP/s "
-           f"(JAX {', '.join(f'{v / 1e9:.0f}' for v in peaks['jax'])}; torch "
-           f"{', '.join(f'{v / 1e9:.0f}' for v in peaks['torch'])}; before, after)", ""]
+  lines = [
+    f"matmul peak (2048^2 float32, best of JAX/torch, this run): {peak / 1e9:.1f} GFLOP/s "
+    f"(JAX {', '.join(f'{v / 1e9:.0f}' for v in peaks['jax'])}; torch "
+    f"{', '.join(f'{v / 1e9:.0f}' for v in peaks['torch'])}; before, after)",
+    "",
+  ]
   for shape, r in res.items():
     s = SHAPES[shape]
-    lines += [f"### {shape}: {s.layers} layers, d {s.d}, {s.heads} heads, FFN {s.ffn}, vocab "
-              f"{s.vocab}, seq {s.seq}, batch {s.batch}", "",
-              "| contestant | params | median step (s) | data tokens/s | model GFLOP/s | MFU | memory (MB) |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+      f"### {shape}: {s.layers} layers, d {s.d}, {s.heads} heads, FFN {s.ffn}, vocab "
+      f"{s.vocab}, seq {s.seq}, batch {s.batch}",
+      "",
+      "| contestant | params | median step (s) | data tokens/s | model GFLOP/s | MFU | memory (MB) |",
+      "|---|---|---|---|---|---|---|",
+    ]
     for name, v in r.items():
-      lines.append(f"| {name} | {v['params'] / 1e6:.1f}M | {v['step_s']:.3f} | {v['tokens_per_s']:,.0f} | "
-                   f"{v['model_flops_per_s'] / 1e9:.1f} | {100 * v['model_flops_per_s'] / peak:.1f}% | "
-                   f"{v['memory_mb']:.0f} |")
+      lines.append(
+        f"| {name} | {v['params'] / 1e6:.1f}M | {v['step_s']:.3f} | {v['tokens_per_s']:,.0f} | "
+        f"{v['model_flops_per_s'] / 1e9:.1f} | {100 * v['model_flops_per_s'] / peak:.1f}% | "
+        f"{v['memory_mb']:.0f} |"
+      )
     lines += [""] + [f"- {k}: **{v:.2f}x**" for k, v in rat[shape].items()] + [""]
   return "\n".join(lines)
 
 
 def plot(res: dict, path: str) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, axes = plt.subplots(1, len(res), figsize=(6 * len(res), 4), squeeze=False)
   for ax, (shape, r) in zip(axes[0], res.items()):
     names = list(r)
-    ax.barh(names, [r[n]["tokens_per_s"] for n in names],
-            color=["C0" if n.startswith("cbert") else "C1" for n in names])
+    ax.barh(
+      names,
+      [r[n]["tokens_per_s"] for n in names],
+      color=["C0" if n.startswith("cbert") else "C1" for n in names],
+    )
     ax.set_title(f"{shape}: data tokens/s (median step)")
     ax.invert_yaxis()
   fig.tight_layout()
@@ -331,8 +405,10 @@ def main(argv=None) -> None:
   peaks = {"jax": [], "torch": []}
   for k, v in matmul_peaks().items():
     peaks[k].append(v)
-  print(f"matmul peak: JAX {peaks['jax'][0] / 1e9:.1f}, torch {peaks['torch'][0] / 1e9:.1f} GFLOP/s",
-        flush=True)
+  print(
+    f"matmul peak: JAX {peaks['jax'][0] / 1e9:.1f}, torch {peaks['torch'][0] / 1e9:.1f} GFLOP/s",
+    flush=True,
+  )
   res = {s: run_shape(s, names, args.steps, args.warmup, args.rounds) for s in shapes}
   for k, v in matmul_peaks().items():
     peaks[k].append(v)
@@ -341,20 +417,30 @@ def main(argv=None) -> None:
   table = markdown(res, peak, peaks, rat)
   print("\n" + table)
   os.makedirs(args.out, exist_ok=True)
-  info = {"peak_flops": peak, "peaks": peaks, "results": res, "ratios": rat,
-          "shapes": {s: dataclasses.asdict(SHAPES[s]) for s in shapes},
-          "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                       "jax": __import__("jax").__version__},
-          "cpu_count": os.cpu_count(),
-          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-          "wall_s": time.perf_counter() - start}
+  info = {
+    "peak_flops": peak,
+    "peaks": peaks,
+    "results": res,
+    "ratios": rat,
+    "shapes": {s: dataclasses.asdict(SHAPES[s]) for s in shapes},
+    "versions": {
+      "torch": torch.__version__,
+      "transformers": transformers.__version__,
+      "jax": __import__("jax").__version__,
+    },
+    "cpu_count": os.cpu_count(),
+    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "wall_s": time.perf_counter() - start,
+  }
   with open(os.path.join(args.out, "train_step.json"), "w") as f:
     json.dump(info, f, indent=2)
   with open(os.path.join(args.out, "train_step.md"), "w") as f:
     f.write(table + "\n")
   plot(res, os.path.join(args.out, "train_step.png"))
-  print(f"\npeak RSS {info['peak_rss_mb']:.0f} MB; wall {info['wall_s']:.0f} s; "
-        f"written to {args.out}/train_step.{{json,md,png}}")
+  print(
+    f"\npeak RSS {info['peak_rss_mb']:.0f} MB; wall {info['wall_s']:.0f} s; "
+    f"written to {args.out}/train_step.{{json,md,png}}"
+  )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ run is refused with one line saying what was moved and how to put it back, unles
 A full disk while saving raises `CheckpointError` naming the directory and the last complete
 checkpoint; the partial write stays in orbax's temporary directory, which is never picked up.
 """
+
 import contextlib
 import errno
 import json
@@ -45,19 +46,39 @@ from jax.experimental import multihost_utils
 
 from cbert_jax.errors import CheckpointError, ConfigError
 
-SEAL = "seal.json"              # per checkpoint: {"files": {relpath: [bytes, crc32 | null]}}
-CRC_MAX_BYTES = 2 << 30         # checkpoints up to this size get a CRC per file (seconds to read)
-IO_ATTEMPTS = 4                 # reads tried before an I/O error is reported
-IO_BACKOFF_S = 1.0              # wait before the 2nd attempt; doubles each time
-MAX_SHOWN = 4                   # differing shapes named in a ConfigError (the rest are counted)
-_COMMIT_MARKERS = ("_CHECKPOINT_METADATA", "commit_success.txt")   # orbax writes both on commit
+SEAL = "seal.json"  # per checkpoint: {"files": {relpath: [bytes, crc32 | null]}}
+CRC_MAX_BYTES = 2 << 30  # checkpoints up to this size get a CRC per file (seconds to read)
+IO_ATTEMPTS = 4  # reads tried before an I/O error is reported
+IO_BACKOFF_S = 1.0  # wait before the 2nd attempt; doubles each time
+MAX_SHOWN = 4  # differing shapes named in a ConfigError (the rest are counted)
+_COMMIT_MARKERS = ("_CHECKPOINT_METADATA", "commit_success.txt")  # orbax writes both on commit
 # Reader errors that mean the files are not all there (tensorstore status codes; orbax's item lookup).
-_DAMAGE_WORDS = ("OUT_OF_RANGE", "DATA_LOSS", "NOT_FOUND", "was not found in the checkpoint",
-                 "Unexpected end", "truncated", "corrupt")
-_IO_WORDS = ("PERMISSION_DENIED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED",
-             "Permission denied")
-_IO_ERRNOS = (errno.EACCES, errno.EPERM, errno.EIO, errno.EAGAIN, errno.ETIMEDOUT, errno.ESTALE,
-              errno.EBUSY, errno.ENOLCK)
+_DAMAGE_WORDS = (
+  "OUT_OF_RANGE",
+  "DATA_LOSS",
+  "NOT_FOUND",
+  "was not found in the checkpoint",
+  "Unexpected end",
+  "truncated",
+  "corrupt",
+)
+_IO_WORDS = (
+  "PERMISSION_DENIED",
+  "UNAVAILABLE",
+  "DEADLINE_EXCEEDED",
+  "RESOURCE_EXHAUSTED",
+  "Permission denied",
+)
+_IO_ERRNOS = (
+  errno.EACCES,
+  errno.EPERM,
+  errno.EIO,
+  errno.EAGAIN,
+  errno.ETIMEDOUT,
+  errno.ESTALE,
+  errno.EBUSY,
+  errno.ENOLCK,
+)
 
 
 class _Damaged(Exception):
@@ -72,8 +93,9 @@ class Checkpointer:
   """A thin adapter over `ocp.CheckpointManager`, so orbax API churn stays in one file."""
 
   def __init__(self, directory: str, keep: int, async_save: bool = True):
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                           enable_async_checkpointing=async_save)
+    options = ocp.CheckpointManagerOptions(
+      max_to_keep=keep, create=True, enable_async_checkpointing=async_save
+    )
     self._dir = directory
     self._mngr = ocp.CheckpointManager(directory, options=options)
 
@@ -91,12 +113,17 @@ class Checkpointer:
   def save(self, step: int, params, opt_state, data_state: dict, meta: dict) -> None:
     """Start writing checkpoint `step` (returns before the write finishes; see `wait`)."""
     with self._disk_errors(step):
-      self._mngr.wait_until_finished()   # orbax waits here anyway; then the finished ones are sealed
+      self._mngr.wait_until_finished()  # orbax waits here anyway; then the finished ones are sealed
       self._seal_finished()
-      self._mngr.save(step, args=ocp.args.Composite(
+      self._mngr.save(
+        step,
+        args=ocp.args.Composite(
           state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
           data=ocp.args.JsonSave(data_state),
-          meta=ocp.args.JsonSave(meta)), force=True)
+          meta=ocp.args.JsonSave(meta),
+        ),
+        force=True,
+      )
 
   @contextlib.contextmanager
   def _disk_errors(self, step: int | None):
@@ -106,13 +133,15 @@ class Checkpointer:
       yield
     except OSError as err:
       cause = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded"}.get(
-          err.errno, f"the write failed ({err})")
+        err.errno, f"the write failed ({err})"
+      )
       done = [s for s in self._mngr.all_steps() if s != step]
       what = f"checkpoint step {step}" if step is not None else "a checkpoint"
       raise CheckpointError(
-          f"could not write {what} to {self._dir}: {cause}. The last complete checkpoint is step "
-          f"{max(done) if done else None}; the partial write is in a temporary directory that is "
-          "never resumed from. Free space and rerun the same command to resume") from err
+        f"could not write {what} to {self._dir}: {cause}. The last complete checkpoint is step "
+        f"{max(done) if done else None}; the partial write is in a temporary directory that is "
+        "never resumed from. Free space and rerun the same command to resume"
+      ) from err
 
   # ------------------------------------------------------------------------------- seals ---
 
@@ -126,8 +155,12 @@ class Checkpointer:
         continue
       files = _list_files(step_dir)
       with_crc = sum(files.values()) <= CRC_MAX_BYTES
-      seal = {"files": {rel: [size, _crc32(os.path.join(step_dir, rel)) if with_crc else None]
-                        for rel, size in files.items()}}
+      seal = {
+        "files": {
+          rel: [size, _crc32(os.path.join(step_dir, rel)) if with_crc else None]
+          for rel, size in files.items()
+        }
+      }
       tmp = os.path.join(step_dir, f".{SEAL}.tmp")
       with open(tmp, "w") as f:
         json.dump(seal, f)
@@ -146,7 +179,7 @@ class Checkpointer:
           raise _Damaged(f"orbax's commit marker {marker} is missing")
       seal_path = os.path.join(step_dir, SEAL)
       if not os.path.exists(seal_path):
-        return   # not sealed yet (the run stopped before its next save): the reader decides
+        return  # not sealed yet (the run stopped before its next save): the reader decides
       try:
         with open(seal_path) as f:
           listed = json.load(f)["files"]
@@ -183,36 +216,56 @@ class Checkpointer:
     moved = []
     for step in sorted(self._mngr.all_steps(), reverse=True):
       try:
+
         def attempt(step=step):
           self.check_files(step)
           self.check_shapes(step, abstract_params, abstract_opt_state)
           return self._read(step, abstract_params, abstract_opt_state)
-        return (step, *self._agree(lambda: self._retry_io(step, attempt)))
+
+        return (
+          step,
+          *self._agree(lambda step=step, attempt=attempt: self._retry_io(step, attempt)),
+        )
       except _Damaged as e:
         aside = self._move_aside(step)
         moved.append(f"step {step} ({e}) -> {aside}")
-        logging.warning("checkpoint step %d in %s is damaged (%s); moved it to %s and trying the "
-                        "previous checkpoint", step, self._dir, e, aside)
+        logging.warning(
+          "checkpoint step %d in %s is damaged (%s); moved it to %s and trying the "
+          "previous checkpoint",
+          step,
+          self._dir,
+          e,
+          aside,
+        )
       except _IOFailure as e:
         raise CheckpointError(
-            f"checkpoint step {step} in {self._dir} could not be read after {IO_ATTEMPTS} "
-            f"attempts ({e}): an I/O or permission problem, not damage, so nothing was moved. "
-            "Fix access to the files and rerun the same command to resume") from e
+          f"checkpoint step {step} in {self._dir} could not be read after {IO_ATTEMPTS} "
+          f"attempts ({e}): an I/O or permission problem, not damage, so nothing was moved. "
+          "Fix access to the files and rerun the same command to resume"
+        ) from e
     if not moved and not self._moved_before():
       return None
-    what = ("; ".join(moved) if moved else
-            f"by an earlier run, now in {self.unreadable_dir}: {', '.join(self._moved_before())}")
+    what = (
+      "; ".join(moved)
+      if moved
+      else f"by an earlier run, now in {self.unreadable_dir}: {', '.join(self._moved_before())}"
+    )
     if restart_from_scratch:
-      logging.warning("no checkpoint to resume from in %s (damaged ones moved aside %s); "
-                      "restart_from_scratch: starting at step 0", self._dir, what)
+      logging.warning(
+        "no checkpoint to resume from in %s (damaged ones moved aside %s); "
+        "restart_from_scratch: starting at step 0",
+        self._dir,
+        what,
+      )
       return None
     step_of = lambda name: int(name.split("-")[0]) if name.split("-")[0].isdigit() else -1
     newest = max(self._moved_before(), key=step_of)
     raise CheckpointError(
-        f"no checkpoint in {self._dir} can be resumed from: damaged checkpoints were moved aside "
-        f"({what}). To retry one, move it back (e.g. mv {self.unreadable_dir}/{newest} "
-        f"{self._dir}/{step_of(newest)}); to start this run over at step 0, rerun with "
-        "--config.restart_from_scratch=true")
+      f"no checkpoint in {self._dir} can be resumed from: damaged checkpoints were moved aside "
+      f"({what}). To retry one, move it back (e.g. mv {self.unreadable_dir}/{newest} "
+      f"{self._dir}/{step_of(newest)}); to start this run over at step 0, rerun with "
+      "--config.restart_from_scratch=true"
+    )
 
   def _moved_before(self) -> list[str]:
     """The entries of `<dir>.unreadable/` (checkpoints moved aside by this or an earlier run)."""
@@ -222,38 +275,50 @@ class Checkpointer:
     """{"params/encoder/...": shape} of the arrays stored in checkpoint `step` (metadata only)."""
     try:
       tree = ocp.StandardCheckpointHandler().metadata(
-          epath.Path(os.path.join(self._dir, str(step), "state")))
+        epath.Path(os.path.join(self._dir, str(step), "state"))
+      )
     except OSError as e:
       if e.errno in _IO_ERRNOS:
         raise _IOFailure(f"{type(e).__name__}: {e}") from e
       raise _Damaged(f"its array metadata cannot be read ({type(e).__name__}: {e})") from e
     except (ValueError, KeyError, TypeError) as e:
-      raise _Damaged(f"its array metadata cannot be read ({type(e).__name__}: {_first_line(e)})") from e
+      raise _Damaged(
+        f"its array metadata cannot be read ({type(e).__name__}: {_first_line(e)})"
+      ) from e
     tree = getattr(tree, "tree", tree)
     return {k: v for k, v in _shapes(tree).items() if k.split("/")[0] in item_keys}
 
-  def check_shapes(self, step: int, abstract_params, abstract_opt_state=None,
-                   extra_stored_ok: bool = False) -> None:
+  def check_shapes(
+    self, step: int, abstract_params, abstract_opt_state=None, extra_stored_ok: bool = False
+  ) -> None:
     """ConfigError when checkpoint `step` holds arrays of other shapes or names than the targets
     (`extra_stored_ok`: stored arrays the targets do not name are fine, as in a partial restore)."""
     keys = ("params",) if abstract_opt_state is None else ("params", "opt_state")
     stored = self.stored_shapes(step, keys)
-    wanted = _shapes({"params": abstract_params} | (
-        {} if abstract_opt_state is None else {"opt_state": abstract_opt_state}))
-    order = lambda k: (not k.startswith("params/"), k)   # parameters first: they name the model
-    diffs = [f"{k}: stored {stored[k]}, this config {wanted[k]}"
-             for k in sorted(stored.keys() & wanted.keys(), key=order)
-             if tuple(stored[k]) != tuple(wanted[k])]
+    wanted = _shapes(
+      {"params": abstract_params}
+      | ({} if abstract_opt_state is None else {"opt_state": abstract_opt_state})
+    )
+    order = lambda k: (not k.startswith("params/"), k)  # parameters first: they name the model
+    diffs = [
+      f"{k}: stored {stored[k]}, this config {wanted[k]}"
+      for k in sorted(stored.keys() & wanted.keys(), key=order)
+      if tuple(stored[k]) != tuple(wanted[k])
+    ]
     if not extra_stored_ok:
-      diffs += [f"{k}: stored, not in this model"
-                for k in sorted(stored.keys() - wanted.keys(), key=order)]
-    diffs += [f"{k}: in this model, not stored" for k in sorted(wanted.keys() - stored.keys(), key=order)]
+      diffs += [
+        f"{k}: stored, not in this model" for k in sorted(stored.keys() - wanted.keys(), key=order)
+      ]
+    diffs += [
+      f"{k}: in this model, not stored" for k in sorted(wanted.keys() - stored.keys(), key=order)
+    ]
     if diffs:
       more = f" (and {len(diffs) - MAX_SHOWN} more)" if len(diffs) > MAX_SHOWN else ""
       raise ConfigError(
-          f"checkpoint step {step} in {self._dir} was written by another model than this config "
-          f"builds: {'; '.join(diffs[:MAX_SHOWN])}{more}. Nothing was moved; use the config that "
-          "wrote it (the workdir's config.json) or another --workdir")
+        f"checkpoint step {step} in {self._dir} was written by another model than this config "
+        f"builds: {'; '.join(diffs[:MAX_SHOWN])}{more}. Nothing was moved; use the config that "
+        "wrote it (the workdir's config.json) or another --workdir"
+      )
 
   def _read(self, step: int, abstract_params, abstract_opt_state):
     """`restore`, its failure classified: damage -> _Damaged, I/O -> _IOFailure, else
@@ -265,12 +330,13 @@ class Checkpointer:
       if kind == "io":
         raise _IOFailure(f"{type(e).__name__}: {_first_line(e)}") from e
       if kind == "damaged":
-        self.check_files(step, full=True)            # a seal names the file when it can
+        self.check_files(step, full=True)  # a seal names the file when it can
         raise _Damaged(f"reading it failed: {type(e).__name__}: {_first_line(e)}") from e
       raise CheckpointError(
-          f"checkpoint step {step} in {self._dir} could not be restored ({type(e).__name__}: "
-          f"{_first_line(e)}); this is neither damage nor another model's checkpoint, so "
-          "nothing was moved. Report it with the log") from e
+        f"checkpoint step {step} in {self._dir} could not be restored ({type(e).__name__}: "
+        f"{_first_line(e)}); this is neither damage nor another model's checkpoint, so "
+        "nothing was moved. Report it with the log"
+      ) from e
 
   def _retry_io(self, step: int, fn):
     """`fn()`, retried after an _IOFailure (permission, transient) up to IO_ATTEMPTS times."""
@@ -318,10 +384,16 @@ class Checkpointer:
 
   def restore(self, step: int, abstract_params, abstract_opt_state):
     """-> (params, opt_state, data_state, meta), arrays laid out as the abstract targets say."""
-    out = self._mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore({"params": abstract_params, "opt_state": abstract_opt_state}),
+    out = self._mngr.restore(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(
+          {"params": abstract_params, "opt_state": abstract_opt_state}
+        ),
         data=ocp.args.JsonRestore(),
-        meta=ocp.args.JsonRestore()))
+        meta=ocp.args.JsonRestore(),
+      ),
+    )
     return out.state["params"], out.state["opt_state"], out.data, out.meta
 
   def restore_params(self, step: int, abstract_params):
@@ -334,9 +406,16 @@ class Checkpointer:
     except (_Damaged, _IOFailure) as e:
       raise CheckpointError(f"checkpoint step {step} in {self._dir} cannot be read: {e}") from e
     target = {"params": abstract_params}
-    out = self._mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-        partial_restore=True)))
+    out = self._mngr.restore(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(
+          item=target,
+          restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+          partial_restore=True,
+        )
+      ),
+    )
     return out.state["params"]
 
   def wait(self) -> None:
@@ -387,7 +466,7 @@ def _key_name(key) -> str:
 
 
 def _classify(e: BaseException) -> str:
-  """"io", "damaged" or "other" for an exception raised while restoring."""
+  """ "io", "damaged" or "other" for an exception raised while restoring."""
   if isinstance(e, OSError) and e.errno in _IO_ERRNOS:
     return "io"
   text = f"{type(e).__name__}: {e} {e.__cause__ or ''}"

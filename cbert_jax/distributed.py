@@ -47,6 +47,7 @@ reported as dead; a peer that dies during that wait gives the same line ("... wh
 waited, at exit, for every process to finish"). Once the barrier has passed, the handler is
 removed.
 """
+
 import contextlib
 import ctypes
 import ctypes.util
@@ -68,21 +69,25 @@ from absl import logging
 from jax._src import distributed as _jax_distributed  # the hooks of the module docstring
 from jax.experimental import multihost_utils
 
-EXIT_CODE = 4                   # exit status of every failure in this module (start-up, lost peer)
-PER_PROCESS_FIELDS = ()         # config fields that may differ between processes (none today)
-DEFAULT_PEER_TIMEOUT_S = 25     # a process silent this long is dead; the others stop <= 2 s later
-PEER_TIMEOUT_ENV = "CBERT_PEER_TIMEOUT_S"   # overrides DEFAULT_PEER_TIMEOUT_S (launchers, tests)
-_JAX_TIMEOUT_GRACE_S = 30       # JAX's own init deadline is later than ours: our message comes first
-_WORDS = 4                      # 128-bit hashes, as int32 words
+EXIT_CODE = 4  # exit status of every failure in this module (start-up, lost peer)
+PER_PROCESS_FIELDS = ()  # config fields that may differ between processes (none today)
+DEFAULT_PEER_TIMEOUT_S = 25  # a process silent this long is dead; the others stop <= 2 s later
+PEER_TIMEOUT_ENV = "CBERT_PEER_TIMEOUT_S"  # overrides DEFAULT_PEER_TIMEOUT_S (launchers, tests)
+_JAX_TIMEOUT_GRACE_S = 30  # JAX's own init deadline is later than ours: our message comes first
+_WORDS = 4  # 128-bit hashes, as int32 words
 
 
 class DistributedError(RuntimeError):
   """The processes of a multi-process run do not fit together; the message names the process."""
 
 
-def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, timeout_s: float = 300,
-               peer_timeout_s: float | None = None) -> None:
+def initialize(
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  timeout_s: float = 300,
+  peer_timeout_s: float | None = None,
+) -> None:
   """`jax.distributed.initialize` + device discovery, or one line on stderr and exit after timeout_s.
 
   With all three of coordinator_address, num_processes and process_id None, JAX detects them
@@ -93,29 +98,45 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   """
   start = time.monotonic()
   peer_timeout_s = peer_timeout(peer_timeout_s)
-  who = (f"process {process_id} of {num_processes}" if num_processes is not None
-         else "this process (auto-detected cluster)")
+  who = (
+    f"process {process_id} of {num_processes}"
+    if num_processes is not None
+    else "this process (auto-detected cluster)"
+  )
   where = coordinator_address or "the auto-detected coordinator"
   stage = {"name": "connect"}
 
   def timeout_message() -> str:
     waited = f"waited {time.monotonic() - start:.0f} s"
-    hint = (f"check that every process was started with the same --num_processes={num_processes} "
-            f"and --coordinator_address={where}, and --process_id 0..{(num_processes or 1) - 1} "
-            "once each") if num_processes is not None else "check the cluster environment"
+    hint = (
+      (
+        f"check that every process was started with the same --num_processes={num_processes} "
+        f"and --coordinator_address={where}, and --process_id 0..{(num_processes or 1) - 1} "
+        "once each"
+      )
+      if num_processes is not None
+      else "check the cluster environment"
+    )
     if stage["name"] == "devices":
-      return (f"{who} joined the coordinator at {where} but {waited} for every process to "
-              f"report its devices: a process stopped during start-up (see its log); {hint}")
+      return (
+        f"{who} joined the coordinator at {where} but {waited} for every process to "
+        f"report its devices: a process stopped during start-up (see its log); {hint}"
+      )
     if process_id == 0:
-      missing = ("process 1" if num_processes == 2 else
-                 f"one or more of processes 1..{num_processes - 1}")
-      return (f"{who} {waited} at the coordinator {where} (hosted by this process) for the "
-              f"others to join; missing: {missing}; {hint}")
+      missing = (
+        "process 1" if num_processes == 2 else f"one or more of processes 1..{num_processes - 1}"
+      )
+      return (
+        f"{who} {waited} at the coordinator {where} (hosted by this process) for the "
+        f"others to join; missing: {missing}; {hint}"
+      )
     if process_id is None:
       return f"{who} {waited} for the other processes to join at {where}; {hint}"
     missing = "process 0" if num_processes == 2 else "process 0 or one of the others"
-    return (f"{who} {waited} for the coordinator at {where} (process 0) and the other "
-            f"processes; missing: {missing} (or {where} is not reachable from here); {hint}")
+    return (
+      f"{who} {waited} for the coordinator at {where} (process 0) and the other "
+      f"processes; missing: {missing} (or {where} is not reachable from here); {hint}"
+    )
 
   watchdog = _Watchdog(timeout_s, timeout_message)
   _PEERS.watch(process_id, num_processes, coordinator_address, peer_timeout_s)
@@ -123,14 +144,21 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     try:
       with _heartbeat_callback(_PEERS.on_missed_heartbeat):
         jax.distributed.initialize(
-            coordinator_address, num_processes, process_id,
-            initialization_timeout=int(math.ceil(timeout_s)) + _JAX_TIMEOUT_GRACE_S,
-            heartbeat_timeout_seconds=int(math.ceil(peer_timeout_s)))
+          coordinator_address,
+          num_processes,
+          process_id,
+          initialization_timeout=int(math.ceil(timeout_s)) + _JAX_TIMEOUT_GRACE_S,
+          heartbeat_timeout_seconds=int(math.ceil(peer_timeout_s)),
+        )
     except (ValueError, RuntimeError) as e:
-      hint = ("" if num_processes is not None else " (no TPU pod, SLURM or Open MPI environment found? "
-              "pass --coordinator_address, --num_processes and --process_id)")
+      hint = (
+        ""
+        if num_processes is not None
+        else " (no TPU pod, SLURM or Open MPI environment found? "
+        "pass --coordinator_address, --num_processes and --process_id)"
+      )
       detail = _one_line(e)
-      if "bad_cast" in detail:   # from JAX's error callback (module docstring); logged above
+      if "bad_cast" in detail:  # from JAX's error callback (module docstring); logged above
         detail = "the coordination service refused this process (its error is logged above)"
       raise DistributedError(f"{who}: jax.distributed.initialize failed: {detail}{hint}") from e
     stage["name"] = "devices"
@@ -140,12 +168,19 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
       raise DistributedError(f"{who}: device discovery failed: {_one_line(e)}") from e
   finally:
     watchdog.cancel()
-  _PEERS.joined(jax.process_index(), jax.process_count(),
-                _jax_distributed.global_state.coordinator_address)
+  _PEERS.joined(
+    jax.process_index(), jax.process_count(), _jax_distributed.global_state.coordinator_address
+  )
   check_all_present(num_processes)
-  logging.info("distributed: process %d of %d, %d local of %d devices, coordinator %s, %.1f s",
-               jax.process_index(), jax.process_count(), jax.local_device_count(),
-               jax.device_count(), where, time.monotonic() - start)
+  logging.info(
+    "distributed: process %d of %d, %d local of %d devices, coordinator %s, %.1f s",
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
+    where,
+    time.monotonic() - start,
+  )
 
 
 def check_all_present(num_processes: int | None) -> None:
@@ -157,13 +192,18 @@ def check_all_present(num_processes: int | None) -> None:
   count = jax.process_count()
   mine = np.array([num_processes or count, jax.local_device_count()], np.int32)
   table = np.asarray(multihost_utils.process_allgather(mine)).reshape(count, 2)
-  problems = [f"process {p} was started with --num_processes={n}, but {count} processes joined"
-              for p, n in enumerate(table[:, 0]) if n != count]
+  problems = [
+    f"process {p} was started with --num_processes={n}, but {count} processes joined"
+    for p, n in enumerate(table[:, 0])
+    if n != count
+  ]
   local = table[:, 1]
   if int(local.sum()) != jax.device_count():
     per_process = ", ".join(f"process {p}: {n}" for p, n in enumerate(local))
-    problems.append(f"the processes' local devices ({per_process}) sum to {int(local.sum())}, but "
-                    f"the global device count is {jax.device_count()}")
+    problems.append(
+      f"the processes' local devices ({per_process}) sum to {int(local.sum())}, but "
+      f"the global device count is {jax.device_count()}"
+    )
   if problems:
     raise DistributedError("; ".join(problems))
 
@@ -181,20 +221,29 @@ def check_same_run(config: ml_collections.ConfigDict) -> None:
   field_hashes = None
   w = _WORDS
   code_same = (heads[:, :w] == heads[0, :w]).all(axis=1)
-  conf_same = (heads[:, w:2 * w] == heads[0, w:2 * w]).all(axis=1)
-  names_same = (heads[:, 2 * w:] == heads[0, 2 * w:]).all(axis=1)
+  conf_same = (heads[:, w : 2 * w] == heads[0, w : 2 * w]).all(axis=1)
+  names_same = (heads[:, 2 * w :] == heads[0, 2 * w :]).all(axis=1)
   if not conf_same.all() and code_same.all() and names_same.all():  # same decision on every process
     mine = np.array([_words(fields[n])[0] for n in names], np.int32)
     field_hashes = np.asarray(multihost_utils.process_allgather(mine)).reshape(len(heads), -1)
   message = mismatch_message(code_same, conf_same, names_same, field_hashes, names)
   if message:
     raise DistributedError(message)
-  logging.info("distributed: all %d processes run the same code (%s) and config (%s)",
-               len(heads), code[:12], conf[:12])
+  logging.info(
+    "distributed: all %d processes run the same code (%s) and config (%s)",
+    len(heads),
+    code[:12],
+    conf[:12],
+  )
 
 
-def mismatch_message(code_same: np.ndarray, conf_same: np.ndarray, names_same: np.ndarray,
-                     field_hashes: np.ndarray | None, names: list[str]) -> str:
+def mismatch_message(
+  code_same: np.ndarray,
+  conf_same: np.ndarray,
+  names_same: np.ndarray,
+  field_hashes: np.ndarray | None,
+  names: list[str],
+) -> str:
   """The error for the processes' comparison with process 0 ("" when all agree).
 
   Args: per process, whether its code hash, config hash and config field names equal process
@@ -204,8 +253,10 @@ def mismatch_message(code_same: np.ndarray, conf_same: np.ndarray, names_same: n
   for p in range(1, len(code_same)):
     what = []
     if not code_same[p]:
-      what.append("its code (the cbert_jax/*.py files) differs from process 0's; run the same "
-                  "checkout everywhere")
+      what.append(
+        "its code (the cbert_jax/*.py files) differs from process 0's; run the same "
+        "checkout everywhere"
+      )
     if not conf_same[p]:
       if field_hashes is not None:
         diff = [n for n, a, b in zip(names, field_hashes[p], field_hashes[0]) if a != b]
@@ -218,15 +269,22 @@ def mismatch_message(code_same: np.ndarray, conf_same: np.ndarray, names_same: n
       parts.append(f"process {p}: " + "; ".join(what))
   if not parts:
     return ""
-  return (f"{len(code_same)} processes do not run the same thing: " + ". ".join(parts) +
-          ". Start every process with the same code, --config and --config.* flags")
+  return (
+    f"{len(code_same)} processes do not run the same thing: "
+    + ". ".join(parts)
+    + ". Start every process with the same code, --config and --config.* flags"
+  )
 
 
 def code_hash() -> str:
   """sha256 over the cbert_jax package's .py files (relative path and bytes), sorted by path."""
   root = os.path.dirname(os.path.abspath(__file__))
-  paths = sorted(os.path.relpath(os.path.join(d, f), root)
-                 for d, _, files in os.walk(root) for f in files if f.endswith(".py"))
+  paths = sorted(
+    os.path.relpath(os.path.join(d, f), root)
+    for d, _, files in os.walk(root)
+    for f in files
+    if f.endswith(".py")
+  )
   h = hashlib.sha256()
   for rel in paths:
     with open(os.path.join(root, rel), "rb") as f:
@@ -236,8 +294,11 @@ def code_hash() -> str:
 
 def config_hashes(config: ml_collections.ConfigDict) -> tuple[str, dict[str, str]]:
   """(sha256 of the config's JSON, {dotted field: sha256 of its value}), PER_PROCESS_FIELDS left out."""
-  flat = {k: v for k, v in _flatten(json.loads(config.to_json_best_effort())).items()
-          if k not in PER_PROCESS_FIELDS}
+  flat = {
+    k: v
+    for k, v in _flatten(json.loads(config.to_json_best_effort())).items()
+    if k not in PER_PROCESS_FIELDS
+  }
   fields = {k: _sha(json.dumps(v, sort_keys=True)) for k, v in flat.items()}
   return _sha(json.dumps(flat, sort_keys=True)), fields
 
@@ -258,7 +319,7 @@ def _sha(text: str) -> str:
 
 def _words(hex_digest: str) -> np.ndarray:
   """The first 128 bits of a hex digest as _WORDS int32s (all-gathered without jax x64)."""
-  return np.frombuffer(bytes.fromhex(hex_digest)[:4 * _WORDS], np.int32).copy()
+  return np.frombuffer(bytes.fromhex(hex_digest)[: 4 * _WORDS], np.int32).copy()
 
 
 def _one_line(e: BaseException) -> str:
@@ -311,9 +372,14 @@ def peer_timeout(seconds: float | None = None) -> float:
   return value
 
 
-def peer_failure_message(process_id: int, num_processes: int, peer_timeout_s: float,
-                         coordinator: str | None = None, stage: str = "run",
-                         coordinator_gone: bool | None = None) -> str:
+def peer_failure_message(
+  process_id: int,
+  num_processes: int,
+  peer_timeout_s: float,
+  coordinator: str | None = None,
+  stage: str = "run",
+  coordinator_gone: bool | None = None,
+) -> str:
   """The one line (without "distributed error: ") of a survivor whose peer stopped responding.
 
   Args: this process's index and the process count; the heartbeat timeout; the coordinator's
@@ -334,20 +400,25 @@ def peer_failure_message(process_id: int, num_processes: int, peer_timeout_s: fl
   elif peer is not None:
     who = f"process {peer} of {num_processes}"
   elif process_id == 0:
-    who = (f"one of processes 1..{num_processes - 1} (the coordination service's error logged just "
-           "above names it)")
+    who = (
+      f"one of processes 1..{num_processes - 1} (the coordination service's error logged just "
+      "above names it)"
+    )
   else:
     who = "another process (process 0's log names it)"
-  when = {"start-up": " during start-up",
-          "shutdown": " while this process waited, at exit, for every process to finish",
-          }.get(stage, "")
+  when = {
+    "start-up": " during start-up",
+    "shutdown": " while this process waited, at exit, for every process to finish",
+  }.get(stage, "")
   log = f"process {peer}'s log" if peer is not None else "the other processes' logs"
-  return (f"{who} stopped responding{when}: it exited, was killed (e.g. out of memory) or its host "
-          f"is unreachable (no heartbeat for {peer_timeout_s:g} s, or its connection closed). This "
-          f"is process {process_id} of {num_processes}, which stops too. Check {log} for why it "
-          "stopped, then rerun the same command on every process to resume from the last "
-          f"checkpoint (a process that is only slow needs a longer --peer_timeout than "
-          f"{peer_timeout_s:g} s)")
+  return (
+    f"{who} stopped responding{when}: it exited, was killed (e.g. out of memory) or its host "
+    f"is unreachable (no heartbeat for {peer_timeout_s:g} s, or its connection closed). This "
+    f"is process {process_id} of {num_processes}, which stops too. Check {log} for why it "
+    "stopped, then rerun the same command on every process to resume from the last "
+    f"checkpoint (a process that is only slow needs a longer --peer_timeout than "
+    f"{peer_timeout_s:g} s)"
+  )
 
 
 class _PeerWatch:
@@ -367,16 +438,24 @@ class _PeerWatch:
     self.stage = "start-up"
     self._terminate_hook: _TerminateHook | None = None
 
-  def watch(self, process_id: int | None, num_processes: int | None, coordinator: str | None,
-            timeout_s: float) -> None:
+  def watch(
+    self,
+    process_id: int | None,
+    num_processes: int | None,
+    coordinator: str | None,
+    timeout_s: float,
+  ) -> None:
     self.process_id, self.num_processes, self.coordinator = process_id, num_processes, coordinator
     self.timeout_s, self.stage = timeout_s, "start-up"
     if self._terminate_hook is None:
       try:
         self._terminate_hook = _TerminateHook(self.fail)
-      except (OSError, AttributeError) as e:   # no libstdc++ (another C++ runtime)
-        logging.warning("distributed: no std::terminate hook (%s); a process that dies makes the "
-                        "others abort with JAX's C++ error", e)
+      except (OSError, AttributeError) as e:  # no libstdc++ (another C++ runtime)
+        logging.warning(
+          "distributed: no std::terminate hook (%s); a process that dies makes the "
+          "others abort with JAX's C++ error",
+          e,
+        )
     _guard_jax_shutdown(self)
     _hold_collective_errors(self)
 
@@ -391,17 +470,22 @@ class _PeerWatch:
 
   def fail(self, detail: str = "") -> NoReturn:
     """Print the one line and exit with EXIT_CODE."""
-    if detail and "bad_cast" not in detail:   # bad_cast: JAX's status was lost (module docstring)
+    if detail and "bad_cast" not in detail:  # bad_cast: JAX's status was lost (module docstring)
       logging.error("distributed: JAX reported: %s", _one_line(detail))
-    if self.process_id is None or self.num_processes is None:   # before JAX told us who we are
-      _exit_with(f"the coordinator{f' at {self.coordinator}' if self.coordinator else ''} reported "
-                 "that a process stopped responding during start-up (see the error logged above); "
-                 "check every process's log, then rerun the same command on every process")
+    if self.process_id is None or self.num_processes is None:  # before JAX told us who we are
+      _exit_with(
+        f"the coordinator{f' at {self.coordinator}' if self.coordinator else ''} reported "
+        "that a process stopped responding during start-up (see the error logged above); "
+        "check every process's log, then rerun the same command on every process"
+      )
     gone = None
     if self.num_processes > 2 and self.process_id != 0 and self.coordinator:
       gone = not _reachable(self.coordinator)
-    _exit_with(peer_failure_message(self.process_id, self.num_processes, self.timeout_s,
-                                    self.coordinator, self.stage, gone))
+    _exit_with(
+      peer_failure_message(
+        self.process_id, self.num_processes, self.timeout_s, self.coordinator, self.stage, gone
+      )
+    )
 
   def finished(self) -> None:
     """After a clean shutdown: nothing can fail any more; std::terminate goes back to its owner."""
@@ -428,11 +512,11 @@ class _TerminateHook:
     lib = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
     self._exception_type = getattr(lib, "__cxa_current_exception_type")
     self._exception_type.restype = ctypes.c_void_p
-    self._set_terminate = getattr(lib, "_ZSt13set_terminatePFvvE")   # std::set_terminate
+    self._set_terminate = lib._ZSt13set_terminatePFvvE  # std::set_terminate
     self._set_terminate.restype = ctypes.c_void_p
     self._set_terminate.argtypes = [ctypes.c_void_p]
     self._on_bad_cast = on_bad_cast
-    self._handler = self._HANDLER(self._on_terminate)   # referenced here, so never collected
+    self._handler = self._HANDLER(self._on_terminate)  # referenced here, so never collected
     self._previous = self._set_terminate(ctypes.cast(self._handler, ctypes.c_void_p))
 
   def _on_terminate(self) -> None:
@@ -447,7 +531,7 @@ class _TerminateHook:
     type_info = self._exception_type()
     if not type_info:
       return None
-    name = ctypes.cast(type_info, ctypes.POINTER(ctypes.c_char_p))[1]   # std::type_info::__name
+    name = ctypes.cast(type_info, ctypes.POINTER(ctypes.c_char_p))[1]  # std::type_info::__name
     return name.decode(errors="replace").lstrip("*") if name else None
 
   def uninstall(self) -> None:
@@ -464,8 +548,11 @@ def _heartbeat_callback(callback):
   """
   real = getattr(_jax_distributed, "_jax", None)
   if real is None or not hasattr(real, "get_distributed_runtime_client"):
-    logging.warning("distributed: cannot set JAX's missed_heartbeat_callback (jax %s); a process "
-                    "that dies makes the others abort with JAX's C++ error", jax.__version__)
+    logging.warning(
+      "distributed: cannot set JAX's missed_heartbeat_callback (jax %s); a process "
+      "that dies makes the others abort with JAX's C++ error",
+      jax.__version__,
+    )
     yield
     return
   _jax_distributed._jax = _ClientFactory(real, callback)
@@ -487,8 +574,9 @@ class _ClientFactory:
   def get_distributed_runtime_client(self, *args, **kwargs):
     try:
       return self._module.get_distributed_runtime_client(
-          *args, **kwargs, missed_heartbeat_callback=self._callback)
-    except TypeError as e:   # a jaxlib without the argument
+        *args, **kwargs, missed_heartbeat_callback=self._callback
+      )
+    except TypeError as e:  # a jaxlib without the argument
       logging.warning("distributed: cannot set JAX's missed_heartbeat_callback (%s)", e)
       return self._module.get_distributed_runtime_client(*args, **kwargs)
 
@@ -502,8 +590,9 @@ def _guard_jax_shutdown(watch: _PeerWatch) -> None:
   state = _jax_distributed.global_state
   if "shutdown" in vars(state):
     return
+
   def shutdown():
-    started = watch.stage != "start-up"   # else initialize failed and has said so in its own line
+    started = watch.stage != "start-up"  # else initialize failed and has said so in its own line
     watch.stage = "shutdown"
     try:
       type(state).shutdown(state)
@@ -513,11 +602,13 @@ def _guard_jax_shutdown(watch: _PeerWatch) -> None:
       else:
         logging.warning("distributed: shutdown after a failed start: %s", _one_line(e))
     watch.finished()
+
   state.shutdown = shutdown
 
 
 _LOST_PEER = re.compile(
-    r"Gloo|Connection (reset|closed|refused)|Broken pipe|Socket closed|UNAVAILABLE")
+  r"Gloo|Connection (reset|closed|refused)|Broken pipe|Socket closed|UNAVAILABLE"
+)
 
 
 def _hold_collective_errors(watch: _PeerWatch) -> None:
@@ -532,16 +623,24 @@ def _hold_collective_errors(watch: _PeerWatch) -> None:
   previous = sys.excepthook
   if getattr(previous, "_cbert_peer_watch", False):
     return
+
   def excepthook(kind, value, tb):
-    if (watch.stage in ("start-up", "run") and isinstance(value, RuntimeError)
-        and type(value).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
-        and _LOST_PEER.search(str(value))):
+    if (
+      watch.stage in ("start-up", "run")
+      and isinstance(value, RuntimeError)
+      and type(value).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
+      and _LOST_PEER.search(str(value))
+    ):
       wait_s = watch.timeout_s + 5
-      logging.warning("distributed: a collective failed (%s); waiting up to %g s for the "
-                      "coordination service to say which process stopped", _one_line(value)[:300],
-                      wait_s)
-      time.sleep(wait_s)   # the verdict ends the process meanwhile (_PeerWatch.fail)
+      logging.warning(
+        "distributed: a collective failed (%s); waiting up to %g s for the "
+        "coordination service to say which process stopped",
+        _one_line(value)[:300],
+        wait_s,
+      )
+      time.sleep(wait_s)  # the verdict ends the process meanwhile (_PeerWatch.fail)
     previous(kind, value, tb)
+
   excepthook._cbert_peer_watch = True
   sys.excepthook = excepthook
 

@@ -18,6 +18,7 @@ embedding; needs pyarrow), written under a temporary name and renamed when compl
 `<out>.json` beside it (workdir, step, layer, pooling, counts, tokens/s). An existing output is
 kept unless `--overwrite`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,10 @@ OUT_SUFFIXES = (".npy", ".parquet")
 @dataclasses.dataclass(frozen=True)
 class Record:
   """One input text and where it came from."""
-  source: str        # file path
-  line: int          # 1-based line number in that file
-  id: str            # the JSONL `--id_field` value ("" when unset)
+
+  source: str  # file path
+  line: int  # 1-based line number in that file
+  id: str  # the JSONL `--id_field` value ("" when unset)
   text: str
 
 
@@ -62,11 +64,16 @@ def input_files(path: str) -> list[str]:
 
 
 def _open(path: str):
-  return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(
-      path, encoding="utf-8")
+  return (
+    gzip.open(path, "rt", encoding="utf-8")
+    if path.endswith(".gz")
+    else open(path, encoding="utf-8")
+  )
 
 
-def read_records(files: list[str], text_field: str = "text", id_field: str = "") -> Iterator[Record]:
+def read_records(
+  files: list[str], text_field: str = "text", id_field: str = ""
+) -> Iterator[Record]:
   """Every record of `files`, in order. ConfigError naming file:line on a malformed JSONL line."""
   for path in files:
     is_jsonl = path.endswith((".jsonl", ".jsonl.gz"))
@@ -80,12 +87,16 @@ def read_records(files: list[str], text_field: str = "text", id_field: str = "")
           obj = json.loads(line)
           text = obj[text_field]
         except (ValueError, KeyError, TypeError) as e:
-          what = (f"no field {text_field!r} (--text_field)" if isinstance(e, (KeyError, TypeError))
-                  else f"not JSON ({e})")
+          what = (
+            f"no field {text_field!r} (--text_field)"
+            if isinstance(e, (KeyError, TypeError))
+            else f"not JSON ({e})"
+          )
           raise ConfigError(f"--input {path}:{i}: {what}") from e
         if not isinstance(text, str):
-          raise ConfigError(f"--input {path}:{i}: field {text_field!r} is "
-                            f"{type(text).__name__}, expected a string")
+          raise ConfigError(
+            f"--input {path}:{i}: field {text_field!r} is {type(text).__name__}, expected a string"
+          )
         yield Record(path, i, str(obj.get(id_field, "")) if id_field else "", text)
 
 
@@ -127,60 +138,90 @@ class Embedder:
   over real tokens make an embedding independent of how much padding its row has.
   """
 
-  def __init__(self, run, *, seq_len: int, batch_size: int, layer: int = -1,
-               pooler_path: str = "", normalize: bool = False):
+  def __init__(
+    self,
+    run,
+    *,
+    seq_len: int,
+    batch_size: int,
+    layer: int = -1,
+    pooler_path: str = "",
+    normalize: bool = False,
+  ):
     """run: a `trained.Trained`; the other arguments as the CLI flags of the same names."""
     from cbert_jax import sharding  # pylint: disable=import-outside-toplevel
     from cbert_jax.evaluators import features, pooler  # pylint: disable=import-outside-toplevel
+
     self.run, self.seq_len, self.normalize = run, int(seq_len), normalize
     self.batch_size = int(batch_size)
     num_layers = run.model_cfg.num_layers
     if not -1 <= layer <= num_layers:
-      raise ConfigError(f"--layer {layer}: expected -1 (final) or 0..{num_layers} for this "
-                        f"{num_layers}-layer encoder")
+      raise ConfigError(
+        f"--layer {layer}: expected -1 (final) or 0..{num_layers} for this "
+        f"{num_layers}-layer encoder"
+      )
     dp = sharding.data_parallel_size(run.mesh, run.rules)
     if self.batch_size < 1 or self.batch_size % dp:
-      raise ConfigError(f"--batch_size {batch_size}: expected a positive multiple of the "
-                        f"{dp} devices the batch is sharded over")
+      raise ConfigError(
+        f"--batch_size {batch_size}: expected a positive multiple of the "
+        f"{dp} devices the batch is sharded over"
+      )
     self._features, self._pooler = features, pooler
     self.pooler_params = None
     self.pooling = "mean"
     if pooler_path:
       self.pooler_params, pooled_layer = pooler.load(pooler_path)
       if layer != -1 and layer != pooled_layer:
-        raise ConfigError(f"--layer {layer}: the pooler {pooler_path} was trained on layer "
-                          f"{pooled_layer}; leave --layer unset")
+        raise ConfigError(
+          f"--layer {layer}: the pooler {pooler_path} was trained on layer "
+          f"{pooled_layer}; leave --layer unset"
+        )
       layer = pooled_layer
       self.pooling = f"pooler {os.path.basename(pooler_path)}"
     self.layer = layer
-    self.dim = (int(self.pooler_params["proj"].shape[-1]) if self.pooler_params is not None
-                else run.model_cfg.d_model)
-    self._featurizers: dict[int, object] = {}     # bucket length -> Featurizer
+    self.dim = (
+      int(self.pooler_params["proj"].shape[-1])
+      if self.pooler_params is not None
+      else run.model_cfg.d_model
+    )
+    self._featurizers: dict[int, object] = {}  # bucket length -> Featurizer
 
   def _pool(self, rows: dict) -> np.ndarray:
     t = rows["tokens"].shape[1]
     run = self.run
     if self.pooler_params is not None:
-      return self._pooler.embed(run.graphdef, run.params, self.pooler_params, rows,
-                                batch_size=self.batch_size, layer=self.layer)
+      return self._pooler.embed(
+        run.graphdef,
+        run.params,
+        self.pooler_params,
+        rows,
+        batch_size=self.batch_size,
+        layer=self.layer,
+      )
     if t not in self._featurizers:
       self._featurizers[t] = self._features.Featurizer(
-          run.graphdef, run.params, batch_size=self.batch_size, seq_len=t, mesh=run.mesh,
-          rules=run.rules, layer=self.layer)
+        run.graphdef,
+        run.params,
+        batch_size=self.batch_size,
+        seq_len=t,
+        mesh=run.mesh,
+        rules=run.rules,
+        layer=self.layer,
+      )
     return self._featurizers[t](rows)
 
   def embed_ids(self, ids: list[list[int]]) -> tuple[np.ndarray, int, int]:
     """(embeddings [N, p] in input order, tokens embedded, texts truncated at seq_len)."""
     n = len(ids)
-    lengths = np.array([min(len(x), self.seq_len) for x in ids], np.int64)   # [N]
-    order = np.argsort(lengths, kind="stable")                              # short first
+    lengths = np.array([min(len(x), self.seq_len) for x in ids], np.int64)  # [N]
+    order = np.argsort(lengths, kind="stable")  # short first
     out = np.zeros((n, self.dim), np.float32)
     sizes = buckets(self.seq_len)
     for start in range(0, n, self.batch_size):
-      idx = order[start:start + self.batch_size]
+      idx = order[start : start + self.batch_size]
       longest = int(lengths[idx].max()) if len(idx) else 1
       t = next(b for b in sizes if b >= longest)
-      rows = self._features.rows_from_ids([ids[i] for i in idx], t)         # [<=B, t]
+      rows = self._features.rows_from_ids([ids[i] for i in idx], t)  # [<=B, t]
       out[idx] = np.asarray(self._pool(rows), np.float32)
     if self.normalize:
       out = out / np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
@@ -197,7 +238,9 @@ class _Writer:
 
   def __init__(self, out: str, n: int, dim: int, id_field: str):
     self.out, self.n, self.dim = out, n, dim
-    self.tmp = os.path.join(os.path.dirname(out) or ".", f".tmp-{os.getpid()}-{os.path.basename(out)}")
+    self.tmp = os.path.join(
+      os.path.dirname(out) or ".", f".tmp-{os.getpid()}-{os.path.basename(out)}"
+    )
     self.parquet = out.endswith(".parquet")
     self.id_field = id_field
     if self.parquet:
@@ -216,24 +259,33 @@ class _Writer:
       self.columns["id"] += [r.id for r in records]
       self.columns["embedding"].append(emb)
     else:
-      self.array[self.filled:self.filled + k] = emb
+      self.array[self.filled : self.filled + k] = emb
     self.filled += k
 
   def commit(self) -> None:
     if self.filled != self.n:
-      raise ConfigError(f"--input changed while it was being embedded ({self.filled} records "
-                        f"read, {self.n} counted)")
+      raise ConfigError(
+        f"--input changed while it was being embedded ({self.filled} records "
+        f"read, {self.n} counted)"
+      )
     if self.parquet:
       import pyarrow as pa  # pylint: disable=import-outside-toplevel
       import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
-      emb = (np.concatenate(self.columns["embedding"]) if self.columns["embedding"]
-             else np.zeros((0, self.dim), np.float32))
-      cols = {"source": pa.array(self.columns["source"], pa.string()),
-              "line": pa.array(self.columns["line"], pa.int64())}
+
+      emb = (
+        np.concatenate(self.columns["embedding"])
+        if self.columns["embedding"]
+        else np.zeros((0, self.dim), np.float32)
+      )
+      cols = {
+        "source": pa.array(self.columns["source"], pa.string()),
+        "line": pa.array(self.columns["line"], pa.int64()),
+      }
       if self.id_field:
         cols["id"] = pa.array(self.columns["id"], pa.string())
       cols["embedding"] = pa.FixedSizeListArray.from_arrays(
-          pa.array(emb.reshape(-1), pa.float32()), self.dim)
+        pa.array(emb.reshape(-1), pa.float32()), self.dim
+      )
       pq.write_table(pa.table(cols), self.tmp)
     else:
       self.array.flush()
@@ -260,13 +312,22 @@ def check_out(out: str, overwrite: bool) -> None:
     try:
       import pyarrow.parquet  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     except ImportError as e:
-      raise ConfigError(f"--out {out}: parquet output needs pyarrow (pip install pyarrow); "
-                        "or write .npy") from e
+      raise ConfigError(
+        f"--out {out}: parquet output needs pyarrow (pip install pyarrow); or write .npy"
+      ) from e
 
 
-def embed_files(embedder: Embedder, files: list[str], out: str, *, text_field: str = "text",
-                id_field: str = "", chunk_texts: int = 8192, log_every_s: float = 30.0,
-                log=print) -> dict:
+def embed_files(
+  embedder: Embedder,
+  files: list[str],
+  out: str,
+  *,
+  text_field: str = "text",
+  id_field: str = "",
+  chunk_texts: int = 8192,
+  log_every_s: float = 30.0,
+  log=print,
+) -> dict:
   """Embeds every record of `files` into `out`; returns the summary written to `<out>.json`."""
   n = count_records(files)
   writer = _Writer(out, n, embedder.dim, id_field)
@@ -274,16 +335,19 @@ def embed_files(embedder: Embedder, files: list[str], out: str, *, text_field: s
   start = last_log = time.perf_counter()
   try:
     for chunk in _chunks(read_records(files, text_field, id_field), chunk_texts):
-      emb, kept, cut = embedder.embed_ids(embedder.run.tokenizer.encode_batch(
-          [r.text for r in chunk]))
+      emb, kept, cut = embedder.embed_ids(
+        embedder.run.tokenizer.encode_batch([r.text for r in chunk])
+      )
       tokens, truncated = tokens + kept, truncated + cut
       writer.write(chunk, emb)
       now = time.perf_counter()
       if now - last_log >= log_every_s or writer.filled == n:
         rate, elapsed = writer.filled / max(now - start, 1e-9), now - start
-        log(f"embedded {writer.filled}/{n} texts ({100 * writer.filled / max(n, 1):.1f}%) | "
-            f"{rate:.1f} texts/s | {tokens / max(elapsed, 1e-9):.0f} tokens/s | "
-            f"ETA {format_duration((n - writer.filled) / max(rate, 1e-9))}")
+        log(
+          f"embedded {writer.filled}/{n} texts ({100 * writer.filled / max(n, 1):.1f}%) | "
+          f"{rate:.1f} texts/s | {tokens / max(elapsed, 1e-9):.0f} tokens/s | "
+          f"ETA {format_duration((n - writer.filled) / max(rate, 1e-9))}"
+        )
         last_log = now
     writer.commit()
   except BaseException:
@@ -292,14 +356,24 @@ def embed_files(embedder: Embedder, files: list[str], out: str, *, text_field: s
   seconds = time.perf_counter() - start
   run = embedder.run
   summary = {
-      "out": os.path.abspath(out), "workdir": run.workdir, "step": run.step,
-      "model_name": run.model_name, "model_size": run.config.model.get("size", ""),
-      "pooling": embedder.pooling, "layer": embedder.layer, "normalized": embedder.normalize,
-      "dim": embedder.dim, "seq_len": embedder.seq_len, "texts": n, "tokens": tokens,
-      "truncated_texts": truncated, "inputs": [os.path.abspath(f) for f in files],
-      "text_field": text_field, "seconds": round(seconds, 3),
-      "tokens_per_sec": round(tokens / max(seconds, 1e-9), 1),
-      "devices": int(run.mesh.devices.size),
+    "out": os.path.abspath(out),
+    "workdir": run.workdir,
+    "step": run.step,
+    "model_name": run.model_name,
+    "model_size": run.config.model.get("size", ""),
+    "pooling": embedder.pooling,
+    "layer": embedder.layer,
+    "normalized": embedder.normalize,
+    "dim": embedder.dim,
+    "seq_len": embedder.seq_len,
+    "texts": n,
+    "tokens": tokens,
+    "truncated_texts": truncated,
+    "inputs": [os.path.abspath(f) for f in files],
+    "text_field": text_field,
+    "seconds": round(seconds, 3),
+    "tokens_per_sec": round(tokens / max(seconds, 1e-9), 1),
+    "devices": int(run.mesh.devices.size),
   }
   with open(out + ".json", "w") as f:
     json.dump(summary, f, indent=2)
@@ -307,18 +381,22 @@ def embed_files(embedder: Embedder, files: list[str], out: str, *, text_field: s
 
 
 def parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m cbert_jax.embed",
-                              description=__doc__.splitlines()[0])
+  p = argparse.ArgumentParser(prog="python -m cbert_jax.embed", description=__doc__.splitlines()[0])
   p.add_argument("--workdir", required=True, help="a training run's directory")
   p.add_argument("--input", required=True, help=f"a {'/'.join(SUFFIXES)} file or a directory")
   p.add_argument("--out", required=True, help="emb.npy or emb.parquet")
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-  p.add_argument("--layer", type=int, default=-1,
-                 help="-1 = final normalised layer (default); l = after block l, 0 = embeddings")
+  p.add_argument(
+    "--layer",
+    type=int,
+    default=-1,
+    help="-1 = final normalised layer (default); l = after block l, 0 = embeddings",
+  )
   p.add_argument("--pooler", default="", help="a pooler saved by the MTEB suite (.npz)")
   p.add_argument("--seq_len", type=int, default=0, help="tokens per text (default: the run's)")
-  p.add_argument("--batch_size", type=int, default=256,
-                 help="texts per step, a multiple of the device count")
+  p.add_argument(
+    "--batch_size", type=int, default=256, help="texts per step, a multiple of the device count"
+  )
   p.add_argument("--text_field", default="text", help="the JSONL field holding the text")
   p.add_argument("--id_field", default="", help="a JSONL field copied to the parquet `id` column")
   p.add_argument("--normalize", action="store_true", help="L2-normalise the embeddings")
@@ -330,30 +408,48 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
   ns = parser().parse_args(argv)
   try:
-    check_out(ns.out, ns.overwrite)               # the cheap checks first, before any JAX work
+    check_out(ns.out, ns.overwrite)  # the cheap checks first, before any JAX work
     files = input_files(ns.input)
     if ns.seq_len < 0:
       raise ConfigError(f"--seq_len {ns.seq_len}: expected a positive length (0 = the run's)")
     if ns.pooler and not os.path.isfile(ns.pooler):
       raise ConfigError(f"--pooler {ns.pooler}: no such file")
     from cbert_jax import trained  # pylint: disable=import-outside-toplevel
+
     run = trained.load(ns.workdir, ns.step)
-    embedder = Embedder(run, seq_len=ns.seq_len or int(run.config.data.seq_len),
-                        batch_size=ns.batch_size, layer=ns.layer, pooler_path=ns.pooler,
-                        normalize=ns.normalize)
-    print(f"embedding with {run.model_name} {run.config.model.get('size', '')} step {run.step} "
-          f"({embedder.pooling} pooling, layer {embedder.layer}, {embedder.dim} dims, "
-          f"T={embedder.seq_len}) on {run.mesh.devices.size} device(s)", flush=True)
-    summary = embed_files(embedder, files, ns.out, text_field=ns.text_field,
-                          id_field=ns.id_field, log_every_s=ns.log_every_s,
-                          log=lambda s: print(s, flush=True))
+    embedder = Embedder(
+      run,
+      seq_len=ns.seq_len or int(run.config.data.seq_len),
+      batch_size=ns.batch_size,
+      layer=ns.layer,
+      pooler_path=ns.pooler,
+      normalize=ns.normalize,
+    )
+    print(
+      f"embedding with {run.model_name} {run.config.model.get('size', '')} step {run.step} "
+      f"({embedder.pooling} pooling, layer {embedder.layer}, {embedder.dim} dims, "
+      f"T={embedder.seq_len}) on {run.mesh.devices.size} device(s)",
+      flush=True,
+    )
+    summary = embed_files(
+      embedder,
+      files,
+      ns.out,
+      text_field=ns.text_field,
+      id_field=ns.id_field,
+      log_every_s=ns.log_every_s,
+      log=lambda s: print(s, flush=True),
+    )
   except (ConfigError, CheckpointError) as e:
     kind = "checkpoint error" if isinstance(e, CheckpointError) else "config error"
     print(f"{kind}: {e}", file=sys.stderr)
     return 2 if isinstance(e, ConfigError) else 5
-  print(f"wrote {summary['texts']} x {summary['dim']} to {ns.out} in "
-        f"{format_duration(summary['seconds'])} ({summary['tokens_per_sec']:.0f} tokens/s; "
-        f"{summary['truncated_texts']} texts truncated at {summary['seq_len']} tokens)", flush=True)
+  print(
+    f"wrote {summary['texts']} x {summary['dim']} to {ns.out} in "
+    f"{format_duration(summary['seconds'])} ({summary['tokens_per_sec']:.0f} tokens/s; "
+    f"{summary['truncated_texts']} texts truncated at {summary['seq_len']} tokens)",
+    flush=True,
+  )
   return 0
 
 

@@ -9,6 +9,7 @@ for the others (tag = step_<N> or random_init, plus a short hash of the `evals` 
 differ from the defaults), and prints each table. Every suite's settings are checked before the
 model is built. The predictor of CrossBERT is never used: the encoder alone reads unmasked input.
 """
+
 import hashlib
 import json
 import os
@@ -30,19 +31,24 @@ from cbert_jax.state import abstract_like, abstract_model
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   workdir = os.path.abspath(workdir)
   config = config_lib.resolve(config)
-  devices = jax.devices()[:config.num_devices] if config.num_devices > 0 else jax.devices()
+  devices = jax.devices()[: config.num_devices] if config.num_devices > 0 else jax.devices()
   config_lib.validate(config, len(devices))
   if config.evals.init not in ("checkpoint", "random"):
     raise ConfigError(f"evals.init must be checkpoint|random, got {config.evals.init!r}")
   suites = registry.selected(config.evals)
   suite.check_model(config.evals, config.model_name, config.model.num_layers)
   ckpt_dir = os.path.join(workdir, "checkpoints")
-  checkpointer = (ckpt_lib.Checkpointer(ckpt_dir, config.keep_checkpoints)
-                  if config.evals.init == "checkpoint" and os.path.isdir(ckpt_dir) else None)
+  checkpointer = (
+    ckpt_lib.Checkpointer(ckpt_dir, config.keep_checkpoints)
+    if config.evals.init == "checkpoint" and os.path.isdir(ckpt_dir)
+    else None
+  )
   step = checkpointer.latest_step() if checkpointer else None
   if config.evals.init == "checkpoint" and step is None:
-    raise ConfigError(f"mode=eval: no checkpoint in {workdir}/checkpoints; train first, or set "
-                      "evals.init=random to probe a randomly initialised encoder")
+    raise ConfigError(
+      f"mode=eval: no checkpoint in {workdir}/checkpoints; train first, or set "
+      "evals.init=random to probe a randomly initialised encoder"
+    )
   if checkpointer:
     check_trained_model(workdir, config)
 
@@ -50,15 +56,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   tok = workdir_lib.saved_tokenizer(workdir) if checkpointer else None
   if tok is None:
     tok = prepare.prepare(settings.data_config(config), config.data.seq_len).tokenizer
-  model_cfg, mask_cfg = config_lib.model_configs(config, tok.vocab_size, tok.mask_id, tok.special_ids)
+  model_cfg, mask_cfg = config_lib.model_configs(
+    config, tok.vocab_size, tok.mask_id, tok.special_ids
+  )
   mesh = sharding.make_mesh(config.mesh, config.mesh_dcn, devices)
   rules = tuple(tuple(r) for r in config.sharding_rules)
-  make_model, graphdef, abs_params, p_sh = abstract_model(config.model_name, model_cfg, mask_cfg,
-                                                          mesh, rules)
+  make_model, graphdef, abs_params, p_sh = abstract_model(
+    config.model_name, model_cfg, mask_cfg, mesh, rules
+  )
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     if config.evals.init == "random":
       params = jax.jit(lambda k: nnx.state(make_model(k), nnx.Param), out_shardings=p_sh)(
-          jax.random.key(config.seed))
+        jax.random.key(config.seed)
+      )
       tag = "random_init"
     else:
       params = checkpointer.restore_params(step, abstract_like(abs_params, p_sh))
@@ -71,9 +81,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     tag += "-" + hashlib.sha256(json.dumps(evals, sort_keys=True).encode()).hexdigest()[:8]
   title = f"{config.model_name} {config.model.size or ''} {tag} ({workdir})"
   out_dir = os.path.join(workdir, "eval")
-  ctx = registry.Context(cache_dir=config.data.cache_dir, out_dir=out_dir,
-                         model_label=f"cbert_jax/{config.model_name}-{config.model.size or 'custom'}",
-                         tag=tag, mesh=mesh, rules=rules)
+  ctx = registry.Context(
+    cache_dir=config.data.cache_dir,
+    out_dir=out_dir,
+    model_label=f"cbert_jax/{config.model_name}-{config.model.size or 'custom'}",
+    tag=tag,
+    mesh=mesh,
+    rules=rules,
+  )
   all_results = {}
   for chosen in suites:
     name = chosen.name
@@ -82,8 +97,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if jax.process_index() == 0:
       os.makedirs(out_dir, exist_ok=True)
       with open(os.path.join(out_dir, f"{file_tag}.json"), "w") as f:
-        json.dump({"tag": tag, "suite": name, "step": step, "model_name": config.model_name,
-                   "evals": config.evals.to_dict(), "results": results}, f, indent=2)
+        json.dump(
+          {
+            "tag": tag,
+            "suite": name,
+            "step": step,
+            "model_name": config.model_name,
+            "evals": config.evals.to_dict(),
+            "results": results,
+          },
+          f,
+          indent=2,
+        )
       with open(os.path.join(out_dir, f"{file_tag}.md"), "w") as f:
         f.write(table + "\n")
     print(table, flush=True)
@@ -94,8 +119,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 
 # Fields that decide the encoder's family and shapes, compared with the workdir's config.json.
-MODEL_FIELDS = ("model_name", "model.d_model", "model.num_layers", "model.num_heads",
-                "model.head_dim", "model.ffn_dim", "data.vocab_size")
+MODEL_FIELDS = (
+  "model_name",
+  "model.d_model",
+  "model.num_layers",
+  "model.num_heads",
+  "model.head_dim",
+  "model.ffn_dim",
+  "data.vocab_size",
+)
 
 
 def check_trained_model(workdir: str, config: ml_collections.ConfigDict) -> None:
@@ -107,18 +139,24 @@ def check_trained_model(workdir: str, config: ml_collections.ConfigDict) -> None
       trained = json.load(f)["config"]
   except (OSError, ValueError, KeyError, TypeError):
     return
+
   def get(tree, dotted):
     for part in dotted.split("."):
       tree = tree.get(part) if isinstance(tree, dict) else None
     return tree
+
   current = json.loads(config.to_json_best_effort())
-  diffs = [f"{k} {get(trained, k)!r} (trained) vs {get(current, k)!r} (this config)"
-           for k in MODEL_FIELDS
-           if get(trained, k) is not None and get(current, k) is not None
-           and get(trained, k) != get(current, k)]
+  diffs = [
+    f"{k} {get(trained, k)!r} (trained) vs {get(current, k)!r} (this config)"
+    for k in MODEL_FIELDS
+    if get(trained, k) is not None
+    and get(current, k) is not None
+    and get(trained, k) != get(current, k)
+  ]
   if diffs:
     raise ConfigError(
-        f"mode=eval: {workdir} holds a {trained.get('model_name')} "
-        f"{get(trained, 'model.size') or ''} run (its config.json), not the model this config "
-        f"describes: {'; '.join(diffs)}. Evaluate it with the config it was trained with (the same "
-        "--config and --config.model_name / model.size)")
+      f"mode=eval: {workdir} holds a {trained.get('model_name')} "
+      f"{get(trained, 'model.size') or ''} run (its config.json), not the model this config "
+      f"describes: {'; '.join(diffs)}. Evaluate it with the config it was trained with (the same "
+      "--config and --config.model_name / model.size)"
+    )

@@ -21,6 +21,7 @@ gradients always stop the run (see train.NonFiniteError).
 Why not optax.apply_if_finite / skip_not_finite: they only see gradients, not the loss, so they
 cannot judge a spike, and they skip silently where we want to stop and name the step.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,6 +41,7 @@ MODES = ("off", "warn", "skip", "rollback")
 @dataclasses.dataclass(frozen=True)
 class GuardConfig:
   """config.faults as the step sees it (see config_lib.base_config for each field)."""
+
   spike: str = "off"
   threshold: float = 6.0
   min_jump: float = 0.1
@@ -48,15 +50,17 @@ class GuardConfig:
   plant_nan_step: int = 0
 
   @classmethod
-  def from_config(cls, faults) -> "GuardConfig":
+  def from_config(cls, faults) -> GuardConfig:
     cfg = cls(**{f.name: faults[f.name] for f in dataclasses.fields(cls)})
     if cfg.spike not in MODES:
       raise ConfigError(f"faults.spike must be one of {'|'.join(MODES)}, got {cfg.spike!r}")
     if not 0 < cfg.ema < 1:
       raise ConfigError(f"faults.ema must be in (0, 1), got {cfg.ema}")
     if cfg.threshold <= 0 or cfg.min_jump < 0 or cfg.warmup < 0:
-      raise ConfigError("faults.threshold must be > 0 and faults.min_jump, faults.warmup >= 0 "
-                        f"(got {cfg.threshold}, {cfg.min_jump}, {cfg.warmup})")
+      raise ConfigError(
+        "faults.threshold must be > 0 and faults.min_jump, faults.warmup >= 0 "
+        f"(got {cfg.threshold}, {cfg.min_jump}, {cfg.warmup})"
+      )
     return cfg
 
 
@@ -87,7 +91,9 @@ def planted_batches(spec: str) -> set[int]:
   try:
     return {int(x) for x in spec.split(",") if x.strip()}
   except ValueError as e:
-    raise ConfigError(f"faults.plant_spike_batches must be comma-separated integers, got {spec!r}") from e
+    raise ConfigError(
+      f"faults.plant_spike_batches must be comma-separated integers, got {spec!r}"
+    ) from e
 
 
 def corrupt(batch: dict, token: int) -> dict:
@@ -104,19 +110,25 @@ def step_check(cfg: GuardConfig, state: dict, loss: jax.Array):
   std = jnp.sqrt(var)
   excess = loss - mean
   finite = jnp.isfinite(loss)
-  spike = (count >= cfg.warmup) & (excess > jnp.maximum(cfg.threshold * std,
-                                                        cfg.min_jump * jnp.abs(mean)))
+  spike = (count >= cfg.warmup) & (
+    excess > jnp.maximum(cfg.threshold * std, cfg.min_jump * jnp.abs(mean))
+  )
   spike = spike & finite
-  take = finite & ~spike                           # fold this loss into the statistics
+  take = finite & ~spike  # fold this loss into the statistics
   b = cfg.ema
   new_mean = jnp.where(count == 0, loss, b * mean + (1 - b) * loss)
   new_var = jnp.where(count == 0, 0.0, b * (var + (1 - b) * excess * excess))
-  new = {"mean": jnp.where(take, new_mean, mean), "var": jnp.where(take, new_var, var),
-         "count": count + take.astype(jnp.float32)}
+  new = {
+    "mean": jnp.where(take, new_mean, mean),
+    "var": jnp.where(take, new_var, var),
+    "count": count + take.astype(jnp.float32),
+  }
   apply = ~spike if cfg.spike == "skip" else jnp.bool_(True)
-  metrics = {"spike": spike.astype(jnp.float32),
-             "loss_z": jnp.where(std > 0, excess / jnp.maximum(std, 1e-12), 0.0),
-             "skipped": (~apply).astype(jnp.float32)}
+  metrics = {
+    "spike": spike.astype(jnp.float32),
+    "loss_z": jnp.where(std > 0, excess / jnp.maximum(std, 1e-12), 0.0),
+    "skipped": (~apply).astype(jnp.float32),
+  }
   return spike, apply, new, metrics
 
 
@@ -141,7 +153,7 @@ def per_layer_norms(grad_sq: dict[str, float]) -> dict[str, float]:
   for name, sq in grad_sq.items():
     parts = name.split("/")
     if "blocks" in parts and parts.index("blocks") + 1 < len(parts):
-      key = "/".join(parts[:parts.index("blocks") + 2])
+      key = "/".join(parts[: parts.index("blocks") + 2])
     else:
       key = "/".join(parts[:-1]) or name
     groups[key] = groups.get(key, 0.0) + float(sq)
@@ -151,6 +163,7 @@ def per_layer_norms(grad_sq: dict[str, float]) -> dict[str, float]:
 @dataclasses.dataclass
 class Finding:
   """The first non-finite step and every spike among a window of steps."""
+
   nonfinite_step: int | None
   spike_steps: list[int]
 
@@ -167,7 +180,9 @@ def scan(pending: list[tuple[int, dict]]) -> Finding:
   return Finding(nonfinite, spikes)
 
 
-def save_diagnostics(workdir: str, step: int, reason: str, metrics: dict, batch: dict | None) -> str:
+def save_diagnostics(
+  workdir: str, step: int, reason: str, metrics: dict, batch: dict | None
+) -> str:
   """Write workdir/diagnostics/step_<step>/{batch.npz, report.json}; returns the directory.
 
   batch: this process's rows of the step ({key: [LB, T]}); metrics: the step's host metrics,
@@ -176,13 +191,17 @@ def save_diagnostics(workdir: str, step: int, reason: str, metrics: dict, batch:
   out = os.path.join(workdir, "diagnostics", f"step_{step}")
   os.makedirs(out, exist_ok=True)
   if batch is not None:
-    np.savez_compressed(os.path.join(out, "batch.npz"), **{k: np.asarray(v) for k, v in batch.items()})
+    np.savez_compressed(
+      os.path.join(out, "batch.npz"), **{k: np.asarray(v) for k, v in batch.items()}
+    )
   grad_sq = metrics.get("grad_sq", {})
   report: dict[str, Any] = {
-      "step": step, "reason": reason,
-      "metrics": {k: float(v) for k, v in metrics.items() if k != "grad_sq"},
-      "grad_norm_per_layer": per_layer_norms(grad_sq),
-      "grad_norm_per_param": {k: float(np.sqrt(v)) for k, v in sorted(grad_sq.items())}}
+    "step": step,
+    "reason": reason,
+    "metrics": {k: float(v) for k, v in metrics.items() if k != "grad_sq"},
+    "grad_norm_per_layer": per_layer_norms(grad_sq),
+    "grad_norm_per_param": {k: float(np.sqrt(v)) for k, v in sorted(grad_sq.items())},
+  }
   with open(os.path.join(out, "report.json"), "w") as f:
     json.dump(report, f, indent=2, default=str)
   return out

@@ -53,77 +53,106 @@ class PeakSpec:
 # Keyed by a substring of `device_kind` (matched case-insensitively at word boundaries, longest
 # key first, so that "TPU v5 lite" wins over "TPU v5" and "A10" never matches "A100").
 PEAK_FLOPS: dict[str, PeakSpec] = {
-    # --- Google TPU. Current JAX shows one device per chip on v4 / v5p (the two TensorCores
-    # are fused into a "megacore"), so the per-chip number is the per-device number. v2, v3 and
-    # TPU7x have no megacore: each TensorCore is its own JAX device and gets half the chip.
-    # v2: 45 TFLOP/s bf16 per chip, 2 TensorCores (Google Cloud "TPU architecture" page).
-    "TPU v2": PeakSpec("TPU v2 (per TensorCore)", 22.5 * _T, 22.5 * _T,
-                       "Google Cloud TPU v2 spec, 45 TFLOP/s per chip / 2 cores", _TPU_F32),
-    # v3: 123 TFLOP/s bf16 per chip, 2 TensorCores (Google Cloud "TPU architecture" page).
-    "TPU v3": PeakSpec("TPU v3 (per TensorCore)", 61.5 * _T, 61.5 * _T,
-                       "Google Cloud TPU v3 spec, 123 TFLOP/s per chip / 2 cores", _TPU_F32),
-    # v4: 275 TFLOP/s bf16 per chip (cloud.google.com/tpu/docs/v4).
-    "TPU v4": PeakSpec("TPU v4", 275 * _T, 275 * _T, "Google Cloud TPU v4 spec", _TPU_F32),
-    # v4i, device_kind "TPU v4 lite" (inference chip, one TensorCore): 137 TFLOP/s bf16 (the
-    # figure JAX's own jax._src.pallas.mosaic.tpu_info uses).
-    "TPU v4 lite": PeakSpec("TPU v4i", 137 * _T, 137 * _T, "TPU v4i spec", _TPU_F32),
-    # v5e, device_kind "TPU v5 lite": 197 TFLOP/s bf16 per chip (cloud.google.com/tpu/docs/v5e).
-    "TPU v5 lite": PeakSpec("TPU v5e", 197 * _T, 197 * _T, "Google Cloud TPU v5e spec", _TPU_F32),
-    "TPU v5e": PeakSpec("TPU v5e", 197 * _T, 197 * _T, "Google Cloud TPU v5e spec", _TPU_F32),
-    # v5p, device_kind "TPU v5": 459 TFLOP/s bf16 per chip (cloud.google.com/tpu/docs/v5p).
-    "TPU v5": PeakSpec("TPU v5p", 459 * _T, 459 * _T, "Google Cloud TPU v5p spec", _TPU_F32),
-    "TPU v5p": PeakSpec("TPU v5p", 459 * _T, 459 * _T, "Google Cloud TPU v5p spec", _TPU_F32),
-    # v6e Trillium, device_kind "TPU v6 lite": 918 TFLOP/s bf16 per chip
-    # (cloud.google.com/tpu/docs/v6e).
-    "TPU v6 lite": PeakSpec("TPU v6e (Trillium)", 918 * _T, 918 * _T, "Google Cloud TPU v6e spec",
-                            _TPU_F32),
-    "TPU v6e": PeakSpec("TPU v6e (Trillium)", 918 * _T, 918 * _T, "Google Cloud TPU v6e spec",
-                        _TPU_F32),
-    # TPU7x Ironwood: 2307 TFLOP/s bf16 per chip, two TensorCores and no megacore, so JAX shows
-    # two devices per chip (cloud.google.com/tpu/docs/tpu7x; JAX's pallas tpu_info agrees).
-    "TPU7x": PeakSpec("TPU7x Ironwood (per TensorCore)", 1153.5 * _T, 1153.5 * _T,
-                      "Google Cloud TPU7x spec, 2307 TFLOP/s per chip / 2 cores", _TPU_F32),
-    # --- NVIDIA. "fp32" is the dense TF32 tensor-core figure (see PeakSpec).
-    # A100 SXM4 and PCIe (40/80 GB): BF16 312, TF32 156 dense (NVIDIA A100 datasheet).
-    "A100": PeakSpec("NVIDIA A100", 312 * _T, 156 * _T, "NVIDIA A100 datasheet"),
-    # A10: BF16 125, TF32 62.5 dense (NVIDIA A10 datasheet).
-    "A10": PeakSpec("NVIDIA A10", 125 * _T, 62.5 * _T, "NVIDIA A10 datasheet"),
-    # A10G (AWS G5 only): NVIDIA publishes no datasheet. AWS / third-party comparisons give
-    # about 70 TFLOP/s bf16 and 35 TFLOP/s TF32 dense; treat as approximate.
-    "A10G": PeakSpec("NVIDIA A10G", 70 * _T, 35 * _T,
-                     "no NVIDIA datasheet; AWS/third-party figures, approximate"),
-    # L4: BF16 242 / TF32 120 on the datasheet are *with sparsity*; dense is half.
-    "L4": PeakSpec("NVIDIA L4", 121 * _T, 60 * _T, "NVIDIA L4 datasheet, sparse figures / 2"),
-    # L40S: BF16 362 dense (733 sparse), TF32 183 dense (366 sparse) (NVIDIA L40S datasheet).
-    "L40S": PeakSpec("NVIDIA L40S", 362 * _T, 183 * _T, "NVIDIA L40S datasheet"),
-    # L40: BF16 181 dense (362 sparse), TF32 90.5 dense (181 sparse) (NVIDIA L40 datasheet).
-    "L40": PeakSpec("NVIDIA L40", 181 * _T, 90.5 * _T, "NVIDIA L40 datasheet"),
-    # H100 SXM5, device_kind "NVIDIA H100 80GB HBM3": BF16 1979 / TF32 989 sparse on the
-    # datasheet -> 989.4 / 494.7 dense. GH200 carries the same H100 GPU.
-    "H100": PeakSpec("NVIDIA H100 SXM", 989.4 * _T, 494.7 * _T,
-                     "NVIDIA H100 datasheet (SXM), sparse figures / 2"),
-    "GH200": PeakSpec("NVIDIA GH200", 989.4 * _T, 494.7 * _T,
-                      "NVIDIA GH200 datasheet (H100 SXM numbers), sparse figures / 2"),
-    # H100 PCIe: BF16 1513 / TF32 756 sparse -> 756.5 / 378 dense (NVIDIA H100 datasheet).
-    "H100 PCIe": PeakSpec("NVIDIA H100 PCIe", 756.5 * _T, 378 * _T,
-                          "NVIDIA H100 datasheet (PCIe), sparse figures / 2"),
-    # H100 NVL: BF16 1671 / TF32 835 sparse -> 835.5 / 417.5 dense (NVIDIA H100 datasheet).
-    "H100 NVL": PeakSpec("NVIDIA H100 NVL", 835.5 * _T, 417.5 * _T,
-                         "NVIDIA H100 datasheet (NVL), sparse figures / 2"),
-    # H200 SXM: same compute as H100 SXM, BF16 1979 / TF32 989 sparse (NVIDIA H200 datasheet).
-    "H200": PeakSpec("NVIDIA H200 SXM", 989.4 * _T, 494.7 * _T,
-                     "NVIDIA H200 datasheet (SXM), sparse figures / 2"),
-    # H200 NVL: BF16 1671 / TF32 835 sparse (NVIDIA H200 datasheet).
-    "H200 NVL": PeakSpec("NVIDIA H200 NVL", 835.5 * _T, 417.5 * _T,
-                         "NVIDIA H200 datasheet (NVL), sparse figures / 2"),
-    # B200 (HGX, 1000 W): BF16 4.5 PF / TF32 2.2 PF sparse -> 2.25 / 1.1 PF dense
-    # (NVIDIA HGX B200 / DGX B200 datasheet).
-    "B200": PeakSpec("NVIDIA B200", 2250 * _T, 1100 * _T,
-                     "NVIDIA HGX B200 datasheet, sparse figures / 2"),
-    # GB200 (1200 W): BF16 5 PF / TF32 2.5 PF sparse -> 2.5 / 1.25 PF dense per GPU
-    # (NVIDIA GB200 NVL72 datasheet).
-    "GB200": PeakSpec("NVIDIA GB200", 2500 * _T, 1250 * _T,
-                      "NVIDIA GB200 NVL72 datasheet, sparse figures / 2"),
+  # --- Google TPU. Current JAX shows one device per chip on v4 / v5p (the two TensorCores
+  # are fused into a "megacore"), so the per-chip number is the per-device number. v2, v3 and
+  # TPU7x have no megacore: each TensorCore is its own JAX device and gets half the chip.
+  # v2: 45 TFLOP/s bf16 per chip, 2 TensorCores (Google Cloud "TPU architecture" page).
+  "TPU v2": PeakSpec(
+    "TPU v2 (per TensorCore)",
+    22.5 * _T,
+    22.5 * _T,
+    "Google Cloud TPU v2 spec, 45 TFLOP/s per chip / 2 cores",
+    _TPU_F32,
+  ),
+  # v3: 123 TFLOP/s bf16 per chip, 2 TensorCores (Google Cloud "TPU architecture" page).
+  "TPU v3": PeakSpec(
+    "TPU v3 (per TensorCore)",
+    61.5 * _T,
+    61.5 * _T,
+    "Google Cloud TPU v3 spec, 123 TFLOP/s per chip / 2 cores",
+    _TPU_F32,
+  ),
+  # v4: 275 TFLOP/s bf16 per chip (cloud.google.com/tpu/docs/v4).
+  "TPU v4": PeakSpec("TPU v4", 275 * _T, 275 * _T, "Google Cloud TPU v4 spec", _TPU_F32),
+  # v4i, device_kind "TPU v4 lite" (inference chip, one TensorCore): 137 TFLOP/s bf16 (the
+  # figure JAX's own jax._src.pallas.mosaic.tpu_info uses).
+  "TPU v4 lite": PeakSpec("TPU v4i", 137 * _T, 137 * _T, "TPU v4i spec", _TPU_F32),
+  # v5e, device_kind "TPU v5 lite": 197 TFLOP/s bf16 per chip (cloud.google.com/tpu/docs/v5e).
+  "TPU v5 lite": PeakSpec("TPU v5e", 197 * _T, 197 * _T, "Google Cloud TPU v5e spec", _TPU_F32),
+  "TPU v5e": PeakSpec("TPU v5e", 197 * _T, 197 * _T, "Google Cloud TPU v5e spec", _TPU_F32),
+  # v5p, device_kind "TPU v5": 459 TFLOP/s bf16 per chip (cloud.google.com/tpu/docs/v5p).
+  "TPU v5": PeakSpec("TPU v5p", 459 * _T, 459 * _T, "Google Cloud TPU v5p spec", _TPU_F32),
+  "TPU v5p": PeakSpec("TPU v5p", 459 * _T, 459 * _T, "Google Cloud TPU v5p spec", _TPU_F32),
+  # v6e Trillium, device_kind "TPU v6 lite": 918 TFLOP/s bf16 per chip
+  # (cloud.google.com/tpu/docs/v6e).
+  "TPU v6 lite": PeakSpec(
+    "TPU v6e (Trillium)", 918 * _T, 918 * _T, "Google Cloud TPU v6e spec", _TPU_F32
+  ),
+  "TPU v6e": PeakSpec(
+    "TPU v6e (Trillium)", 918 * _T, 918 * _T, "Google Cloud TPU v6e spec", _TPU_F32
+  ),
+  # TPU7x Ironwood: 2307 TFLOP/s bf16 per chip, two TensorCores and no megacore, so JAX shows
+  # two devices per chip (cloud.google.com/tpu/docs/tpu7x; JAX's pallas tpu_info agrees).
+  "TPU7x": PeakSpec(
+    "TPU7x Ironwood (per TensorCore)",
+    1153.5 * _T,
+    1153.5 * _T,
+    "Google Cloud TPU7x spec, 2307 TFLOP/s per chip / 2 cores",
+    _TPU_F32,
+  ),
+  # --- NVIDIA. "fp32" is the dense TF32 tensor-core figure (see PeakSpec).
+  # A100 SXM4 and PCIe (40/80 GB): BF16 312, TF32 156 dense (NVIDIA A100 datasheet).
+  "A100": PeakSpec("NVIDIA A100", 312 * _T, 156 * _T, "NVIDIA A100 datasheet"),
+  # A10: BF16 125, TF32 62.5 dense (NVIDIA A10 datasheet).
+  "A10": PeakSpec("NVIDIA A10", 125 * _T, 62.5 * _T, "NVIDIA A10 datasheet"),
+  # A10G (AWS G5 only): NVIDIA publishes no datasheet. AWS / third-party comparisons give
+  # about 70 TFLOP/s bf16 and 35 TFLOP/s TF32 dense; treat as approximate.
+  "A10G": PeakSpec(
+    "NVIDIA A10G", 70 * _T, 35 * _T, "no NVIDIA datasheet; AWS/third-party figures, approximate"
+  ),
+  # L4: BF16 242 / TF32 120 on the datasheet are *with sparsity*; dense is half.
+  "L4": PeakSpec("NVIDIA L4", 121 * _T, 60 * _T, "NVIDIA L4 datasheet, sparse figures / 2"),
+  # L40S: BF16 362 dense (733 sparse), TF32 183 dense (366 sparse) (NVIDIA L40S datasheet).
+  "L40S": PeakSpec("NVIDIA L40S", 362 * _T, 183 * _T, "NVIDIA L40S datasheet"),
+  # L40: BF16 181 dense (362 sparse), TF32 90.5 dense (181 sparse) (NVIDIA L40 datasheet).
+  "L40": PeakSpec("NVIDIA L40", 181 * _T, 90.5 * _T, "NVIDIA L40 datasheet"),
+  # H100 SXM5, device_kind "NVIDIA H100 80GB HBM3": BF16 1979 / TF32 989 sparse on the
+  # datasheet -> 989.4 / 494.7 dense. GH200 carries the same H100 GPU.
+  "H100": PeakSpec(
+    "NVIDIA H100 SXM", 989.4 * _T, 494.7 * _T, "NVIDIA H100 datasheet (SXM), sparse figures / 2"
+  ),
+  "GH200": PeakSpec(
+    "NVIDIA GH200",
+    989.4 * _T,
+    494.7 * _T,
+    "NVIDIA GH200 datasheet (H100 SXM numbers), sparse figures / 2",
+  ),
+  # H100 PCIe: BF16 1513 / TF32 756 sparse -> 756.5 / 378 dense (NVIDIA H100 datasheet).
+  "H100 PCIe": PeakSpec(
+    "NVIDIA H100 PCIe", 756.5 * _T, 378 * _T, "NVIDIA H100 datasheet (PCIe), sparse figures / 2"
+  ),
+  # H100 NVL: BF16 1671 / TF32 835 sparse -> 835.5 / 417.5 dense (NVIDIA H100 datasheet).
+  "H100 NVL": PeakSpec(
+    "NVIDIA H100 NVL", 835.5 * _T, 417.5 * _T, "NVIDIA H100 datasheet (NVL), sparse figures / 2"
+  ),
+  # H200 SXM: same compute as H100 SXM, BF16 1979 / TF32 989 sparse (NVIDIA H200 datasheet).
+  "H200": PeakSpec(
+    "NVIDIA H200 SXM", 989.4 * _T, 494.7 * _T, "NVIDIA H200 datasheet (SXM), sparse figures / 2"
+  ),
+  # H200 NVL: BF16 1671 / TF32 835 sparse (NVIDIA H200 datasheet).
+  "H200 NVL": PeakSpec(
+    "NVIDIA H200 NVL", 835.5 * _T, 417.5 * _T, "NVIDIA H200 datasheet (NVL), sparse figures / 2"
+  ),
+  # B200 (HGX, 1000 W): BF16 4.5 PF / TF32 2.2 PF sparse -> 2.25 / 1.1 PF dense
+  # (NVIDIA HGX B200 / DGX B200 datasheet).
+  "B200": PeakSpec(
+    "NVIDIA B200", 2250 * _T, 1100 * _T, "NVIDIA HGX B200 datasheet, sparse figures / 2"
+  ),
+  # GB200 (1200 W): BF16 5 PF / TF32 2.5 PF sparse -> 2.5 / 1.25 PF dense per GPU
+  # (NVIDIA GB200 NVL72 datasheet).
+  "GB200": PeakSpec(
+    "NVIDIA GB200", 2500 * _T, 1250 * _T, "NVIDIA GB200 NVL72 datasheet, sparse figures / 2"
+  ),
 }
 
 # Longest key first so that the most specific entry wins when several match.
@@ -163,14 +192,13 @@ def _dtype_column(compute_dtype: Any) -> str:
   if dtype == jnp.dtype(jnp.float32):
     return "fp32"
   raise ValueError(
-      f"No peak FLOP/s for compute dtype {dtype}; expected bfloat16, float16 or float32.")
+    f"No peak FLOP/s for compute dtype {dtype}; expected bfloat16, float16 or float32."
+  )
 
 
-def measure_matmul_peak(dtype: Any = jnp.float32,
-                        n: int = 2048,
-                        seconds: float = 1.0,
-                        *,
-                        device: jax.Device | None = None) -> float:
+def measure_matmul_peak(
+  dtype: Any = jnp.float32, n: int = 2048, seconds: float = 1.0, *, device: jax.Device | None = None
+) -> float:
   """Measures the FLOP/s of a jitted n x n matmul on one device.
 
   Compiles and warms up first, then times repeats until `seconds` have passed (at least three)
@@ -214,9 +242,10 @@ def measure_matmul_peak(dtype: Any = jnp.float32,
   return 2.0 * n**3 * inner / statistics.median(times)
 
 
-@functools.lru_cache(maxsize=None)
-def _device_peak_cached(column: str, dtype_name: str, platform: str,
-                        device_kind: str) -> tuple[float, str]:
+@functools.cache
+def _device_peak_cached(
+  column: str, dtype_name: str, platform: str, device_kind: str
+) -> tuple[float, str]:
   """Table lookup or measurement; cached so a CPU run measures only once per process."""
   # A CPU's device_kind ("cpu") is never in the table, but check the platform explicitly: a CPU
   # has no spec-sheet matmul peak worth trusting.
@@ -252,8 +281,9 @@ def device_peak(compute_dtype: Any = jnp.bfloat16) -> tuple[float, str]:
   """
   column = _dtype_column(compute_dtype)
   device = jax.local_devices()[0]
-  return _device_peak_cached(column, jnp.dtype(compute_dtype).name, device.platform,
-                             device.device_kind)
+  return _device_peak_cached(
+    column, jnp.dtype(compute_dtype).name, device.platform, device.device_kind
+  )
 
 
 def mfu(flops_per_sec_per_device: float, peak: float) -> float:

@@ -66,8 +66,10 @@ def _encode_value(name: str, value: Any) -> bool | int | float | str:
 def _decode_record(record: dict[str, Any]) -> dict[str, Any]:
   """Inverse of the encoding: the non-finite strings become floats again."""
   return {
-      key: _STR_TO_NONFINITE[value] if isinstance(value, str) and value in _STR_TO_NONFINITE
-      else value for key, value in record.items()
+    key: _STR_TO_NONFINITE[value]
+    if isinstance(value, str) and value in _STR_TO_NONFINITE
+    else value
+    for key, value in record.items()
   }
 
 
@@ -182,12 +184,14 @@ class MetricWriter:
   The workdir must be on a local (or locally mounted) filesystem.
   """
 
-  def __init__(self,
-               workdir: str | os.PathLike[str],
-               *,
-               is_primary: bool,
-               resume_step: int | None = None,
-               tensorboard: bool = True) -> None:
+  def __init__(
+    self,
+    workdir: str | os.PathLike[str],
+    *,
+    is_primary: bool,
+    resume_step: int | None = None,
+    tensorboard: bool = True,
+  ) -> None:
     """Opens the writer.
 
     Args:
@@ -221,12 +225,12 @@ class MetricWriter:
         # A fresh run in a directory with old events hides all of them.
         purge_step = 0 if tb_dir.is_dir() and any(tb_dir.glob("*tfevents*")) else None
       self._tb = tensorboardX.SummaryWriter(
-          logdir=str(tb_dir),
-          purge_step=purge_step,
-          flush_secs=30,
-          # tensorboardX names event files by the second and hostname and opens them with "wb":
-          # a restart within the same second would overwrite the previous file without this.
-          filename_suffix=f".{os.getpid()}.{secrets.token_hex(3)}",
+        logdir=str(tb_dir),
+        purge_step=purge_step,
+        flush_secs=30,
+        # tensorboardX names event files by the second and hostname and opens them with "wb":
+        # a restart within the same second would overwrite the previous file without this.
+        filename_suffix=f".{os.getpid()}.{secrets.token_hex(3)}",
       )
 
   @property
@@ -258,8 +262,12 @@ class MetricWriter:
     else:
       kept = [line for line, r in zip(lines, records) if r["step"] <= resume_step]
       if len(kept) < len(lines):
-        logging.info("Resuming at step %d: dropping %d line(s) past it from %s.", resume_step,
-                     len(lines) - len(kept), path)
+        logging.info(
+          "Resuming at step %d: dropping %d line(s) past it from %s.",
+          resume_step,
+          len(lines) - len(kept),
+          path,
+        )
     new_text = "".join(line + "\n" for line in kept)
     # Also rewrites a file whose last line was cut off by a crash (no trailing newline), which
     # appending would otherwise glue onto the next record.
@@ -306,12 +314,7 @@ class MetricWriter:
           scalar = _STR_TO_NONFINITE[value] if isinstance(value, str) else float(value)
           self._tb.add_scalar(name, scalar, global_step=step)
 
-  def write_text(self,
-                 name: str,
-                 text: str,
-                 *,
-                 step: int = 0,
-                 filename: str | None = None) -> None:
+  def write_text(self, name: str, text: str, *, step: int = 0, filename: str | None = None) -> None:
     """Writes a one-off text (e.g. the parameter overview) to TensorBoard and to a file.
 
     Args:

@@ -3,6 +3,7 @@
 Everything is optax; the only code here is the warmup-stable-decay (WSD) schedule, which optax has
 no single constructor for, assembled from optax's own linear/cosine schedules with join_schedules.
 """
+
 import jax
 import optax
 
@@ -12,18 +13,25 @@ def schedule(ocfg, total_steps: int) -> optax.Schedule:
   peak, floor = ocfg.lr, ocfg.lr * ocfg.final_lr_frac
   warmup = warmup_steps(ocfg, total_steps)
   if ocfg.schedule == "cosine":
-    return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, max(total_steps, warmup + 1), floor)
+    return optax.warmup_cosine_decay_schedule(
+      0.0, peak, warmup, max(total_steps, warmup + 1), floor
+    )
   if ocfg.schedule == "wsd":
     decay = max(1, int(round(ocfg.decay_frac * total_steps)))
     stable = max(0, total_steps - warmup - decay)
-    decay_fn = (optax.cosine_decay_schedule(peak, decay, alpha=ocfg.final_lr_frac)
-                if ocfg.decay_shape == "cosine" else optax.linear_schedule(peak, floor, decay))
+    decay_fn = (
+      optax.cosine_decay_schedule(peak, decay, alpha=ocfg.final_lr_frac)
+      if ocfg.decay_shape == "cosine"
+      else optax.linear_schedule(peak, floor, decay)
+    )
     return optax.join_schedules(
-        [optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak), decay_fn],
-        boundaries=[warmup, warmup + stable])
+      [optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak), decay_fn],
+      boundaries=[warmup, warmup + stable],
+    )
   if ocfg.schedule == "constant":
-    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak)],
-                                boundaries=[warmup])
+    return optax.join_schedules(
+      [optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak)], boundaries=[warmup]
+    )
   raise ValueError(f"optim.schedule must be wsd|cosine|constant, got {ocfg.schedule!r}")
 
 
@@ -46,7 +54,9 @@ def make_optimizer(ocfg, total_steps: int) -> tuple[optax.GradientTransformation
   parts = []
   if ocfg.clip_norm > 0:
     parts.append(optax.clip_by_global_norm(ocfg.clip_norm))
-  parts.append(optax.adamw(lr, b1=ocfg.b1, b2=ocfg.b2, eps=ocfg.eps, weight_decay=ocfg.weight_decay,
-                           mask=decay_mask))
+  parts.append(
+    optax.adamw(
+      lr, b1=ocfg.b1, b2=ocfg.b2, eps=ocfg.eps, weight_decay=ocfg.weight_decay, mask=decay_mask
+    )
+  )
   return optax.chain(*parts), lr
-

@@ -48,6 +48,7 @@ def matplotlib_classes(config_dir: str | None) -> tuple[type, type]:
   else:
     from matplotlib.figure import Figure
   from matplotlib.backends.backend_agg import FigureCanvasAgg
+
   # pylint: enable=g-import-not-at-top
   return Figure, FigureCanvasAgg
 
@@ -57,19 +58,21 @@ def matplotlib_classes(config_dir: str | None) -> tuple[type, type]:
 
 # (panel title, metric names drawn in it, scale applied to the values).
 _PLOT_PANELS: tuple[tuple[str, tuple[str, ...], float], ...] = (
-    ("loss", ("train/loss", "eval/loss"), 1.0),
-    ("masked accuracy", ("train/masked_acc", "eval/masked_acc"), 1.0),
-    ("learning rate", ("train/lr",), 1.0),
-    ("gradient norm", ("train/grad_norm",), 1.0),
-    ("tokens / s", ("perf/tokens_per_sec",), 1.0),
-    ("MFU (%)", ("perf/mfu",), 100.0),
+  ("loss", ("train/loss", "eval/loss"), 1.0),
+  ("masked accuracy", ("train/masked_acc", "eval/masked_acc"), 1.0),
+  ("learning rate", ("train/lr",), 1.0),
+  ("gradient norm", ("train/grad_norm",), 1.0),
+  ("tokens / s", ("perf/tokens_per_sec",), 1.0),
+  ("MFU (%)", ("perf/mfu",), 100.0),
 )
 
 
-def plot_metrics(metrics_path: str | os.PathLike[str],
-                 out_png: str | os.PathLike[str],
-                 x: str = "step",
-                 mpl_cache_dir: str | None = None) -> list[str]:
+def plot_metrics(
+  metrics_path: str | os.PathLike[str],
+  out_png: str | os.PathLike[str],
+  x: str = "step",
+  mpl_cache_dir: str | None = None,
+) -> list[str]:
   """Plots the main training curves from metrics.jsonl into a PNG.
 
   Panels: loss (train and eval), masked accuracy, learning rate, gradient norm, tokens/s and

@@ -21,6 +21,7 @@ from typing import Any
 def _as_float(value: Any) -> float:
   """A metric value (Python, NumPy or JAX scalar) as a float; a JAX value is fetched."""
   import numpy as np  # pylint: disable=g-import-not-at-top  # Keep importing this module light.
+
   return float(np.asarray(value))
 
 
@@ -61,12 +62,14 @@ class Progress:
   TOKENS_PER_SEC_KEYS = ("perf/tokens_per_sec", "tokens_per_sec")
   MFU_KEYS = ("perf/mfu", "mfu")
 
-  def __init__(self,
-               total_steps: int,
-               start_step: int = 0,
-               *,
-               window: int = 20,
-               time_fn: Callable[[], float] = time.monotonic) -> None:
+  def __init__(
+    self,
+    total_steps: int,
+    start_step: int = 0,
+    *,
+    window: int = 20,
+    time_fn: Callable[[], float] = time.monotonic,
+  ) -> None:
     """Starts tracking.
 
     Args:

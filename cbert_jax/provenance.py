@@ -23,8 +23,9 @@ import jax
 from cbert_jax import __version__ as _CBERT_VERSION
 
 
-def parameter_overview(params: Any, *, include_stats: bool = True,
-                       max_lines: int | None = None) -> str:
+def parameter_overview(
+  params: Any, *, include_stats: bool = True, max_lines: int | None = None
+) -> str:
   """A table of parameter names, shapes, dtypes, sizes (and mean/std), with the total count.
 
   Args:
@@ -42,6 +43,7 @@ def parameter_overview(params: Any, *, include_stats: bool = True,
   # pylint: disable=g-import-not-at-top  # Keep `import cbert_jax.provenance` light.
   from clu import parameter_overview as clu_overview
   from flax import nnx
+
   # pylint: enable=g-import-not-at-top
   if isinstance(params, nnx.Module):
     params = nnx.state(params, nnx.Param)
@@ -49,24 +51,40 @@ def parameter_overview(params: Any, *, include_stats: bool = True,
     # clu only recurses into dict/FrozenDict, not into nnx.State.
     params = nnx.to_pure_dict(params)
   if include_stats and any(
-      isinstance(leaf, jax.Array) and not leaf.is_fully_addressable
-      for leaf in jax.tree.leaves(params)):
+    isinstance(leaf, jax.Array) and not leaf.is_fully_addressable
+    for leaf in jax.tree.leaves(params)
+  ):
     include_stats = False
-  return clu_overview.get_parameter_overview(params, include_stats=include_stats,
-                                             max_lines=max_lines)
+  return clu_overview.get_parameter_overview(
+    params, include_stats=include_stats, max_lines=max_lines
+  )
 
 
-_VERSIONED_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "numpy",
-                       "sentencepiece")
+_VERSIONED_PACKAGES = (
+  "jax",
+  "jaxlib",
+  "flax",
+  "optax",
+  "orbax-checkpoint",
+  "grain",
+  "numpy",
+  "sentencepiece",
+)
 
 
 def _git(args: Sequence[str], cwd: pathlib.Path) -> str | None:
   """Output of a git command, or None if git or the repository is unavailable."""
   try:
     result = subprocess.run(
-        ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False,
-        # Do not take the index lock for `git status`: other runs may share the checkout.
-        env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
+      ["git", *args],
+      cwd=cwd,
+      capture_output=True,
+      text=True,
+      timeout=10,
+      check=False,
+      # Do not take the index lock for `git status`: other runs may share the checkout.
+      env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
+    )
   except (OSError, subprocess.SubprocessError):
     return None
   if result.returncode != 0:
@@ -81,9 +99,9 @@ def _package_version(name: str) -> str | None:
     return None
 
 
-def provenance(extra: Mapping[str, Any] | None = None,
-               *,
-               repo_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+def provenance(
+  extra: Mapping[str, Any] | None = None, *, repo_dir: str | os.PathLike[str] | None = None
+) -> dict[str, Any]:
   """Describes the code, software, hardware and invocation of this run, for the run directory.
 
   Args:
@@ -107,19 +125,19 @@ def provenance(extra: Mapping[str, Any] | None = None,
   versions = {"python": platform.python_version(), "cbert_jax": _CBERT_VERSION}
   versions.update({name: _package_version(name) for name in _VERSIONED_PACKAGES})
   info: dict[str, Any] = {
-      "git_commit": commit or "unknown",
-      "git_dirty": None if status is None else bool(status),
-      "versions": versions,
-      "jax_backend": jax.default_backend(),
-      "device_kind": jax.local_devices()[0].device_kind,
-      "process_index": jax.process_index(),
-      "process_count": jax.process_count(),
-      "device_count": jax.device_count(),
-      "local_device_count": jax.local_device_count(),
-      "hostname": socket.gethostname(),
-      "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "argv": list(sys.argv),
-      "command": shlex.join([sys.executable, *sys.argv]),
+    "git_commit": commit or "unknown",
+    "git_dirty": None if status is None else bool(status),
+    "versions": versions,
+    "jax_backend": jax.default_backend(),
+    "device_kind": jax.local_devices()[0].device_kind,
+    "process_index": jax.process_index(),
+    "process_count": jax.process_count(),
+    "device_count": jax.device_count(),
+    "local_device_count": jax.local_device_count(),
+    "hostname": socket.gethostname(),
+    "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    "argv": list(sys.argv),
+    "command": shlex.join([sys.executable, *sys.argv]),
   }
   for key, value in (extra or {}).items():
     if key in info:

@@ -6,13 +6,15 @@ optimizer state sharded, ZeRO-3 style) and `tensor` (Megatron-style tensor paral
 built from `config.mesh` (ICI sizes, one of which may be -1 = fill with the remaining devices) and
 `config.mesh_dcn` (sizes across slices / hosts, for multi-slice TPU or multi-node GPU).
 """
+
 import math
 
 import flax.linen as nn
 import jax
 import numpy as np
 from jax.experimental import mesh_utils
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from cbert_jax.mesh_shape import AXES, mesh_shape  # the axes and their sizes (no JAX there)
 
@@ -46,7 +48,8 @@ def data_parallel_size(mesh: Mesh, rules) -> int:
 def global_batch(local: dict, sharding: NamedSharding) -> dict:
   """Assemble this process's rows (a contiguous slice of the global batch) into global arrays."""
   return jax.tree.map(
-      lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local)
+    lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local
+  )
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -10,6 +10,7 @@ through one jitted step under `jax.lax.scan` and applies one optimizer update; t
 the LR schedule and the data order are the plan's. See `accumulate_grads` for the split, the
 masks' randomness and the exact normalisation.
 """
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -20,9 +21,14 @@ from cbert_jax.errors import ConfigError
 from cbert_jax.models import layers, losses
 
 
-def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, lr_schedule,
-                    trace_counter: list | None = None, guard_cfg: guard.GuardConfig | None = None,
-                    microbatches: int = 1):
+def make_train_step(
+  graphdef: nnx.GraphDef,
+  tx: optax.GradientTransformation,
+  lr_schedule,
+  trace_counter: list | None = None,
+  guard_cfg: guard.GuardConfig | None = None,
+  microbatches: int = 1,
+):
   """train_step(params, opt_state, batch, step, rng) -> (params, opt_state, metrics).
 
   With `guard_cfg` (the trainer), the step also carries the loss statistics of `guard`:
@@ -42,8 +48,11 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, lr
     if trace_counter is not None:
       trace_counter.append(1)  # Python side effect: runs once per trace, not per call
     step_rng = jax.random.fold_in(rng, step)
-    plant = (lambda loss: loss) if guard_cfg is None else (
-        lambda loss: guard.plant(guard_cfg, loss, step))
+    plant = (
+      (lambda loss: loss)
+      if guard_cfg is None
+      else (lambda loss: guard.plant(guard_cfg, loss, step))
+    )
 
     def loss_fn(p):
       loss, metrics = nnx.merge(graphdef, p).loss(batch, step_rng)
@@ -55,7 +64,9 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, lr
     if microbatches == 1:
       (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     else:
-      loss, metrics, grads = accumulate_grads(graphdef, params, batch, step_rng, microbatches, plant)
+      loss, metrics, grads = accumulate_grads(
+        graphdef, params, batch, step_rng, microbatches, plant
+      )
     updates, new_opt_state = tx.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=lr_schedule(step))
@@ -68,12 +79,16 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, lr
   def guarded_train_step(params, opt_state, guard_state, batch, step, rng):
     loss, grads, new_params, new_opt_state, metrics = update(params, opt_state, batch, step, rng)
     _, apply, guard_state, guard_metrics = guard.step_check(guard_cfg, guard_state, loss)
-    if guard_cfg.spike == "skip":        # keep the old state where the step was a spike
+    if guard_cfg.spike == "skip":  # keep the old state where the step was a spike
       keep = lambda new, old: jnp.where(apply, new, old)
       new_params = jax.tree.map(keep, new_params, params)
       new_opt_state = jax.tree.map(keep, new_opt_state, opt_state)
-    metrics = dict(metrics, **guard_metrics, param_norm=optax.tree.norm(new_params),
-                   grad_sq=guard.grad_sq_by_param(grads))
+    metrics = dict(
+      metrics,
+      **guard_metrics,
+      param_norm=optax.tree.norm(new_params),
+      grad_sq=guard.grad_sq_by_param(grads),
+    )
     return new_params, new_opt_state, guard_state, metrics
 
   return train_step if guard_cfg is None else guarded_train_step
@@ -93,11 +108,11 @@ def split_microbatches(batch: dict, k: int) -> dict:
   if b % k:
     raise ConfigError(f"batch_size={b} is not divisible by optim.microbatches={k}")
   batch = dict(batch)
-  batch.setdefault("row_ids", jnp.arange(b, dtype=jnp.int32))               # [B]
+  batch.setdefault("row_ids", jnp.arange(b, dtype=jnp.int32))  # [B]
 
-  def split(x):                                                             # [B, ...]
-    x = x.reshape((b // k, k) + x.shape[1:])                                # [B/k, k, ...]
-    x = jnp.swapaxes(x, 0, 1)                                               # [k, B/k, ...]
+  def split(x):  # [B, ...]
+    x = x.reshape((b // k, k) + x.shape[1:])  # [B/k, k, ...]
+    x = jnp.swapaxes(x, 0, 1)  # [k, B/k, ...]
     return layers.constrain(x, (None,) + _batch_names(x.ndim - 1))
 
   return {name: split(x) for name, x in batch.items()}
@@ -111,15 +126,19 @@ def _batch_names(ndim: int) -> tuple:
 def _constrain_like(tree, params):
   """Each array of `tree` (shaped like the nnx.State `params`) laid out like its parameter: the
   parameter's logical axis names under the active rules (a no-op outside a mesh)."""
-  names = [v.get_metadata().get("out_sharding")
-           for v in jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))]
+  names = [
+    v.get_metadata().get("out_sharding")
+    for v in jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  ]
   leaves, treedef = jax.tree.flatten(tree)
-  return treedef.unflatten([x if n is None else layers.constrain(x, n)
-                            for x, n in zip(leaves, names, strict=True)])
+  return treedef.unflatten(
+    [x if n is None else layers.constrain(x, n) for x, n in zip(leaves, names, strict=True)]
+  )
 
 
-def accumulate_grads(graphdef: nnx.GraphDef, params, batch: dict, rng: jax.Array, k: int,
-                     plant=lambda loss: loss):
+def accumulate_grads(
+  graphdef: nnx.GraphDef, params, batch: dict, rng: jax.Array, k: int, plant=lambda loss: loss
+):
   """(loss, metrics, grads) of the full batch, computed over k micro-batches under `lax.scan`.
 
   Split: `split_microbatches` (micro-batch i = global rows i, i + k, ...; no row changes device).
@@ -146,13 +165,13 @@ def accumulate_grads(graphdef: nnx.GraphDef, params, batch: dict, rng: jax.Array
   # 1. The global denominators N_t (the full-batch pass is dead code but for them).
   full_sums, coefs = nnx.merge(graphdef, params).loss_sums(batch, rng)
   counts = {t: jnp.maximum(jax.lax.stop_gradient(full_sums[t][1]), 1.0) for t in coefs}
-  micro = split_microbatches(batch, k)                                      # {name: [k, B/k, T]}
+  micro = split_microbatches(batch, k)  # {name: [k, B/k, T]}
 
   def micro_loss(p, mb):
     sums, _ = nnx.merge(graphdef, p).loss_sums(mb, rng)
     return plant(losses.combine({t: sums[t][0] / counts[t] for t in coefs}, coefs)), sums
 
-  def body(carry, mb):                                                      # mb: {name: [B/k, T]}
+  def body(carry, mb):  # mb: {name: [B/k, T]}
     acc, total = carry
     mb = {name: layers.constrain(x, _batch_names(x.ndim)) for name, x in mb.items()}
     (_, sums), g = jax.value_and_grad(micro_loss, has_aux=True)(params, mb)
@@ -160,7 +179,7 @@ def accumulate_grads(graphdef: nnx.GraphDef, params, batch: dict, rng: jax.Array
     return (acc, jax.tree.map(jnp.add, total, sums)), None
 
   acc = _constrain_like(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params), params)
-  total = jax.tree.map(jnp.zeros_like, full_sums)     # {metric: (num, den or None)}, summed
+  total = jax.tree.map(jnp.zeros_like, full_sums)  # {metric: (num, den or None)}, summed
   (acc, total), _ = jax.lax.scan(body, (acc, total), micro)
   grads = jax.tree.map(lambda a, p: a.astype(p.dtype), acc, params)
   loss, metrics = losses.finish(total, coefs)
@@ -192,11 +211,13 @@ def make_features_step(graphdef: nnx.GraphDef, layers: str = "final", layer: int
   """
 
   def features_step(params, batch):
-    out = nnx.merge(graphdef, params).features(batch["tokens"], batch["positions"], batch["segment_ids"])
-    w = (batch["segment_ids"] != 0).astype(jnp.float32)                    # [B, T]
-    denom = jnp.maximum(w.sum(-1, keepdims=True), 1.0)                      # [B, 1]
+    out = nnx.merge(graphdef, params).features(
+      batch["tokens"], batch["positions"], batch["segment_ids"]
+    )
+    w = (batch["segment_ids"] != 0).astype(jnp.float32)  # [B, T]
+    denom = jnp.maximum(w.sum(-1, keepdims=True), 1.0)  # [B, 1]
     if layers == "final":
-      h = select_layer(out, layer).astype(jnp.float32)                      # [B, T, d]
+      h = select_layer(out, layer).astype(jnp.float32)  # [B, T, d]
       return jnp.einsum("btd,bt->bd", h, w) / denom
     return jnp.einsum("lbtd,bt->lbd", out["hidden"].astype(jnp.float32), w) / denom[None]
 

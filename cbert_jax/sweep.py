@@ -15,6 +15,7 @@ shape in the eval step) is not compiled again. After every member `<root>/sweep_
 (state per member, FLOPs done, measured FLOP/s, ETA) is rewritten atomically and one progress line
 is logged. At the end the scaling report (`cbert_jax.report`) is written to `<root>/report/`.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,9 +24,12 @@ import time
 import ml_collections
 from absl import logging
 
-from cbert_jax import evaluate, progress as progress_lib, report, train
+from cbert_jax import evaluate, report, train
+from cbert_jax import progress as progress_lib
 from cbert_jax.errors import CheckpointError, ConfigError
-from cbert_jax.scaling import members as members_lib, status as status_lib
+from cbert_jax.scaling import members as members_lib
+from cbert_jax.scaling import status as status_lib
+
 
 def run(config: ml_collections.ConfigDict, root: str) -> int:
   """Runs every member not yet done; returns the number of failed members."""
@@ -33,14 +37,21 @@ def run(config: ml_collections.ConfigDict, root: str) -> int:
   scale, members = members_lib.plan(config, root)
   members_lib.check_manifest(root, scale)
   probe = config.sweep.probe
-  status_lib.write_json_atomic(os.path.join(root, members_lib.MANIFEST),
-                               members_lib.manifest(scale, config.sweep.experiment, members))
+  status_lib.write_json_atomic(
+    os.path.join(root, members_lib.MANIFEST),
+    members_lib.manifest(scale, config.sweep.experiment, members),
+  )
   planned = {n: c.sweep.compute for n, _, c in members}
   total_compute = sum(planned.values())
-  logging.info("sweep %s: %d members, %.3g training FLOPs in all; %s", scale, len(members),
-               total_compute, ", ".join(n for n, _, _ in members))
+  logging.info(
+    "sweep %s: %d members, %.3g training FLOPs in all; %s",
+    scale,
+    len(members),
+    total_compute,
+    ", ".join(n for n, _, _ in members),
+  )
   start = time.time()
-  measured = {"flops": 0.0, "seconds": 0.0}    # members trained (not skipped) in this process
+  measured = {"flops": 0.0, "seconds": 0.0}  # members trained (not skipped) in this process
   states: dict[str, str] = {}
   errors: dict[str, str] = {}
 
@@ -52,20 +63,41 @@ def run(config: ml_collections.ConfigDict, root: str) -> int:
     remaining = total_compute - done_compute()
     eta = remaining / rate if rate else None
     n_done = sum(s == "done" for s in states.values())
-    line = (f"sweep {scale}: {n_done}/{len(members)} members done "
-            f"({100 * done_compute() / total_compute:.1f}% of the FLOPs), "
-            f"{sum(s == 'failed' for s in states.values())} failed; elapsed "
-            f"{progress_lib.format_duration(time.time() - start)}; ETA "
-            + (f"{progress_lib.format_duration(eta)} at {rate:.3g} FLOP/s measured"
-               if eta is not None else "after the first trained member")
-            + (f"; now: {current}" if current else ""))
+    line = (
+      f"sweep {scale}: {n_done}/{len(members)} members done "
+      f"({100 * done_compute() / total_compute:.1f}% of the FLOPs), "
+      f"{sum(s == 'failed' for s in states.values())} failed; elapsed "
+      f"{progress_lib.format_duration(time.time() - start)}; ETA "
+      + (
+        f"{progress_lib.format_duration(eta)} at {rate:.3g} FLOP/s measured"
+        if eta is not None
+        else "after the first trained member"
+      )
+      + (f"; now: {current}" if current else "")
+    )
     logging.info("%s", line)
-    status_lib.write_json_atomic(os.path.join(root, status_lib.STATUS_FILE), {
-        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "scale": scale, "progress": line,
-        "flops_done": done_compute(), "flops_total": total_compute,
-        "flops_per_sec": rate, "eta_s": eta,
-        "members": [{"name": n, "workdir": os.path.join(root, n), "state": states.get(n, "pending"),
-                     "compute": planned[n], "error": errors.get(n, "")} for n, _, _ in members]})
+    status_lib.write_json_atomic(
+      os.path.join(root, status_lib.STATUS_FILE),
+      {
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "scale": scale,
+        "progress": line,
+        "flops_done": done_compute(),
+        "flops_total": total_compute,
+        "flops_per_sec": rate,
+        "eta_s": eta,
+        "members": [
+          {
+            "name": n,
+            "workdir": os.path.join(root, n),
+            "state": states.get(n, "pending"),
+            "compute": planned[n],
+            "error": errors.get(n, ""),
+          }
+          for n, _, _ in members
+        ],
+      },
+    )
 
   for name, _, _ in members:
     if status_lib.is_done(os.path.join(root, name), probe):
@@ -79,9 +111,18 @@ def run(config: ml_collections.ConfigDict, root: str) -> int:
     states[name] = "running"
     status_lib.clear_failed(workdir)
     report_progress(name)
-    logging.info("[%d/%d] %s (%s): %d steps x %d rows, lr %.3g, N %d, %.3g FLOPs", i + 1,
-                 len(members), name, arg, cfg.total_steps, cfg.batch_size, cfg.optim.lr,
-                 cfg.sweep.n_params, cfg.sweep.compute)
+    logging.info(
+      "[%d/%d] %s (%s): %d steps x %d rows, lr %.3g, N %d, %.3g FLOPs",
+      i + 1,
+      len(members),
+      name,
+      arg,
+      cfg.total_steps,
+      cfg.batch_size,
+      cfg.optim.lr,
+      cfg.sweep.n_params,
+      cfg.sweep.compute,
+    )
     t0 = time.time()
     try:
       summary = None
@@ -89,8 +130,12 @@ def run(config: ml_collections.ConfigDict, root: str) -> int:
         before = (status_lib.checkpoint_steps(workdir) or [0])[-1]
         summary = train.run(cfg, workdir)
         if summary.stopped_early:
-          logging.warning("sweep stopped at %s step %d (SIGTERM or stop_after_step); rerun the "
-                          "same command to resume", name, summary.final_step)
+          logging.warning(
+            "sweep stopped at %s step %d (SIGTERM or stop_after_step); rerun the "
+            "same command to resume",
+            name,
+            summary.final_step,
+          )
           states[name] = "pending"
           report_progress(None)
           return sum(s == "failed" for s in states.values())
@@ -105,8 +150,9 @@ def run(config: ml_collections.ConfigDict, root: str) -> int:
     except (ConfigError, CheckpointError, train.NonFiniteError) as e:
       states[name], errors[name] = "failed", f"{type(e).__name__}: {e}"
       status_lib.mark_failed(workdir, errors[name])
-      logging.error("[%d/%d] %s FAILED: %s; continuing with the others", i + 1, len(members),
-                    name, errors[name])
+      logging.error(
+        "[%d/%d] %s FAILED: %s; continuing with the others", i + 1, len(members), name, errors[name]
+      )
     report_progress(None)
 
   failed = [n for n, s in states.items() if s == "failed"]
@@ -115,10 +161,18 @@ def run(config: ml_collections.ConfigDict, root: str) -> int:
       path = report.write(root)
       logging.info("scaling report: %s", path)
     except Exception as e:  # pylint: disable=broad-except  (the members' results are safe on disk)
-      logging.exception("the scaling report failed (%s); the members are done -- rerun it with "
-                        "python -m cbert_jax.report --sweep %s", e, root)
-  logging.info("sweep %s finished in %s: %d done, %d failed%s", scale,
-               progress_lib.format_duration(time.time() - start),
-               sum(s == "done" for s in states.values()), len(failed),
-               f" ({', '.join(failed)})" if failed else "")
+      logging.exception(
+        "the scaling report failed (%s); the members are done -- rerun it with "
+        "python -m cbert_jax.report --sweep %s",
+        e,
+        root,
+      )
+  logging.info(
+    "sweep %s finished in %s: %d done, %d failed%s",
+    scale,
+    progress_lib.format_duration(time.time() - start),
+    sum(s == "done" for s in states.values()),
+    len(failed),
+    f" ({', '.join(failed)})" if failed else "",
+  )
   return len(failed)

@@ -3,6 +3,7 @@
 Sections: setup -> data -> mesh & abstract state -> init or restore -> compile -> loop (log,
 checkpoint, eval) -> finish. Only process 0 writes files; every process runs the same code.
 """
+
 import dataclasses
 import json
 import math
@@ -20,10 +21,22 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from cbert_jax import checkpoint as ckpt_lib
-from cbert_jax import distributed, planned_devices, workdir as workdir_lib, workdir_lock
-from cbert_jax import config_lib, guard, hardware, metrics as metrics_lib, sharding, steps
-from cbert_jax import plotting, progress as progress_lib, provenance as provenance_lib
+from cbert_jax import (
+  config_lib,
+  distributed,
+  guard,
+  hardware,
+  planned_devices,
+  plotting,
+  sharding,
+  steps,
+  workdir_lock,
+)
+from cbert_jax import metrics as metrics_lib
+from cbert_jax import progress as progress_lib
+from cbert_jax import provenance as provenance_lib
 from cbert_jax import state as state_lib
+from cbert_jax import workdir as workdir_lib
 from cbert_jax.data import fetch, pipeline, prepare, settings
 from cbert_jax.errors import WorkdirError
 from cbert_jax.models import flops as flops_lib
@@ -36,6 +49,7 @@ class NonFiniteError(RuntimeError):
 @dataclasses.dataclass
 class Summary:
   """What `run` returns (tests and the sweep read it)."""
+
   final_step: int
   first_loss: float
   last_loss: float
@@ -43,9 +57,9 @@ class Summary:
   num_traces: int
   stopped_early: bool
   workdir: str
-  signal: str | None = None   # "SIGTERM" / "SIGINT" when a signal stopped the run (main: exit 130
-                              # for SIGINT)
-  already_finished: bool = False   # the workdir's run had reached total_steps; nothing was done
+  signal: str | None = None  # "SIGTERM" / "SIGINT" when a signal stopped the run (main: exit 130
+  # for SIGINT)
+  already_finished: bool = False  # the workdir's run had reached total_steps; nothing was done
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
@@ -58,11 +72,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
   The workdir's lock (`workdir_lock`) is held from the setup checks to the end.
   """
   stop = {"signal": False, "name": None, "lock": None}
+
   def on_signal(signum, frame):  # preemption / Ctrl-C: finish the step, checkpoint, exit cleanly
     del frame
     stop["signal"], stop["name"] = True, signal.Signals(signum).name
-    if signum == signal.SIGINT:   # the next Ctrl-C is not caught: a way out of a hung step
+    if signum == signal.SIGINT:  # the next Ctrl-C is not caught: a way out of a hung step
       signal.signal(signal.SIGINT, signal.default_int_handler)
+
   handled = (signal.SIGTERM, signal.SIGINT)
   previous = {s: signal.signal(s, on_signal) for s in handled} if _main_thread() else {}
   try:
@@ -81,11 +97,16 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
   if jax.process_count() > 1:  # first, so a config bad on one process cannot strand the others
     distributed.check_same_run(config)
   config = config_lib.resolve(config)
-  devices = jax.devices()[:config.num_devices] if config.num_devices > 0 else jax.devices()
+  devices = jax.devices()[: config.num_devices] if config.num_devices > 0 else jax.devices()
   # A member planned for N chips trains on exactly N (else one line, before any data work).
-  planned_devices.check(config.sweep.target_devices, len(devices),
-                        process_count=jax.process_count(), local_devices=jax.local_device_count(),
-                        platform=devices[0].platform, num_devices_flag=config.num_devices)
+  planned_devices.check(
+    config.sweep.target_devices,
+    len(devices),
+    process_count=jax.process_count(),
+    local_devices=jax.local_device_count(),
+    platform=devices[0].platform,
+    num_devices_flag=config.num_devices,
+  )
   config_lib.validate(config, len(devices))
   is_primary = jax.process_index() == 0
   # One run per workdir (a lock file; an unusable workdir is reported here, before data work).
@@ -98,7 +119,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
   timers = progress_lib.Timers()
 
   if config.evals.every > 0:  # online probing: check the task list now, not after hours of training
-    from cbert_jax.evaluators import online, suite as eval_suite
+    from cbert_jax.evaluators import online
+    from cbert_jax.evaluators import suite as eval_suite
+
     eval_suite.task_names(config.evals)
     eval_suite.check_model(config.evals, config.model_name, config.model.num_layers)
 
@@ -106,14 +129,21 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
   with timers.span("data_prep"):
     data = prepare.prepare(settings.data_config(config), config.data.seq_len)
   tok = data.tokenizer
-  model_cfg, mask_cfg = config_lib.model_configs(config, tok.vocab_size, tok.mask_id, tok.special_ids)
+  model_cfg, mask_cfg = config_lib.model_configs(
+    config, tok.vocab_size, tok.mask_id, tok.special_ids
+  )
   seq_len, batch_size = config.data.seq_len, config.batch_size
-  logging.info("data: %d train rows, %d val rows of %d tokens; vocab %d; manifest %s",
-               pipeline.num_rows(data.train), pipeline.num_rows(data.val), seq_len, tok.vocab_size,
-               data.manifest["hash"])
+  logging.info(
+    "data: %d train rows, %d val rows of %d tokens; vocab %d; manifest %s",
+    pipeline.num_rows(data.train),
+    pipeline.num_rows(data.val),
+    seq_len,
+    tok.vocab_size,
+    data.manifest["hash"],
+  )
 
   # ------------------------------------------------ mesh & abstract state ---
-  st = state_lib.setup(config, model_cfg, mask_cfg, devices)   # allocates nothing
+  st = state_lib.setup(config, model_cfg, mask_cfg, devices)  # allocates nothing
   mesh, rules, graphdef, guard_cfg = st.mesh, st.rules, st.graphdef, st.guard_cfg
   p_sh, rep, batch_sh = st.param_shardings, st.replicated, st.batch_sharding
   total_steps = config.total_steps
@@ -122,18 +152,25 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
   tokens_per_step = batch_size * seq_len
 
   # -------------------------------------------------- init or restore -----
-  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints)
+  checkpointer = ckpt_lib.Checkpointer(
+    os.path.join(workdir, "checkpoints"), config.keep_checkpoints
+  )
   rng = jax.random.key(config.seed)
   init_key, mask_key, eval_key = jax.random.split(rng, 3)
   train_iter = pipeline.train_iterator(
-      data.train, global_batch=batch_size, seed=config.seed,
-      process_index=jax.process_index(), process_count=jax.process_count())
+    data.train,
+    global_batch=batch_size,
+    seed=config.seed,
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+  )
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    with timers.span("checkpoint"):   # the newest readable one (an unreadable one is moved aside)
-      restored = checkpointer.restore_latest(st.abs_params, st.abs_opt_state,
-                                             restart_from_scratch=config.restart_from_scratch)
+    with timers.span("checkpoint"):  # the newest readable one (an unreadable one is moved aside)
+      restored = checkpointer.restore_latest(
+        st.abs_params, st.abs_opt_state, restart_from_scratch=config.restart_from_scratch
+      )
     start_step = restored[0] if restored else 0
-    if restored and start_step >= total_steps:   # a finished run, rerun: say so, change nothing
+    if restored and start_step >= total_steps:  # a finished run, rerun: say so, change nothing
       return _finished(workdir, start_step, total_steps, checkpointer)
     if restored:
       _, params, opt_state, data_state, meta = restored
@@ -147,69 +184,119 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
   writer = metrics_lib.MetricWriter(workdir, is_primary=is_primary, resume_step=start_step or None)
   overview = provenance_lib.parameter_overview(params, include_stats=counts.total < 100_000_000)
   logging.info("parameters:\n%s", overview)
-  logging.info("analytic counts: %s; non-embedding N = %d; training FLOPs per data token = %.4g",
-               counts, counts.non_embedding, flops_per_token)
-  peak, peak_source = ((config.peak_flops, "config.peak_flops") if config.peak_flops > 0
-                       else hardware.device_peak(model_cfg.compute_dtype))
+  logging.info(
+    "analytic counts: %s; non-embedding N = %d; training FLOPs per data token = %.4g",
+    counts,
+    counts.non_embedding,
+    flops_per_token,
+  )
+  peak, peak_source = (
+    (config.peak_flops, "config.peak_flops")
+    if config.peak_flops > 0
+    else hardware.device_peak(model_cfg.compute_dtype)
+  )
   if devices[0].platform == "cpu" and config.peak_flops <= 0 and len(devices) > 1:
     # Fake CPU devices (xla_force_host_platform_device_count) share the host's cores.
     peak, peak_source = peak / len(devices), f"{peak_source} / {len(devices)} fake devices"
-  logging.info("MFU is model FLOPs / (%d x %s at %.3g FLOP/s per device; source: %s)", len(devices),
-               devices[0].device_kind, peak, peak_source)
+  logging.info(
+    "MFU is model FLOPs / (%d x %s at %.3g FLOP/s per device; source: %s)",
+    len(devices),
+    devices[0].device_kind,
+    peak,
+    peak_source,
+  )
   if is_primary:
     writer.write_text("parameters", overview)
-    workdir_lib.save_tokenizer(workdir, tok.model_path)   # the workdir alone can be evaluated
-    provenance = provenance_lib.provenance({"data_manifest_hash": data.manifest["hash"],
-                                         "data_manifest": data.manifest, "peak_flops": peak,
-                                         "peak_source": peak_source})
+    workdir_lib.save_tokenizer(workdir, tok.model_path)  # the workdir alone can be evaluated
+    provenance = provenance_lib.provenance(
+      {
+        "data_manifest_hash": data.manifest["hash"],
+        "data_manifest": data.manifest,
+        "peak_flops": peak,
+        "peak_source": peak_source,
+      }
+    )
     with open(os.path.join(workdir, "config.json"), "w") as f:
-      json.dump({"config": json.loads(config.to_json_best_effort()), "provenance": provenance,
-                 "param_counts": dataclasses.asdict(counts) | {"non_embedding": counts.non_embedding},
-                 "flops_per_token": flops_per_token}, f, indent=2)
+      json.dump(
+        {
+          "config": json.loads(config.to_json_best_effort()),
+          "provenance": provenance,
+          "param_counts": dataclasses.asdict(counts) | {"non_embedding": counts.non_embedding},
+          "flops_per_token": flops_per_token,
+        },
+        f,
+        indent=2,
+      )
 
   # --------------------------------------------------------------- compile ---
   traces = []
   train_step = state_lib.make_train_step(st, config.optim.microbatches, traces)
-  eval_step = jax.jit(steps.make_eval_step(graphdef), in_shardings=(p_sh, batch_sh, rep),
-                      out_shardings=rep)
-  abstract_batch = {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=batch_sh)
-                    for k in ("tokens", "positions", "segment_ids")}
+  eval_step = jax.jit(
+    steps.make_eval_step(graphdef), in_shardings=(p_sh, batch_sh, rep), out_shardings=rep
+  )
+  abstract_batch = {
+    k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=batch_sh)
+    for k in ("tokens", "positions", "segment_ids")
+  }
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules), timers.span("compile"):
-    compiled = train_step.lower(params, opt_state, guard_state, abstract_batch, jnp.int32(0),
-                                mask_key).compile()
+    compiled = train_step.lower(
+      params, opt_state, guard_state, abstract_batch, jnp.int32(0), mask_key
+    ).compile()
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   xla_flops = float((cost or {}).get("flops", float("nan")))
-  logging.info("compiled train step in %.1fs; XLA FLOPs/step %.4g (analytic %.4g); memory: %s",
-               timers.totals()["compile"], xla_flops, flops_per_token * tokens_per_step, mem)
-  eval_rows = pipeline.eval_batches(data.val, global_batch=batch_size, num_batches=config.eval_batches,
-                                    process_index=jax.process_index(),
-                                    process_count=jax.process_count())
+  logging.info(
+    "compiled train step in %.1fs; XLA FLOPs/step %.4g (analytic %.4g); memory: %s",
+    timers.totals()["compile"],
+    xla_flops,
+    flops_per_token * tokens_per_step,
+    mem,
+  )
+  eval_rows = pipeline.eval_batches(
+    data.val,
+    global_batch=batch_size,
+    num_batches=config.eval_batches,
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+  )
 
   def evaluate() -> dict:
     with timers.span("eval"), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-      outs = [eval_step(params, sharding.global_batch(b, batch_sh), jax.random.fold_in(eval_key, i))
-              for i, b in enumerate(eval_rows)]
+      outs = [
+        eval_step(params, sharding.global_batch(b, batch_sh), jax.random.fold_in(eval_key, i))
+        for i, b in enumerate(eval_rows)
+      ]
       outs = jax.device_get(outs)
     n = sum(o["num_targets"] for o in outs)
-    return {f"eval/{k}": float(sum(o[k] * o["num_targets"] for o in outs) / max(n, 1))
-            for k in ("loss", "masked_acc")}
+    return {
+      f"eval/{k}": float(sum(o[k] * o["num_targets"] for o in outs) / max(n, 1))
+      for k in ("loss", "masked_acc")
+    }
 
   def probe() -> dict:
     """The frozen-feature probe suite on the current parameters (config.evals), as metrics."""
     with timers.span("eval"), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-      res = eval_suite.run(graphdef, params, tok, config.evals, cache_dir=config.data.cache_dir,
-                           mesh=mesh, rules=rules)
+      res = eval_suite.run(
+        graphdef, params, tok, config.evals, cache_dir=config.data.cache_dir, mesh=mesh, rules=rules
+      )
     return online.flatten(res)
 
   # ------------------------------------------------------------------ loop ---
   def save(step: int) -> None:
     """Checkpoint `step` (call `sync` first: only steps known to be finite are saved)."""
     with timers.span("checkpoint"):
-      checkpointer.save(step, params, opt_state, {"next_index": data_index},
-                        {"step": step, "tokens_seen": step * tokens_per_step,
-                         "guard": guard.state_to_json(guard_state)})
+      checkpointer.save(
+        step,
+        params,
+        opt_state,
+        {"next_index": data_index},
+        {
+          "step": step,
+          "tokens_seen": step * tokens_per_step,
+          "guard": guard.state_to_json(guard_state),
+        },
+      )
 
   # Per-step metrics stay on the device until the next sync (a log step, a checkpoint, the end):
   # one transfer then, not one per step. pending = [(step, device metrics, local batch, data index)].
@@ -227,25 +314,40 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     found = guard.scan(window)
     by_step = dict(window)
     for k in found.spike_steps:
-      where = (guard.save_diagnostics(workdir, k, f"loss spike ({guard_cfg.spike})", by_step[k],
-                                      batches[k]) if is_primary else "process 0's workdir")
-      logging.warning("loss spike at step %d: loss %.4f, %.1f running stds above its mean (%s); "
-                      "batch and per-layer gradient norms in %s", k, by_step[k]["loss"],
-                      by_step[k]["loss_z"], {"warn": "kept the update", "skip": "update skipped",
-                                              "rollback": "rolling back"}.get(guard_cfg.spike, "off"),
-                      where)
+      where = (
+        guard.save_diagnostics(
+          workdir, k, f"loss spike ({guard_cfg.spike})", by_step[k], batches[k]
+        )
+        if is_primary
+        else "process 0's workdir"
+      )
+      logging.warning(
+        "loss spike at step %d: loss %.4f, %.1f running stds above its mean (%s); "
+        "batch and per-layer gradient norms in %s",
+        k,
+        by_step[k]["loss"],
+        by_step[k]["loss_z"],
+        {"warn": "kept the update", "skip": "update skipped", "rollback": "rolling back"}.get(
+          guard_cfg.spike, "off"
+        ),
+        where,
+      )
     if found.nonfinite_step is not None:
       k = found.nonfinite_step
-      where = (guard.save_diagnostics(workdir, k, "non-finite", by_step[k], batches[k])
-               if is_primary else "process 0's workdir")
+      where = (
+        guard.save_diagnostics(workdir, k, "non-finite", by_step[k], batches[k])
+        if is_primary
+        else "process 0's workdir"
+      )
       writer.write(k, {f"train/{n}": float(v) for n, v in by_step[k].items() if n != "grad_sq"})
       writer.flush()
       last_good = checkpointer.latest_step()
       raise NonFiniteError(
-          f"non-finite training metrics at step {k} (loss={by_step[k]['loss']}, grad_norm="
-          f"{by_step[k]['grad_norm']}); stopped. The last good checkpoint is step {last_good} in "
-          f"{os.path.join(workdir, 'checkpoints')}; the batch and per-layer gradient norms are in "
-          f"{where}; lower optim.lr or model.init_scale and rerun")
+        f"non-finite training metrics at step {k} (loss={by_step[k]['loss']}, grad_norm="
+        f"{by_step[k]['grad_norm']}); stopped. The last good checkpoint is step {last_good} in "
+        f"{os.path.join(workdir, 'checkpoints')}; the batch and per-layer gradient norms are in "
+        f"{where}; lower optim.lr or model.init_scale and rerun"
+      )
     return window, found.spike_steps
 
   def rollback(bad_step: int, bad_index: int) -> int:
@@ -254,14 +356,15 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     nonlocal params, opt_state, guard_state, writer, rollbacks
     rollbacks += 1
     if rollbacks > config.faults.max_rollbacks:
-      raise NonFiniteError(f"loss spike at step {bad_step}: already rolled back "
-                           f"{config.faults.max_rollbacks} times (faults.max_rollbacks); stopped. "
-                           f"Diagnostics in {os.path.join(workdir, 'diagnostics')}")
+      raise NonFiniteError(
+        f"loss spike at step {bad_step}: already rolled back "
+        f"{config.faults.max_rollbacks} times (faults.max_rollbacks); stopped. "
+        f"Diagnostics in {os.path.join(workdir, 'diagnostics')}"
+      )
     back = checkpointer.latest_step()
     with timers.span("checkpoint"), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
       if back:
-        params, opt_state, _, meta = checkpointer.restore(
-            back, st.abs_params, st.abs_opt_state)
+        params, opt_state, _, meta = checkpointer.restore(back, st.abs_params, st.abs_opt_state)
         guard_state = guard.state_from_json(meta.get("guard"))
       else:
         params, opt_state = state_lib.init(st, init_key)
@@ -269,15 +372,20 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     train_iter.set_state({"next_index": bad_index + 1})
     writer.close()
     writer = metrics_lib.MetricWriter(workdir, is_primary=is_primary, resume_step=back or None)
-    logging.warning("rolled back from step %d to step %d; the data continues after the spike's "
-                    "batch (global batch %d)", bad_step, back or 0, bad_index)
+    logging.warning(
+      "rolled back from step %d to step %d; the data continues after the spike's "
+      "batch (global batch %d)",
+      bad_step,
+      back or 0,
+      bad_index,
+    )
     return back or 0
 
   progress = progress_lib.Progress(total_steps, start_step)
   first_loss = last_loss = float("nan")
   last_eval: dict = {}
   step = start_step
-  data_index = int(train_iter.get_state()["next_index"])   # global batches consumed so far
+  data_index = int(train_iter.get_state()["next_index"])  # global batches consumed so far
   rollbacks = 0
   planted = guard.planted_batches(config.faults.plant_spike_batches)
   last_log_time, last_log_step = time.perf_counter(), start_step
@@ -287,12 +395,13 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     while step < total_steps:
       with timers.span("data_wait"):
         local = next(train_iter)
-        if data_index + 1 in planted:                    # tests: a bad batch
+        if data_index + 1 in planted:  # tests: a bad batch
           local = guard.corrupt(local, tok.vocab_size - 1)
         batch = sharding.global_batch(local, batch_sh)
       with jax.set_mesh(mesh):
-        params, opt_state, guard_state, metrics = compiled(params, opt_state, guard_state, batch,
-                                                           jnp.int32(step), mask_key)
+        params, opt_state, guard_state, metrics = compiled(
+          params, opt_state, guard_state, batch, jnp.int32(step), mask_key
+        )
       step += 1
       data_index += 1
       pending.append((step, metrics, local, data_index - 1))
@@ -300,15 +409,16 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
       is_log = step % config.log_every == 0 or step == total_steps or step == start_step + 1
       # One process acts on its own SIGTERM at once; several stop together at the next log step,
       # where they vote (a process that stopped alone would strand the others in a collective).
-      stopping = ((stop["signal"] and jax.process_count() == 1)
-                  or bool(config.stop_after_step and step == config.stop_after_step))
+      stopping = (stop["signal"] and jax.process_count() == 1) or bool(
+        config.stop_after_step and step == config.stop_after_step
+      )
       saving = step % config.checkpoint_every == 0 and step < total_steps
       probing = config.evals.every and step % config.evals.every == 0
       evaluating = config.eval_every and step % config.eval_every == 0 and step < total_steps
       if not (is_log or stopping or saving or probing or evaluating or step == total_steps):
         continue
       index_of = {s: i for s, _, _, i in pending}
-      window, spikes = sync()                           # the only host sync; raises on NaN/inf
+      window, spikes = sync()  # the only host sync; raises on NaN/inf
       if spikes and guard_cfg.spike == "rollback":
         step = rollback(spikes[0], index_of[spikes[0]])
         data_index = index_of[spikes[0]] + 1
@@ -322,20 +432,25 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
         lost = _lost(timers)
         step_time = max(now - last_log_time - (lost - lost_at_last_log), 1e-9)
         tok_s = (step - last_log_step) * tokens_per_step / step_time
-        out = {f"train/{k}": float(v) for k, v in host.items()
-               if k not in ("grad_sq", "spike", "skipped")}
-        out |= {"train/spikes": float(len(spikes)),     # since the previous log line
-                "train/skipped": float(sum(m["skipped"] for _, m in window)),
-                "tokens_seen": step * tokens_per_step,
-                "flops_seen": step * tokens_per_step * flops_per_token,
-                "perf/tokens_per_sec": tok_s,
-                "perf/steps_per_sec": (step - last_log_step) / step_time,
-                "perf/mfu": hardware.mfu(tok_s * flops_per_token / len(devices), peak),
-                "perf/peak_flops_per_device": peak,
-                "perf/num_devices": len(devices),
-                "perf/xla_flops_per_step": xla_flops}
-        out |= timers.as_metrics()          # time/<name>_s and _frac: compile, data_wait, checkpoint, eval
-        if step == start_step + 1:   # the first step's time includes dispatch warm-up, not the rate
+        out = {
+          f"train/{k}": float(v)
+          for k, v in host.items()
+          if k not in ("grad_sq", "spike", "skipped")
+        }
+        out |= {
+          "train/spikes": float(len(spikes)),  # since the previous log line
+          "train/skipped": float(sum(m["skipped"] for _, m in window)),
+          "tokens_seen": step * tokens_per_step,
+          "flops_seen": step * tokens_per_step * flops_per_token,
+          "perf/tokens_per_sec": tok_s,
+          "perf/steps_per_sec": (step - last_log_step) / step_time,
+          "perf/mfu": hardware.mfu(tok_s * flops_per_token / len(devices), peak),
+          "perf/peak_flops_per_device": peak,
+          "perf/num_devices": len(devices),
+          "perf/xla_flops_per_step": xla_flops,
+        }
+        out |= timers.as_metrics()  # time/<name>_s and _frac: compile, data_wait, checkpoint, eval
+        if step == start_step + 1:  # the first step's time includes dispatch warm-up, not the rate
           for k in ("perf/tokens_per_sec", "perf/mfu", "perf/steps_per_sec"):
             out.pop(k)
         if evaluating:
@@ -355,18 +470,21 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
           stop["voted"] = stop.get("voted", False) or voted
           stopping = stopping or voted
 
-      elif evaluating:                                  # an eval step between log steps
+      elif evaluating:  # an eval step between log steps
         last_eval = evaluate()
         writer.write(step, last_eval | {"tokens_seen": step * tokens_per_step})
 
       if probing:
         writer.write(step, probe())
 
-      if stopping and step == total_steps:   # the last step: finish normally (final eval)
+      if stopping and step == total_steps:  # the last step: finish normally (final eval)
         stopping = False
       if stopping:
-        why = (stop["name"] or "a signal on another process"
-               if stop["signal"] or stop.get("voted") else "stop_after_step")
+        why = (
+          stop["name"] or "a signal on another process"
+          if stop["signal"] or stop.get("voted")
+          else "stop_after_step"
+        )
         logging.warning("stopping at step %d (%s); saving a checkpoint", step, why)
         save(step)
         stopped_early = True
@@ -387,13 +505,22 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
   if is_primary and config.plot:
     # matplotlib's font cache goes to the data cache (not ~/.cache, ~/.config): a run writes only
     # to its workdir and the cache.
-    plotting.plot_metrics(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "metrics.png"),
-                          mpl_cache_dir=os.path.join(fetch.resolve_cache_dir(config.data),
-                                                     "matplotlib"))
+    plotting.plot_metrics(
+      os.path.join(workdir, "metrics.jsonl"),
+      os.path.join(workdir, "metrics.png"),
+      mpl_cache_dir=os.path.join(fetch.resolve_cache_dir(config.data), "matplotlib"),
+    )
   logging.info("time outside the step: %s", {k: round(v, 2) for k, v in timers.totals().items()})
-  return Summary(final_step=step, first_loss=first_loss, last_loss=last_loss, eval=last_eval,
-                 num_traces=len(traces), stopped_early=stopped_early, workdir=workdir,
-                 signal=stop["name"] if stopped_early and stop["signal"] else None)
+  return Summary(
+    final_step=step,
+    first_loss=first_loss,
+    last_loss=last_loss,
+    eval=last_eval,
+    num_traces=len(traces),
+    stopped_early=stopped_early,
+    workdir=workdir,
+    signal=stop["name"] if stopped_early and stop["signal"] else None,
+  )
 
 
 def _lock_workdir(workdir: str, is_primary: bool) -> workdir_lock.WorkdirLock | None:
@@ -405,11 +532,12 @@ def _lock_workdir(workdir: str, is_primary: bool) -> workdir_lock.WorkdirLock | 
       lock.acquire()
     except WorkdirError as e:
       lock, error = None, e
-  if jax.process_count() > 1:   # the others wait here for process 0's outcome
+  if jax.process_count() > 1:  # the others wait here for process 0's outcome
     failed = bool(multihost_utils.process_allgather(np.int32(error is not None)).any())
     if failed and error is None:
-      raise WorkdirError(f"process 0 could not take the lock of --workdir {workdir} (its output "
-                         "says why)")
+      raise WorkdirError(
+        f"process 0 could not take the lock of --workdir {workdir} (its output says why)"
+      )
   if error is not None:
     raise error
   return lock
@@ -422,12 +550,23 @@ def _finished(workdir: str, step: int, total_steps: int, checkpointer) -> Summar
   losses = [r["train/loss"] for r in rows if "train/loss" in r]
   evals = [r for r in rows if "eval/loss" in r]
   last_eval = {k: v for k, v in evals[-1].items() if k.startswith("eval/")} if evals else {}
-  logging.warning("%s: this run already finished (checkpoint at step %d, total_steps=%d); nothing "
-                  "to do. Raise --config.total_steps to train further", workdir, step, total_steps)
-  return Summary(final_step=step, first_loss=losses[0] if losses else float("nan"),
-                 last_loss=losses[-1] if losses else float("nan"), eval=last_eval, num_traces=0,
-                 stopped_early=False, workdir=workdir, already_finished=True)
-
+  logging.warning(
+    "%s: this run already finished (checkpoint at step %d, total_steps=%d); nothing "
+    "to do. Raise --config.total_steps to train further",
+    workdir,
+    step,
+    total_steps,
+  )
+  return Summary(
+    final_step=step,
+    first_loss=losses[0] if losses else float("nan"),
+    last_loss=losses[-1] if losses else float("nan"),
+    eval=last_eval,
+    num_traces=0,
+    stopped_early=False,
+    workdir=workdir,
+    already_finished=True,
+  )
 
 
 def _lost(timers) -> float:

@@ -11,6 +11,7 @@ Example:
   model = nnx.merge(run.graphdef, run.params)
   out = model.features(rows["tokens"], rows["positions"], rows["segment_ids"])  # {"final": [1, 128, d]}
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,18 +35,19 @@ from cbert_jax.state import abstract_like, abstract_model
 @dataclasses.dataclass
 class Trained:
   """One trained run's encoder and everything needed to feed it text."""
-  workdir: str                          # absolute path of the run
-  step: int                             # the checkpoint's step
-  config: ml_collections.ConfigDict     # the resolved config the run trained with (config.json)
-  provenance: dict                      # config.json's provenance (data manifest, versions, ...)
-  record: dict                          # the whole of config.json (param_counts, flops_per_token)
+
+  workdir: str  # absolute path of the run
+  step: int  # the checkpoint's step
+  config: ml_collections.ConfigDict  # the resolved config the run trained with (config.json)
+  provenance: dict  # config.json's provenance (data manifest, versions, ...)
+  record: dict  # the whole of config.json (param_counts, flops_per_token)
   model_cfg: ModelConfig
   mask_cfg: MaskConfig
-  graphdef: Any                         # nnx.GraphDef of the whole model (BERT/CrossBERT/ELECTRA)
-  params: Any                           # nnx.State of its parameters, replicated on `mesh`
+  graphdef: Any  # nnx.GraphDef of the whole model (BERT/CrossBERT/ELECTRA)
+  params: Any  # nnx.State of its parameters, replicated on `mesh`
   mesh: jax.sharding.Mesh
-  rules: tuple                          # logical-axis rules the params were placed with
-  tokenizer: Any                        # data.tokenizer.Tokenizer, the run's own
+  rules: tuple  # logical-axis rules the params were placed with
+  tokenizer: Any  # data.tokenizer.Tokenizer, the run's own
 
   @property
   def model_name(self) -> str:
@@ -58,12 +60,16 @@ def read_config(workdir: str) -> dict:
   try:
     with open(path) as f:
       record = json.load(f)
-    record["config"]["model_name"]   # noqa: B018  (a KeyError here means it is not a run's record)
+    record["config"]["model_name"]  # noqa: B018  (a KeyError here means it is not a run's record)
   except FileNotFoundError as e:
-    raise ConfigError(f"workdir {workdir}: no config.json; expected the directory of a cbert_jax "
-                      "training run (--workdir of `python -m cbert_jax.main`)") from e
+    raise ConfigError(
+      f"workdir {workdir}: no config.json; expected the directory of a cbert_jax "
+      "training run (--workdir of `python -m cbert_jax.main`)"
+    ) from e
   except (OSError, ValueError, KeyError, TypeError) as e:
-    raise ConfigError(f"workdir {workdir}: cannot read config.json ({type(e).__name__}: {e})") from e
+    raise ConfigError(
+      f"workdir {workdir}: cannot read config.json ({type(e).__name__}: {e})"
+    ) from e
   return record
 
 
@@ -78,13 +84,16 @@ def load(workdir: str, step: int | None = None, *, devices=None) -> Trained:
   record = read_config(workdir)
   config = ml_collections.ConfigDict(record["config"])
   tok = workdir_lib.saved_tokenizer(workdir)
-  if tok is None:   # a run from before the tokenizer was kept in the workdir: rebuild it
+  if tok is None:  # a run from before the tokenizer was kept in the workdir: rebuild it
     from cbert_jax.data import prepare, settings  # pylint: disable=import-outside-toplevel
-    logging.warning("workdir %s has no tokenizer.model; rebuilding the tokenizer from its data "
-                    "config", workdir)
+
+    logging.warning(
+      "workdir %s has no tokenizer.model; rebuilding the tokenizer from its data config", workdir
+    )
     tok = prepare.prepare(settings.data_config(config), config.data.seq_len).tokenizer
-  model_cfg, mask_cfg = config_lib.build_model_configs(config, tok.vocab_size, tok.mask_id,
-                                                       tok.special_ids)
+  model_cfg, mask_cfg = config_lib.build_model_configs(
+    config, tok.vocab_size, tok.mask_id, tok.special_ids
+  )
   ckpt_dir = os.path.join(workdir, "checkpoints")
   if not os.path.isdir(ckpt_dir):
     raise ConfigError(f"workdir {workdir}: no checkpoints/ directory; train first")
@@ -98,19 +107,31 @@ def load(workdir: str, step: int | None = None, *, devices=None) -> Trained:
     elif step not in steps:
       raise ConfigError(f"--step {step}: workdir {workdir} has checkpoints at steps {steps}")
     devices = list(devices) if devices is not None else jax.devices()
-    mesh = sharding.make_mesh(ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}),
-                              None, devices)
-    rules = _tuples(config.sharding_rules)   # JSON gave lists; the rules resolver wants tuples
-    _, graphdef, abs_params, p_sh = abstract_model(config.model_name, model_cfg, mask_cfg, mesh,
-                                                   rules)
+    mesh = sharding.make_mesh(
+      ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}), None, devices
+    )
+    rules = _tuples(config.sharding_rules)  # JSON gave lists; the rules resolver wants tuples
+    _, graphdef, abs_params, p_sh = abstract_model(
+      config.model_name, model_cfg, mask_cfg, mesh, rules
+    )
     with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
       params = checkpointer.restore_params(step, abstract_like(abs_params, p_sh))
   finally:
     checkpointer.close()
-  return Trained(workdir=workdir, step=int(step), config=config,
-                 provenance=record.get("provenance", {}), record=record, model_cfg=model_cfg,
-                 mask_cfg=mask_cfg, graphdef=graphdef, params=params, mesh=mesh, rules=rules,
-                 tokenizer=tok)
+  return Trained(
+    workdir=workdir,
+    step=int(step),
+    config=config,
+    provenance=record.get("provenance", {}),
+    record=record,
+    model_cfg=model_cfg,
+    mask_cfg=mask_cfg,
+    graphdef=graphdef,
+    params=params,
+    mesh=mesh,
+    rules=rules,
+    tokenizer=tok,
+  )
 
 
 def _tuples(x):

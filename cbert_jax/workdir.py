@@ -12,6 +12,7 @@ Fields only one side has (added or removed by another version of the code) are n
 Only training resumes a workdir: `--config.mode=eval` (evaluate.py) reads checkpoints with any
 `evals.*` settings and does not call this.
 """
+
 import json
 import os
 from typing import Any
@@ -24,23 +25,36 @@ from cbert_jax.errors import ConfigError
 # Fields that may differ between config.json and a resuming run. A name ending in "." covers the
 # whole group. Each leaves the model, the data, the optimizer and the masking as they were.
 RESUMABLE = (
-    "name",                   # only the default workdir name
-    "total_steps",            # extend (or shorten) a run; the LR schedule follows the new length
-    "stop_after_step",        # where this invocation stops
-    "log_every", "checkpoint_every", "keep_checkpoints",   # how often to log / checkpoint
-    "eval_every", "eval_batches", "evals.",               # evaluation during and after training
-    "plot",                   # metrics.png at the end
-    "num_devices", "mesh.", "mesh_dcn.", "sharding_rules",  # resume on another machine or layout
-    "compilation_cache_dir", "peak_flops",                 # compile cache; the MFU denominator
-    "mode",                   # train | eval (only train resumes)
-    "allow_config_change",    # this switch itself
-    "restart_from_scratch",   # start over when every checkpoint was moved aside as damaged
-    "faults.",                # spike policy and its planted test faults (cbert_jax/guard.py)
-    "model.remat", "model.ce_chunk", "model.attention_impl",  # same maths, other memory / kernel
-    "optim.microbatches",     # gradient accumulation: the same batch, masks and update
-    "sweep.chip", "sweep.memory", "sweep.memory_",  # the memory plan (chip, setting, bytes)
-    "data.cache_dir", "data.preprocess_workers",           # where the prepared data lives; workers
-    "data.verify_cache",      # how thoroughly cache entries are checked on read
+  "name",  # only the default workdir name
+  "total_steps",  # extend (or shorten) a run; the LR schedule follows the new length
+  "stop_after_step",  # where this invocation stops
+  "log_every",
+  "checkpoint_every",
+  "keep_checkpoints",  # how often to log / checkpoint
+  "eval_every",
+  "eval_batches",
+  "evals.",  # evaluation during and after training
+  "plot",  # metrics.png at the end
+  "num_devices",
+  "mesh.",
+  "mesh_dcn.",
+  "sharding_rules",  # resume on another machine or layout
+  "compilation_cache_dir",
+  "peak_flops",  # compile cache; the MFU denominator
+  "mode",  # train | eval (only train resumes)
+  "allow_config_change",  # this switch itself
+  "restart_from_scratch",  # start over when every checkpoint was moved aside as damaged
+  "faults.",  # spike policy and its planted test faults (cbert_jax/guard.py)
+  "model.remat",
+  "model.ce_chunk",
+  "model.attention_impl",  # same maths, other memory / kernel
+  "optim.microbatches",  # gradient accumulation: the same batch, masks and update
+  "sweep.chip",
+  "sweep.memory",
+  "sweep.memory_",  # the memory plan (chip, setting, bytes)
+  "data.cache_dir",
+  "data.preprocess_workers",  # where the prepared data lives; workers
+  "data.verify_cache",  # how thoroughly cache entries are checked on read
 )
 
 # Not compared: filled in after this check (the vocabulary from the tokenizer, which the data.*
@@ -51,8 +65,9 @@ IGNORED = ("model.vocab_size",)
 MAX_SHOWN = 4
 
 
-def check_config(workdir: str, config: ml_collections.ConfigDict,
-                 is_primary: bool = True) -> list[str]:
+def check_config(
+  workdir: str, config: ml_collections.ConfigDict, is_primary: bool = True
+) -> list[str]:
   """Compares `config` with `workdir/config.json`; returns the changed non-resumable fields.
 
   Args:
@@ -72,8 +87,10 @@ def check_config(workdir: str, config: ml_collections.ConfigDict,
   if not os.path.exists(path):
     return []
   allowed = bool(config.get("allow_config_change", False))
-  override = ("use another --workdir for a new run, or set --config.allow_config_change=true to "
-              "resume with the new config")
+  override = (
+    "use another --workdir for a new run, or set --config.allow_config_change=true to "
+    "resume with the new config"
+  )
   try:
     with open(path) as f:
       saved = json.load(f)["config"]
@@ -81,10 +98,13 @@ def check_config(workdir: str, config: ml_collections.ConfigDict,
       raise TypeError(f"'config' is a {type(saved).__name__}, not an object")
   except (OSError, ValueError, KeyError, TypeError) as e:
     if not allowed:
-      raise ConfigError(f"workdir {workdir}: cannot read its config.json ({type(e).__name__}: "
-                        f"{e}), so it cannot be checked against this config; {override}") from e
-    logging.warning("allow_config_change: %s is unreadable (%s); resuming without comparing",
-                    path, e)
+      raise ConfigError(
+        f"workdir {workdir}: cannot read its config.json ({type(e).__name__}: "
+        f"{e}), so it cannot be checked against this config; {override}"
+      ) from e
+    logging.warning(
+      "allow_config_change: %s is unreadable (%s); resuming without comparing", path, e
+    )
     _keep_copy(path, is_primary)
     return []
   old, new = _flatten(saved), _flatten(json.loads(config.to_json_best_effort()))
@@ -98,11 +118,16 @@ def check_config(workdir: str, config: ml_collections.ConfigDict,
   if not blocking:
     return []
   if not allowed:
-    raise ConfigError(f"workdir {workdir} holds a run with a different config (config.json): "
-                      f"{_describe(blocking, old, new)}; rerun with its config to resume, "
-                      f"{override}")
-  logging.warning("allow_config_change: resuming %s with a changed config: %s", workdir,
-                  _describe(blocking, old, new, len(blocking)))
+    raise ConfigError(
+      f"workdir {workdir} holds a run with a different config (config.json): "
+      f"{_describe(blocking, old, new)}; rerun with its config to resume, "
+      f"{override}"
+    )
+  logging.warning(
+    "allow_config_change: resuming %s with a changed config: %s",
+    workdir,
+    _describe(blocking, old, new, len(blocking)),
+  )
   _keep_copy(path, is_primary)
   return blocking
 
@@ -152,7 +177,8 @@ def save_tokenizer(workdir: str, model_path: str) -> None:
   """Copies the tokenizer file to `workdir/tokenizer.model` (atomically; a no-op when an identical
   copy is there). A different file already there is kept aside as `tokenizer.previous-<k>.model`
   (a run resumed with `allow_config_change` across a data change), never overwritten in place."""
-  from cbert_jax.data import cache_entry   # data helpers; kept out of the light import path
+  from cbert_jax.data import cache_entry  # data helpers; kept out of the light import path
+
   dest = os.path.join(workdir, TOKENIZER)
   with open(model_path, "rb") as f:
     proto = f.read()
@@ -177,6 +203,7 @@ def saved_tokenizer(workdir: str):
       `config.json` records for the run's data (the file was replaced or damaged).
   """
   from cbert_jax.data import tokenizer as tokenizer_lib
+
   path = os.path.join(workdir, TOKENIZER)
   if not os.path.isfile(path):
     return None
@@ -188,7 +215,8 @@ def saved_tokenizer(workdir: str):
     recorded = None
   if recorded and recorded != tok.sha256:
     raise ConfigError(
-        f"workdir {workdir}: {TOKENIZER} has sha256 {tok.sha256[:12]}..., but config.json records "
-        f"the run's tokenizer as {recorded[:12]}...; the file was replaced or damaged. Restore it "
-        "from the data cache (<cache_dir>/tokenizers/) or delete it to rebuild from the data config.")
+      f"workdir {workdir}: {TOKENIZER} has sha256 {tok.sha256[:12]}..., but config.json records "
+      f"the run's tokenizer as {recorded[:12]}...; the file was replaced or damaged. Restore it "
+      "from the data cache (<cache_dir>/tokenizers/) or delete it to rebuild from the data config."
+    )
   return tok

@@ -23,6 +23,7 @@ on another host; the heartbeat does.
 Only process 0 of a multi-process run takes the lock; `train.run` shares the outcome with the
 other processes so all of them stop together when it is refused.
 """
+
 import json
 import os
 import socket
@@ -35,8 +36,8 @@ from absl import logging
 from cbert_jax.errors import WorkdirError
 
 LOCK_NAME = "run.lock"
-HEARTBEAT_S = 15.0      # the holder touches the lock this often
-STALE_AFTER_S = 300.0   # another host's lock untouched this long belongs to a dead run
+HEARTBEAT_S = 15.0  # the holder touches the lock this often
+STALE_AFTER_S = 300.0  # another host's lock untouched this long belongs to a dead run
 
 
 def _process_start(pid: int) -> str | None:
@@ -56,7 +57,7 @@ def _alive(pid: int, start: str | None) -> bool:
   except ProcessLookupError:
     return False
   except PermissionError:
-    pass   # exists, owned by another user
+    pass  # exists, owned by another user
   now = _process_start(pid)
   return start is None or now is None or now == start
 
@@ -66,7 +67,7 @@ JOB_ENV = ("SLURM_JOB_ID", "JOBSET_NAME")
 
 
 def _job_id() -> str:
-  """"SLURM_JOB_ID=123" (or JOBSET_NAME=...) when run by a scheduler, else ""."""
+  """ "SLURM_JOB_ID=123" (or JOBSET_NAME=...) when run by a scheduler, else ""."""
   for name in JOB_ENV:
     if os.environ.get(name):
       return f"{name}={os.environ[name]}"
@@ -75,8 +76,10 @@ def _job_id() -> str:
 
 def _describe(info: dict) -> str:
   started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("start_time", 0)))
-  return (f"pid {info.get('pid')} on host {info.get('host')}, started {started}"
-          f" ({' '.join(info.get('command', []))[:120]})")
+  return (
+    f"pid {info.get('pid')} on host {info.get('host')}, started {started}"
+    f" ({' '.join(info.get('command', []))[:120]})"
+  )
 
 
 class WorkdirLock:
@@ -85,9 +88,14 @@ class WorkdirLock:
   def __init__(self, workdir: str):
     self.workdir = workdir
     self.path = os.path.join(workdir, LOCK_NAME)
-    self._info = {"host": socket.gethostname(), "pid": os.getpid(),
-                  "pid_start": _process_start(os.getpid()), "start_time": time.time(),
-                  "command": sys.argv, "job": _job_id()}
+    self._info = {
+      "host": socket.gethostname(),
+      "pid": os.getpid(),
+      "pid_start": _process_start(os.getpid()),
+      "start_time": time.time(),
+      "command": sys.argv,
+      "job": _job_id(),
+    }
     self._stop = threading.Event()
     self._thread = None
 
@@ -98,22 +106,26 @@ class WorkdirLock:
     permission) is reported here, before any data preparation.
     """
     self._make_dir()
-    for _ in range(3):   # a stale lock is moved away, then the create is retried
+    for _ in range(3):  # a stale lock is moved away, then the create is retried
       try:
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
       except FileExistsError:
         self._take_over_if_stale()
         continue
       except OSError as e:
-        raise WorkdirError(f"--workdir {self.workdir}: cannot write the lock file {self.path} "
-                           f"({e.strerror}); the workdir must be writable") from e
+        raise WorkdirError(
+          f"--workdir {self.workdir}: cannot write the lock file {self.path} "
+          f"({e.strerror}); the workdir must be writable"
+        ) from e
       with os.fdopen(fd, "w") as f:
         json.dump(self._info, f)
       self._thread = threading.Thread(target=self._heartbeat, daemon=True, name="workdir-lock")
       self._thread.start()
       return
-    raise WorkdirError(f"--workdir {self.workdir}: could not take the lock {self.path} (another "
-                       "run keeps taking it); retry")
+    raise WorkdirError(
+      f"--workdir {self.workdir}: could not take the lock {self.path} (another "
+      "run keeps taking it); retry"
+    )
 
   def release(self) -> None:
     """Stop the heartbeat and remove the lock file if it is still this run's."""
@@ -136,16 +148,21 @@ class WorkdirLock:
 
   def _make_dir(self) -> None:
     if os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
-      raise WorkdirError(f"--workdir {self.workdir} is a file, not a directory; pass a directory "
-                         "path (it is created if missing)")
+      raise WorkdirError(
+        f"--workdir {self.workdir} is a file, not a directory; pass a directory "
+        "path (it is created if missing)"
+      )
     try:
       os.makedirs(self.workdir, exist_ok=True)
     except OSError as e:
-      raise WorkdirError(f"--workdir {self.workdir} cannot be created ({e.strerror}); pass a "
-                         "writable path") from e
+      raise WorkdirError(
+        f"--workdir {self.workdir} cannot be created ({e.strerror}); pass a writable path"
+      ) from e
     if not os.access(self.workdir, os.W_OK | os.X_OK):
-      raise WorkdirError(f"--workdir {self.workdir} is not writable by this user; fix its "
-                         "permissions or pass another path")
+      raise WorkdirError(
+        f"--workdir {self.workdir} is not writable by this user; fix its "
+        "permissions or pass another path"
+      )
 
   def _read(self) -> dict | None:
     try:
@@ -157,7 +174,7 @@ class WorkdirLock:
   def _take_over_if_stale(self) -> None:
     """Move a stale lock away (with a warning); raise WorkdirError for a live one."""
     info = self._read()
-    if info is None:   # being written right now, or garbage: judge it by its age
+    if info is None:  # being written right now, or garbage: judge it by its age
       try:
         age = time.time() - os.path.getmtime(self.path)
       except FileNotFoundError:
@@ -168,11 +185,15 @@ class WorkdirLock:
       why = f"an unreadable lock file {age:.0f} s old"
     elif info.get("host") == self._info["host"]:
       if _alive(int(info.get("pid", -1)), info.get("pid_start")):
-        raise WorkdirError(f"--workdir {self.workdir} is in use by another run ({_describe(info)}); "
-                           "wait for it to finish, stop it, or use another --workdir")
+        raise WorkdirError(
+          f"--workdir {self.workdir} is in use by another run ({_describe(info)}); "
+          "wait for it to finish, stop it, or use another --workdir"
+        )
       why = f"its run ({_describe(info)}) is no longer running"
     elif self._info["job"] and info.get("job") == self._info["job"]:
-      why = f"it was left by an earlier attempt of this job ({self._info['job']}; {_describe(info)})"
+      why = (
+        f"it was left by an earlier attempt of this job ({self._info['job']}; {_describe(info)})"
+      )
     else:
       try:
         age = time.time() - os.path.getmtime(self.path)
@@ -180,15 +201,16 @@ class WorkdirLock:
         return
       if age < STALE_AFTER_S:
         raise WorkdirError(
-            f"--workdir {self.workdir} is in use by a run on another host ({_describe(info)}; "
-            f"lock touched {age:.0f} s ago); wait for it, or if that run is dead, delete "
-            f"{self.path} (it is taken over by itself after {STALE_AFTER_S:.0f} s untouched)")
+          f"--workdir {self.workdir} is in use by a run on another host ({_describe(info)}; "
+          f"lock touched {age:.0f} s ago); wait for it, or if that run is dead, delete "
+          f"{self.path} (it is taken over by itself after {STALE_AFTER_S:.0f} s untouched)"
+        )
       why = f"its run ({_describe(info)}) has not touched it for {age:.0f} s"
     stale = f"{self.path}.stale-{os.getpid()}"
     try:
       os.rename(self.path, stale)
     except FileNotFoundError:
-      return   # another starter moved it first; retry the create
+      return  # another starter moved it first; retry the create
     logging.warning("taking over the lock of %s: %s", self.workdir, why)
     os.remove(stale)
 
@@ -197,4 +219,4 @@ class WorkdirLock:
       try:
         os.utime(self.path)
       except OSError:
-        pass   # a lock removed by hand or a filesystem without mtimes: nothing to refresh
+        pass  # a lock removed by hand or a filesystem without mtimes: nothing to refresh

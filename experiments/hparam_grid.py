@@ -52,14 +52,15 @@ Scales:
          training FLOPs in all (15 x the 7 sizes' 1.33e20; BERT d1536L24 alone is 45% of it),
          ~0.8x the paper sweep's 2.4e21.
 """
+
 import functools
 import os
 
 import ml_collections
 
 from cbert_jax import config_lib
-from cbert_jax.scaling import members
 from cbert_jax.errors import ConfigError
+from cbert_jax.scaling import members
 
 
 def _load_sweep():
@@ -74,14 +75,24 @@ SWEEP = _load_sweep()
 N_RANGE = (50e6, 700e6)
 
 GRIDS = {
-    # scale: candidate sizes (smallest first), models, multipliers on the laws' batch and LR
-    # around each member's suggestion, tokens per parameter, N range (None = every candidate)
-    "cpu": dict(sizes=SWEEP.CPU_SIZES[:3], models=("bert", "crossbert"),
-                batch_factors=(0.5, 1.0, 2.0), lr_factors=(0.25, 0.5, 1.0, 2.0, 4.0),
-                tokens_per_param=5.0, n_range=None),
-    "paper": dict(sizes=SWEEP.PAPER_SIZES, models=("bert", "crossbert"),
-                  batch_factors=(0.5, 1.0, 2.0), lr_factors=(0.25, 0.5, 1.0, 2.0, 4.0),
-                  tokens_per_param=20.0, n_range=N_RANGE),
+  # scale: candidate sizes (smallest first), models, multipliers on the laws' batch and LR
+  # around each member's suggestion, tokens per parameter, N range (None = every candidate)
+  "cpu": dict(
+    sizes=SWEEP.CPU_SIZES[:3],
+    models=("bert", "crossbert"),
+    batch_factors=(0.5, 1.0, 2.0),
+    lr_factors=(0.25, 0.5, 1.0, 2.0, 4.0),
+    tokens_per_param=5.0,
+    n_range=None,
+  ),
+  "paper": dict(
+    sizes=SWEEP.PAPER_SIZES,
+    models=("bert", "crossbert"),
+    batch_factors=(0.5, 1.0, 2.0),
+    lr_factors=(0.25, 0.5, 1.0, 2.0, 4.0),
+    tokens_per_param=20.0,
+    n_range=N_RANGE,
+  ),
 }
 SCALE_NAMES = (*GRIDS, "auto")
 
@@ -106,8 +117,9 @@ def workdir_name(arg) -> str:
   """A member's sub-workdir: bert_d32L2_b16_lr0.004 (distinct for every B and LR)."""
   a = _parse(arg)
   if not (a.model and a.size and a.batch > 0 and a.lr > 0):
-    raise ConfigError(f"experiments/hparam_grid.py: {arg!r} is not a grid member "
-                      "(model=, size=, batch=, lr=)")
+    raise ConfigError(
+      f"experiments/hparam_grid.py: {arg!r} is not a grid member (model=, size=, batch=, lr=)"
+    )
   return f"{a.model}_{a.size}_b{a.batch}_lr{_lr_text(a.lr)}"
 
 
@@ -117,12 +129,12 @@ def _member_base(scale: str, model: str, size: str) -> ml_collections.ConfigDict
   c = SWEEP.get_config(SWEEP.member_arg(scale, model, size))
   c.sweep.experiment = __file__
   c.sweep.tokens_per_param = GRIDS[scale]["tokens_per_param"]
-  c.sweep.probe = False                # the grid needs validation losses only
+  c.sweep.probe = False  # the grid needs validation losses only
   c.sweep.report = False
   return c
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def law_point(scale: str, model: str, size: str) -> tuple[float, int, int, int]:
   """(lr, rows, N, batch multiple) the shipped laws give this member: the grid's centre."""
   c = config_lib.resolve(_member_base(scale, model, size))
@@ -152,8 +164,9 @@ def grid_values(scale: str, model: str, size: str) -> tuple[list[int], list[floa
 
 def _check_scale(scale: str, allowed) -> None:
   if scale not in allowed:
-    raise ConfigError(f"experiments/hparam_grid.py: scale must be one of {', '.join(allowed)}, "
-                      f"got {scale!r}")
+    raise ConfigError(
+      f"experiments/hparam_grid.py: scale must be one of {', '.join(allowed)}, got {scale!r}"
+    )
 
 
 def get_sweep(arg=None) -> list[str]:
@@ -175,13 +188,15 @@ def _scale_of(size: str) -> str:
   for scale, g in GRIDS.items():
     if size in g["sizes"]:
       return scale
-  raise ConfigError(f"experiments/hparam_grid.py: size {size!r} is in no grid; "
-                    + "; ".join(f"{s}: {', '.join(g['sizes'])}" for s, g in GRIDS.items()))
+  raise ConfigError(
+    f"experiments/hparam_grid.py: size {size!r} is in no grid; "
+    + "; ".join(f"{s}: {', '.join(g['sizes'])}" for s, g in GRIDS.items())
+  )
 
 
 def get_config(arg=None):
   a = _parse(arg)
-  if not (a.model or a.size or a.batch or a.lr):     # the whole grid
+  if not (a.model or a.size or a.batch or a.lr):  # the whole grid
     scale = a.scale or "auto"
     _check_scale(scale, SCALE_NAMES)
     c = config_lib.base_config()
@@ -190,22 +205,26 @@ def get_config(arg=None):
     c.sweep.experiment = __file__
     c.sweep.arg = arg or ""
     c.sweep.scale = scale
-    c.sweep.probe = False              # no probes in a grid: only the final validation loss counts
-    c.sweep.report = False             # the scaling report is for sweeps; fit with scaling.grid
+    c.sweep.probe = False  # no probes in a grid: only the final validation loss counts
+    c.sweep.report = False  # the scaling report is for sweeps; fit with scaling.grid
     return c
   if not (a.model and a.size and a.batch > 0 and a.lr > 0):
-    raise ConfigError("experiments/hparam_grid.py: a member needs model=, size=, batch= (rows > 0) "
-                      f"and lr= (> 0), got {arg!r}; give none of them for the whole grid")
+    raise ConfigError(
+      "experiments/hparam_grid.py: a member needs model=, size=, batch= (rows > 0) "
+      f"and lr= (> 0), got {arg!r}; give none of them for the whole grid"
+    )
   if a.model not in GRIDS["cpu"]["models"]:
     raise ConfigError(f"experiments/hparam_grid.py: model must be bert|crossbert, got {a.model!r}")
   scale = a.scale or _scale_of(a.size)
   _check_scale(scale, tuple(GRIDS))
   if a.size not in grid_sizes(scale, a.model):
-    raise ConfigError(f"experiments/hparam_grid.py: {a.model} {a.size} is not in the {scale} grid "
-                      f"({a.model} sizes: {', '.join(grid_sizes(scale, a.model))})")
+    raise ConfigError(
+      f"experiments/hparam_grid.py: {a.model} {a.size} is not in the {scale} grid "
+      f"({a.model} sizes: {', '.join(grid_sizes(scale, a.model))})"
+    )
   c = _member_base(scale, a.model, a.size)
   c.name = f"hparam_grid_{scale}/{workdir_name(arg)}"
   c.sweep.arg = arg
-  c.sweep.batch_size = a.batch         # explicit: the grid's point, not the law's
+  c.sweep.batch_size = a.batch  # explicit: the grid's point, not the law's
   c.sweep.lr = a.lr
   return c

@@ -9,13 +9,14 @@ Arguments: model (bert | crossbert | electra), size (a rung of models/sizes.py),
 Budget: 32 rows x 128 tokens x 300 steps = 1.2M tokens (~0.6 epoch of the corpus's ~2M train
 tokens at vocab 8192).
 """
+
 from cbert_jax import config_lib
 
 
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, model="crossbert", size="d128L4", steps=300, cms=True)
   c = config_lib.base_config()
-  c.name = f"smoke_{a.model}"      # default workdir name under runs/
+  c.name = f"smoke_{a.model}"  # default workdir name under runs/
   c.model_name = a.model
   c.model.size = a.size
   c.total_steps = a.steps

@@ -26,26 +26,49 @@ Scales:
   quick  3 sizes (d32L2 d64L2 d96L3) x {BERT, CrossBERT+CMS} at 5 tokens per parameter with the
          probe suite capped at 2000 training texts per task: under 30 minutes.
 """
+
 from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
 
 # The paper's ladder (SPEC §5 default shapes): CrossBERT gets all 9 rungs, BERT the first 8.
-PAPER_SIZES = ("d384L6", "d512L8", "d768L12", "d1024L16", "d1280L20", "d1536L24", "d2048L24",
-               "d2048L32", "d2304L32")
+PAPER_SIZES = (
+  "d384L6",
+  "d512L8",
+  "d768L12",
+  "d1024L16",
+  "d1280L20",
+  "d1536L24",
+  "d2048L24",
+  "d2048L32",
+  "d2304L32",
+)
 # Chips each paper member is planned for (FSDP over all of them): the compile check's mesh.
-PAPER_DEVICES = {"d384L6": 8, "d512L8": 8, "d768L12": 8, "d1024L16": 16, "d1280L20": 16,
-                 "d1536L24": 32, "d2048L24": 64, "d2048L32": 64, "d2304L32": 64}
+PAPER_DEVICES = {
+  "d384L6": 8,
+  "d512L8": 8,
+  "d768L12": 8,
+  "d1024L16": 16,
+  "d1280L20": 16,
+  "d1536L24": 32,
+  "d2048L24": 64,
+  "d2048L32": 64,
+  "d2304L32": 64,
+}
 # The chip the paper members are planned for (cbert_jax/scaling/memory.py:CHIPS); another with
 # --config.sweep.chip=h100 (launch.sweep sets it from --tpu_generation / --gpu_type).
 PAPER_CHIP = "v5p"
 CPU_SIZES = ("d32L2", "d64L2", "d96L3", "d128L3")
 
 SCALES = {
-    # scale: BERT sizes, CrossBERT+CMS sizes, controls (model, size, cms), tokens per parameter
-    "paper": dict(bert=PAPER_SIZES[:8], crossbert=PAPER_SIZES, controls=(), tokens_per_param=20.0),
-    "cpu": dict(bert=CPU_SIZES, crossbert=CPU_SIZES, controls=(("crossbert", "d96L3", False),),
-                tokens_per_param=20.0),
-    "quick": dict(bert=CPU_SIZES[:3], crossbert=CPU_SIZES[:3], controls=(), tokens_per_param=5.0),
+  # scale: BERT sizes, CrossBERT+CMS sizes, controls (model, size, cms), tokens per parameter
+  "paper": dict(bert=PAPER_SIZES[:8], crossbert=PAPER_SIZES, controls=(), tokens_per_param=20.0),
+  "cpu": dict(
+    bert=CPU_SIZES,
+    crossbert=CPU_SIZES,
+    controls=(("crossbert", "d96L3", False),),
+    tokens_per_param=20.0,
+  ),
+  "quick": dict(bert=CPU_SIZES[:3], crossbert=CPU_SIZES[:3], controls=(), tokens_per_param=5.0),
 }
 SCALE_NAMES = (*SCALES, "auto")
 
@@ -62,8 +85,10 @@ def _scale_of(size: str) -> str:
     return "paper"
   if size in CPU_SIZES:
     return "cpu"
-  raise ConfigError(f"experiments/sweep.py: size {size!r} is in no sweep; paper: "
-                    f"{', '.join(PAPER_SIZES)}; cpu/quick: {', '.join(CPU_SIZES)}")
+  raise ConfigError(
+    f"experiments/sweep.py: size {size!r} is in no sweep; paper: "
+    f"{', '.join(PAPER_SIZES)}; cpu/quick: {', '.join(CPU_SIZES)}"
+  )
 
 
 def member_arg(scale: str, model: str, size: str, cms: bool = True) -> str:
@@ -75,8 +100,10 @@ def get_sweep(arg=None) -> list[str]:
   (BERT before CrossBERT at each size, controls last)."""
   scale = _parse(arg).scale or "cpu"
   if scale not in SCALES:
-    raise ConfigError(f"experiments/sweep.py: scale must be one of {', '.join(SCALES)}, got "
-                      f"{scale!r} (auto is resolved by the sweep runner)")
+    raise ConfigError(
+      f"experiments/sweep.py: scale must be one of {', '.join(SCALES)}, got "
+      f"{scale!r} (auto is resolved by the sweep runner)"
+    )
   s = SCALES[scale]
   order = list(dict.fromkeys((*s["bert"], *s["crossbert"])))
   members = []
@@ -96,30 +123,36 @@ def get_config(arg=None):
   c = config_lib.base_config()
   c.sweep.experiment = __file__
   c.sweep.arg = arg or ""
-  if not (a.model or a.size):                        # the whole sweep
+  if not (a.model or a.size):  # the whole sweep
     scale = a.scale or "auto"
     if scale not in SCALE_NAMES:
-      raise ConfigError(f"experiments/sweep.py: scale must be one of {', '.join(SCALE_NAMES)}, "
-                        f"got {scale!r}")
+      raise ConfigError(
+        f"experiments/sweep.py: scale must be one of {', '.join(SCALE_NAMES)}, got {scale!r}"
+      )
     c.mode = "sweep"
     c.name = f"sweep_{scale}" if scale != "auto" else "sweep"
     c.sweep.scale = scale
     return c
   if not (a.model and a.size):
-    raise ConfigError("experiments/sweep.py: a member needs both model= and size= "
-                      f"(got {arg!r}); give neither for the whole sweep")
+    raise ConfigError(
+      "experiments/sweep.py: a member needs both model= and size= "
+      f"(got {arg!r}); give neither for the whole sweep"
+    )
   if a.model not in ("bert", "crossbert"):
     raise ConfigError(f"experiments/sweep.py: model must be bert|crossbert, got {a.model!r}")
   scale = a.scale or _scale_of(a.size)
   if scale not in SCALES:
-    raise ConfigError(f"experiments/sweep.py: scale must be one of {', '.join(SCALES)} for a "
-                      f"member, got {scale!r}")
+    raise ConfigError(
+      f"experiments/sweep.py: scale must be one of {', '.join(SCALES)} for a member, got {scale!r}"
+    )
   s = SCALES[scale]
-  cms = a.cms or a.model == "bert"                   # cms only concerns CrossBERT
+  cms = a.cms or a.model == "bert"  # cms only concerns CrossBERT
   listed = (a.size in s[a.model]) if cms else ((a.model, a.size, False) in s["controls"])
   if not listed:
-    raise ConfigError(f"experiments/sweep.py: {member_name(a.model, a.size, cms)} is not a "
-                      f"member of the {scale} sweep (members: {', '.join(get_sweep(scale))})")
+    raise ConfigError(
+      f"experiments/sweep.py: {member_name(a.model, a.size, cms)} is not a "
+      f"member of the {scale} sweep (members: {', '.join(get_sweep(scale))})"
+    )
   c.mode = "train"
   c.name = f"sweep_{scale}/{member_name(a.model, a.size, cms)}"
   c.model_name = a.model
@@ -131,13 +164,13 @@ def get_config(arg=None):
   c.eval_batches = 8
   c.faults.spike = "warn"
   if scale == "paper":
-    c.data.corpus = "sources"          # your pod-scale corpus: --config.data.sources=...
+    c.data.corpus = "sources"  # your pod-scale corpus: --config.data.sources=...
     c.data.vocab_size = 32768
     c.data.seq_len = 512
     c.model.compute_dtype = "bfloat16"
-    c.mesh.data, c.mesh.fsdp = 1, -1   # FSDP over every chip
+    c.mesh.data, c.mesh.fsdp = 1, -1  # FSDP over every chip
     c.sweep.target_devices = PAPER_DEVICES[a.size]
-    c.sweep.chip = PAPER_CHIP          # the memory planner fits remat / ce_chunk / micro-batches
+    c.sweep.chip = PAPER_CHIP  # the memory planner fits remat / ce_chunk / micro-batches
     c.sweep.batch_multiple = PAPER_DEVICES[a.size]
     c.log_every = 50
     c.eval_batches = 16

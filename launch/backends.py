@@ -76,6 +76,7 @@ names count chips (8 chips -> v5litepod-8 / v6e-8; slices of 1, 4, 8, ..., 256 c
 Every value ends up in a script line, an #SBATCH line or a remote command: values in #SBATCH
 lines are quoted the way sbatch reads them when they hold anything but [A-Za-z0-9_./:@%+,=-].
 """
+
 from __future__ import annotations
 
 import argparse
@@ -92,19 +93,23 @@ BACKENDS = ("local", "slurm", "tpu-vm", "xpk")
 # default TPU VM runtime (Cloud TPU's documented software versions).
 TPU_PREFIX = {"v4": "v4", "v5p": "v5p", "v5e": "v5litepod", "v6e": "v6e"}
 TPU_CORES_PER_CHIP = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}
-TPU_RUNTIME = {"v4": "tpu-ubuntu2204-base", "v5p": "v2-alpha-tpuv5",
-               "v5e": "v2-alpha-tpuv5-lite", "v6e": "v2-alpha-tpuv6e"}
-GPU_CHIPS = ("a100", "h100", "h200", "b200")    # GPU keys of cbert_jax/scaling/memory.py:CHIPS
-CHIP_SLICES = (1, 4, 8, 16, 32, 64, 128, 256)   # v5e / v6e slice sizes, in chips
-XPK_NAME_MAX = 40                                # xpk's limit on workload names
+TPU_RUNTIME = {
+  "v4": "tpu-ubuntu2204-base",
+  "v5p": "v2-alpha-tpuv5",
+  "v5e": "v2-alpha-tpuv5-lite",
+  "v6e": "v2-alpha-tpuv6e",
+}
+GPU_CHIPS = ("a100", "h100", "h200", "b200")  # GPU keys of cbert_jax/scaling/memory.py:CHIPS
+CHIP_SLICES = (1, 4, 8, 16, 32, 64, 128, 256)  # v5e / v6e slice sizes, in chips
+XPK_NAME_MAX = 40  # xpk's limit on workload names
 # Default interpreter per backend: this one here; TPU VM images ship `python3` only.
 DEFAULT_PYTHON = {"local": sys.executable, "slurm": "python", "tpu-vm": "python3", "xpk": "python"}
 # The member wrapper's exit status for a train step stopped before its final step (SIGTERM): 128 +
 # SIGTERM, which xpk's JobSet restarts on (its podFailurePolicy fails the job without a restart
 # unless the exit code is 42 or 127-255: xpk/commands/workload.py get_restart_exit_codes).
 STOPPED_EXIT = 143
-DEFAULT_MAX_RESTARTS = 10     # xpk --max-restarts (xpk's own default is 0: no restart at all)
-DEFAULT_GRACE_S = 300         # xpk --termination-grace-period-seconds (xpk's default: 30)
+DEFAULT_MAX_RESTARTS = 10  # xpk --max-restarts (xpk's own default is 0: no restart at all)
+DEFAULT_GRACE_S = 300  # xpk --termination-grace-period-seconds (xpk's default: 30)
 # Characters an #SBATCH value may hold unquoted (sbatch reads its #SBATCH lines with quotes,
 # backslash escapes and `#` comments: src/sbatch/opt.c _get_argument).
 SBATCH_PLAIN = re.compile(r"[A-Za-z0-9_./:@%+,=-]+")
@@ -117,7 +122,7 @@ def shell_join(argv: list[str]) -> str:
   """argv as one shell line; `--flag=value` quotes only the value (`--command='a && b'`)."""
   out = []
   for a in argv:
-    flag = re.fullmatch(r"(--[\w.-]+=)(.*)", a, re.S)    # keep the flag name outside the quotes
+    flag = re.fullmatch(r"(--[\w.-]+=)(.*)", a, re.S)  # keep the flag name outside the quotes
     out.append(flag.group(1) + shlex.quote(flag.group(2)) if flag else shlex.quote(a))
   return " ".join(out)
 
@@ -152,11 +157,11 @@ def slurm_seconds(text: str) -> int:
   if not (days.isdigit() and 1 <= len(parts) <= 3 and all(p.isdigit() for p in parts)):
     raise ValueError(text)
   nums = [int(p) for p in parts]
-  if dash:                                        # with days: H, H:M, H:M:S
+  if dash:  # with days: H, H:M, H:M:S
     h, m, s = (nums + [0, 0])[:3]
-  elif len(nums) == 3:                            # H:M:S
+  elif len(nums) == 3:  # H:M:S
     h, m, s = nums
-  else:                                           # M or M:S
+  else:  # M or M:S
     h, (m, s) = 0, (nums + [0])[:2]
   return int(days) * 86400 + h * 3600 + m * 60 + s
 
@@ -164,24 +169,41 @@ def slurm_seconds(text: str) -> int:
 def slurm_nodes(member: Member, gpus_per_node: int) -> int:
   """Nodes for a member: target_devices / --gpus_per_node, which must divide it."""
   if member.target_devices <= 0:
-    raise LaunchError(f"member {member.name} has target_devices=0 (planned for this machine): "
-                      "use --backend local, or a scale planned for a cluster (paper)")
+    raise LaunchError(
+      f"member {member.name} has target_devices=0 (planned for this machine): "
+      "use --backend local, or a scale planned for a cluster (paper)"
+    )
   if member.target_devices % gpus_per_node:
-    raise LaunchError(f"--gpus_per_node={gpus_per_node} does not divide target_devices="
-                      f"{member.target_devices} of member {member.name}")
+    raise LaunchError(
+      f"--gpus_per_node={gpus_per_node} does not divide target_devices="
+      f"{member.target_devices} of member {member.name}"
+    )
   return member.target_devices // gpus_per_node
 
 
-def preprocess_command(python: list[str], experiment: str, member: Member,
-                       overrides: list[str]) -> list[str]:
+def preprocess_command(
+  python: list[str], experiment: str, member: Member, overrides: list[str]
+) -> list[str]:
   """`python -m cbert_jax.data.preprocess` for a member's data (its --config.* overrides only:
   the preprocess CLI has no trainer flags)."""
-  return [*python, "-m", "cbert_jax.data.preprocess", f"--config={experiment}:{member.arg}",
-          *[o for o in overrides if o.startswith("--config.")]]
+  return [
+    *python,
+    "-m",
+    "cbert_jax.data.preprocess",
+    f"--config={experiment}:{member.arg}",
+    *[o for o in overrides if o.startswith("--config.")],
+  ]
 
 
-def render_sbatch(member: Member, train: list[str], probe: list[str], ns: argparse.Namespace,
-                  code_dir: str, root: str, prepare: list[str] | None = None) -> str:
+def render_sbatch(
+  member: Member,
+  train: list[str],
+  probe: list[str],
+  ns: argparse.Namespace,
+  code_dir: str,
+  root: str,
+  prepare: list[str] | None = None,
+) -> str:
   """The member's sbatch script: one task per GPU; requeue on the time-limit signal; train (after
   a one-task data preparation for `sources` corpora) then probe, each srun'd in the background."""
   nodes = slurm_nodes(member, ns.gpus_per_node)
@@ -189,22 +211,27 @@ def render_sbatch(member: Member, train: list[str], probe: list[str], ns: argpar
   log = os.path.join(root, LOG_DIR, f"{member.name}.log")
   config_json = os.path.join(root, "slurm", f"{member.name}.config.json")
   q = shlex.quote
-  setup = f"{ns.setup}\n" if ns.setup else ""     # a line of its own, when given
-  head = ["#!/bin/bash",
-          f"#SBATCH --job-name={sbatch_value(member.name)}",
-          f"#SBATCH --nodes={nodes}",
-          f"#SBATCH --ntasks-per-node={gpus}",
-          f"#SBATCH --gpus-per-node={gpus}",
-          f"#SBATCH --time={ns.time}",
-          f"#SBATCH --output={sbatch_value(log)}",
-          "#SBATCH --open-mode=append",
-          "#SBATCH --requeue",
-          f"#SBATCH --signal=B:USR1@{ns.signal_seconds}"]
+  setup = f"{ns.setup}\n" if ns.setup else ""  # a line of its own, when given
+  head = [
+    "#!/bin/bash",
+    f"#SBATCH --job-name={sbatch_value(member.name)}",
+    f"#SBATCH --nodes={nodes}",
+    f"#SBATCH --ntasks-per-node={gpus}",
+    f"#SBATCH --gpus-per-node={gpus}",
+    f"#SBATCH --time={ns.time}",
+    f"#SBATCH --output={sbatch_value(log)}",
+    "#SBATCH --open-mode=append",
+    "#SBATCH --requeue",
+    f"#SBATCH --signal=B:USR1@{ns.signal_seconds}",
+  ]
   head += [f"#SBATCH --partition={sbatch_value(ns.partition)}"] if ns.partition else []
   head += [f"#SBATCH --account={sbatch_value(ns.account)}"] if ns.account else []
   steps = member.total_steps
-  prep = (f'  run_step "${{one[@]}}" {shell_join(prepare)} || fail prepare $?  # the data, once\n'
-          if prepare else "")
+  prep = (
+    f'  run_step "${{one[@]}}" {shell_join(prepare)} || fail prepare $?  # the data, once\n'
+    if prepare
+    else ""
+  )
   body = f"""\
 # {member.name} ({member.arg}): {member.summary()}.
 # Written by launch/sweep.py; the resolved config: {config_json}
@@ -259,31 +286,46 @@ run_step "${{tasks[@]}}" {shell_join(probe)} || fail probe $?
   return "\n".join(head) + "\n" + body
 
 
-def render_slurm(launch: Launch, members: list[Member], ns: argparse.Namespace,
-                 python: list[str]) -> list[Job]:
+def render_slurm(
+  launch: Launch, members: list[Member], ns: argparse.Namespace, python: list[str]
+) -> list[Job]:
   try:
     limit = slurm_seconds(ns.time)
   except ValueError:
-    raise LaunchError(f"--time={ns.time}: expected a SLURM time (e.g. 48:00:00 or "
-                      "2-00:00:00)") from None
+    raise LaunchError(
+      f"--time={ns.time}: expected a SLURM time (e.g. 48:00:00 or 2-00:00:00)"
+    ) from None
   if not 0 < ns.signal_seconds < limit or ns.signal_seconds > 65535:
-    raise LaunchError(f"--signal_seconds={ns.signal_seconds} must be in 1..65535 and below "
-                      f"--time={ns.time} ({limit} s)")
+    raise LaunchError(
+      f"--signal_seconds={ns.signal_seconds} must be in 1..65535 and below "
+      f"--time={ns.time} ({limit} s)"
+    )
   if ns.gpus_per_node < 1:
     raise LaunchError(f"--gpus_per_node={ns.gpus_per_node} must be >= 1")
-  for m in members:                               # every member is checked before any is rendered
+  for m in members:  # every member is checked before any is rendered
     slurm_nodes(m, ns.gpus_per_node)
   jobs = []
   for m in members:
     train, probe = member_commands(python, launch.experiment, m, launch.overrides, True)
-    prepare = (preprocess_command(python, launch.experiment, m, launch.overrides)
-               if m.config.data.corpus == "sources" else None)
+    prepare = (
+      preprocess_command(python, launch.experiment, m, launch.overrides)
+      if m.config.data.corpus == "sources"
+      else None
+    )
     path = os.path.join(launch.root, "slurm", f"{m.name}.sbatch")
     script = render_sbatch(m, train, probe, ns, launch.code_dir, launch.root, prepare)
     nodes = slurm_nodes(m, ns.gpus_per_node)
-    jobs.append(Job(m, train, probe, [("submit", [*shlex.split(ns.sbatch), path])], script, path,
-                    {"nodes": nodes, "gpus_per_node": ns.gpus_per_node,
-                     "tasks": nodes * ns.gpus_per_node}))
+    jobs.append(
+      Job(
+        m,
+        train,
+        probe,
+        [("submit", [*shlex.split(ns.sbatch), path])],
+        script,
+        path,
+        {"nodes": nodes, "gpus_per_node": ns.gpus_per_node, "tasks": nodes * ns.gpus_per_node},
+      )
+    )
   return jobs
 
 
@@ -295,14 +337,20 @@ def tpu_type(generation: str, chips: int, member: str = "") -> str:
   v5e/v6e count chips. Raises LaunchError for a size the generation has no slice of."""
   where = f" (member {member})" if member else ""
   if chips <= 0:
-    raise LaunchError(f"member {member} has target_devices=0 (planned for this machine): use "
-                      "--backend local, or a scale planned for a pod (paper)")
+    raise LaunchError(
+      f"member {member} has target_devices=0 (planned for this machine): use "
+      "--backend local, or a scale planned for a pod (paper)"
+    )
   if generation in ("v5e", "v6e") and chips not in CHIP_SLICES:
-    raise LaunchError(f"--tpu_generation={generation} has no slice of {chips} chips{where}; "
-                      f"slices: {', '.join(map(str, CHIP_SLICES))} chips")
+    raise LaunchError(
+      f"--tpu_generation={generation} has no slice of {chips} chips{where}; "
+      f"slices: {', '.join(map(str, CHIP_SLICES))} chips"
+    )
   if generation in ("v4", "v5p") and chips % 4:
-    raise LaunchError(f"--tpu_generation={generation} slices are whole hosts of 4 chips; "
-                      f"target_devices={chips}{where} is not a multiple of 4")
+    raise LaunchError(
+      f"--tpu_generation={generation} slices are whole hosts of 4 chips; "
+      f"target_devices={chips}{where} is not a multiple of 4"
+    )
   return f"{TPU_PREFIX[generation]}-{chips * TPU_CORES_PER_CHIP[generation]}"
 
 
@@ -321,8 +369,8 @@ def xpk_names(prefix: str, members: list[str]) -> dict[str, str]:
   out = {}
   for m, name in base.items():
     if len(name) > XPK_NAME_MAX or counts[name] > 1:
-      tag = hashlib.sha1(m.encode()).hexdigest()[:6]          # stable: the same member, same name
-      name = name[:XPK_NAME_MAX - 7].rstrip("-") + "-" + tag
+      tag = hashlib.sha1(m.encode()).hexdigest()[:6]  # stable: the same member, same name
+      name = name[: XPK_NAME_MAX - 7].rstrip("-") + "-" + tag
     out[m] = name
   return out
 
@@ -336,26 +384,33 @@ def member_wrapper(member: Member, train: list[str], probe: list[str]) -> str:
   (a restart during the probe only probes). No `$(`: Kubernetes
   would expand `$(NAME)` in a pod's command."""
   final = f"{member.workdir}/checkpoints/{member.total_steps}"
-  stopped = (f"{member.name}: train stopped before its final step {member.total_steps} "
-             f"(SIGTERM); exit {STOPPED_EXIT}: the next attempt resumes from its checkpoint")
-  no_probe = (f"{member.name}: SIGTERM; exit {STOPPED_EXIT} before the probe: the next attempt "
-              "runs it")
-  return " ".join([
+  stopped = (
+    f"{member.name}: train stopped before its final step {member.total_steps} "
+    f"(SIGTERM); exit {STOPPED_EXIT}: the next attempt resumes from its checkpoint"
+  )
+  no_probe = (
+    f"{member.name}: SIGTERM; exit {STOPPED_EXIT} before the probe: the next attempt runs it"
+  )
+  return " ".join(
+    [
       f"final={shlex.quote(final)}; child=; stop=;",
-      "nag() { ( while kill -TERM \"$child\" 2>/dev/null; do sleep 1; done ) & };",
-      "fwd() { [ -z \"$stop\" ] || return 0; stop=1; [ -z \"$child\" ] || nag; }; trap fwd TERM HUP;",
-      "step() { \"$@\" & child=$!; [ -z \"$stop\" ] || nag;",
-      "wait \"$child\"; rc=$?; while kill -0 \"$child\" 2>/dev/null; do wait \"$child\"; rc=$?;",
-      "done; child=; return \"$rc\"; };",
-      f"if [ ! -d \"$final\" ]; then step {shell_join(train)} ||",
-      "{ rc=$?; [ -n \"$stop\" ] || exit \"$rc\"; }; fi;",
-      f"if [ ! -d \"$final\" ]; then echo {double_quote(stopped)} >&2; exit {STOPPED_EXIT}; fi;",
-      f"if [ -n \"$stop\" ]; then echo {double_quote(no_probe)} >&2; exit {STOPPED_EXIT}; fi;",
-      f"step {shell_join(probe)}"])
+      'nag() { ( while kill -TERM "$child" 2>/dev/null; do sleep 1; done ) & };',
+      'fwd() { [ -z "$stop" ] || return 0; stop=1; [ -z "$child" ] || nag; }; trap fwd TERM HUP;',
+      'step() { "$@" & child=$!; [ -z "$stop" ] || nag;',
+      'wait "$child"; rc=$?; while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?;',
+      'done; child=; return "$rc"; };',
+      f'if [ ! -d "$final" ]; then step {shell_join(train)} ||',
+      '{ rc=$?; [ -n "$stop" ] || exit "$rc"; }; fi;',
+      f'if [ ! -d "$final" ]; then echo {double_quote(stopped)} >&2; exit {STOPPED_EXIT}; fi;',
+      f'if [ -n "$stop" ]; then echo {double_quote(no_probe)} >&2; exit {STOPPED_EXIT}; fi;',
+      f"step {shell_join(probe)}",
+    ]
+  )
 
 
-def remote_line(code_dir: str, setup: str, member: Member, train: list[str],
-                probe: list[str]) -> str:
+def remote_line(
+  code_dir: str, setup: str, member: Member, train: list[str], probe: list[str]
+) -> str:
   """'cd <code> && <setup> || exit 1; <member wrapper>': one shell line for a remote host."""
   parts = [f"cd {quote_path(code_dir)}"] if code_dir else []
   parts += [setup] if setup else []
@@ -367,18 +422,22 @@ def setup_line(code_dir: str, python: list[str], snapshot: str) -> str:
   """--setup_workers: install the code (and its pinned dependencies, with the `tpu` extra) on a
   worker from a private copy (pip builds in the source tree; the shared one stays untouched)."""
   copy = f"/tmp/cbert_jax-{snapshot}"
-  return (f"rm -rf {copy} && cp -r {quote_path(code_dir)} {copy} && "
-          f"{shell_join(python)} -m pip install --quiet {shlex.quote(copy + '[tpu]')}")
+  return (
+    f"rm -rf {copy} && cp -r {quote_path(code_dir)} {copy} && "
+    f"{shell_join(python)} -m pip install --quiet {shlex.quote(copy + '[tpu]')}"
+  )
 
 
 def check_prefix(flag: str, prefix: str) -> None:
   if not re.fullmatch(r"[a-z][a-z0-9-]*", prefix):
-    raise LaunchError(f"{flag}={prefix!r}: must start with a lowercase letter and hold only "
-                      "[a-z0-9-]")
+    raise LaunchError(
+      f"{flag}={prefix!r}: must start with a lowercase letter and hold only [a-z0-9-]"
+    )
 
 
-def render_tpu_vm(launch: Launch, members: list[Member], ns: argparse.Namespace,
-                  python: list[str]) -> list[Job]:
+def render_tpu_vm(
+  launch: Launch, members: list[Member], ns: argparse.Namespace, python: list[str]
+) -> list[Job]:
   missing = [f for f in ("zone", "project") if not getattr(ns, f)]
   if missing:
     raise LaunchError(f"--backend tpu-vm needs {' and '.join('--' + f for f in missing)}")
@@ -386,28 +445,56 @@ def render_tpu_vm(launch: Launch, members: list[Member], ns: argparse.Namespace,
   types = {m.name: tpu_type(ns.tpu_generation, m.target_devices, m.name) for m in members}
   runtime = ns.runtime_version or TPU_RUNTIME[ns.tpu_generation]
   gcloud = [*shlex.split(ns.gcloud), "compute", "tpus", "tpu-vm"]
-  tag = os.path.basename(launch.code_dir.rstrip("/")) or "code"   # the snapshot's hash
+  tag = os.path.basename(launch.code_dir.rstrip("/")) or "code"  # the snapshot's hash
   jobs = []
   for m in members:
     train, probe = member_commands(python, launch.experiment, m, launch.overrides, True)
     name = resource_name(ns.tpu_prefix, m.name)
     where = [f"--zone={ns.zone}", f"--project={ns.project}"]
-    create = [*gcloud, "create", name, *where, f"--accelerator-type={types[m.name]}",
-              f"--version={runtime}"]
-    ssh = [*gcloud, "ssh", name, *where, "--worker=all",
-           f"--command={remote_line(launch.code_dir, ns.setup, m, train, probe)}"]
-    setup = [*gcloud, "ssh", name, *where, "--worker=all",
-             f"--command={setup_line(launch.code_dir, python, tag)}"]
-    steps = ([("create", create)] if ns.create_tpus else []) + (
-        [("setup", setup)] if ns.setup_workers else []) + [("ssh", ssh)]
-    jobs.append(Job(m, train, probe, steps,
-                    info={"tpu_name": name, "tpu_type": types[m.name],
-                          "create": shell_join(create)}))
+    create = [
+      *gcloud,
+      "create",
+      name,
+      *where,
+      f"--accelerator-type={types[m.name]}",
+      f"--version={runtime}",
+    ]
+    ssh = [
+      *gcloud,
+      "ssh",
+      name,
+      *where,
+      "--worker=all",
+      f"--command={remote_line(launch.code_dir, ns.setup, m, train, probe)}",
+    ]
+    setup = [
+      *gcloud,
+      "ssh",
+      name,
+      *where,
+      "--worker=all",
+      f"--command={setup_line(launch.code_dir, python, tag)}",
+    ]
+    steps = (
+      ([("create", create)] if ns.create_tpus else [])
+      + ([("setup", setup)] if ns.setup_workers else [])
+      + [("ssh", ssh)]
+    )
+    jobs.append(
+      Job(
+        m,
+        train,
+        probe,
+        steps,
+        info={"tpu_name": name, "tpu_type": types[m.name], "create": shell_join(create)},
+      )
+    )
   return jobs
 
 
-def render_xpk(launch: Launch, members: list[Member], ns: argparse.Namespace,
-               python: list[str]) -> list[Job]:
+def render_xpk(
+  launch: Launch, members: list[Member], ns: argparse.Namespace, python: list[str]
+) -> list[Job]:
   for flag in ("cluster", "docker_image"):
     if not getattr(ns, flag):
       raise LaunchError(f"--backend xpk needs --{flag}")
@@ -418,29 +505,48 @@ def render_xpk(launch: Launch, members: list[Member], ns: argparse.Namespace,
     raise LaunchError(f"--termination_grace_seconds={ns.termination_grace_seconds} must be >= 1")
   for name in ns.xpk_storage:
     if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
-      raise LaunchError(f"--xpk_storage={name!r}: expected an xpk storage name ([a-z0-9-], a "
-                        "letter first), as given to `xpk storage attach NAME`")
+      raise LaunchError(
+        f"--xpk_storage={name!r}: expected an xpk storage name ([a-z0-9-], a "
+        "letter first), as given to `xpk storage attach NAME`"
+      )
   types = {m.name: tpu_type(ns.tpu_generation, m.target_devices, m.name) for m in members}
   names = xpk_names(ns.workload_prefix, [m.name for m in members])
   jobs = []
   for m in members:
     train, probe = member_commands(python, launch.experiment, m, launch.overrides, True)
-    cmd = [*shlex.split(ns.xpk), "workload", "create", f"--cluster={ns.cluster}",
-           f"--workload={names[m.name]}", f"--tpu-type={types[m.name]}", "--num-slices=1",
-           f"--docker-image={ns.docker_image}"]
+    cmd = [
+      *shlex.split(ns.xpk),
+      "workload",
+      "create",
+      f"--cluster={ns.cluster}",
+      f"--workload={names[m.name]}",
+      f"--tpu-type={types[m.name]}",
+      "--num-slices=1",
+      f"--docker-image={ns.docker_image}",
+    ]
     cmd += [f"--project={ns.project}"] if ns.project else []
     cmd += [f"--zone={ns.zone}"] if ns.zone else []
-    cmd += [f"--max-restarts={ns.max_restarts}",
-            f"--termination-grace-period-seconds={ns.termination_grace_seconds}"]
+    cmd += [
+      f"--max-restarts={ns.max_restarts}",
+      f"--termination-grace-period-seconds={ns.termination_grace_seconds}",
+    ]
     cmd += [f"--storage={name}" for name in ns.xpk_storage]
     cmd += [f"--command={remote_line(ns.code_dir, ns.setup, m, train, probe)}"]
-    jobs.append(Job(m, train, probe, [("submit", cmd)],
-                    info={"workload": names[m.name], "tpu_type": types[m.name]}))
+    jobs.append(
+      Job(
+        m,
+        train,
+        probe,
+        [("submit", cmd)],
+        info={"workload": names[m.name], "tpu_type": types[m.name]},
+      )
+    )
   return jobs
 
 
-def render_local(launch: Launch, members: list[Member], ns: argparse.Namespace,
-                 python: list[str]) -> list[Job]:
+def render_local(
+  launch: Launch, members: list[Member], ns: argparse.Namespace, python: list[str]
+) -> list[Job]:
   """Subprocesses here: train, then probe (`--args` members: train only)."""
   del ns  # local has no options that change the commands
   jobs = []
@@ -451,16 +557,17 @@ def render_local(launch: Launch, members: list[Member], ns: argparse.Namespace,
   return jobs
 
 
-RENDER = {"local": render_local, "slurm": render_slurm, "tpu-vm": render_tpu_vm,
-          "xpk": render_xpk}
+RENDER = {"local": render_local, "slurm": render_slurm, "tpu-vm": render_tpu_vm, "xpk": render_xpk}
 
 
 def describe(job: Job) -> str:
   """Where a job runs: ', 1 node x 8 GPUs' | ', TPU VM <name> (v5p-16)' | ', workload <name>'."""
   i = job.info
   if "nodes" in i:
-    return (f", {i['nodes']} node{'s' if i['nodes'] > 1 else ''} x {i['gpus_per_node']} GPUs, "
-            f"{i['tasks']} tasks")
+    return (
+      f", {i['nodes']} node{'s' if i['nodes'] > 1 else ''} x {i['gpus_per_node']} GPUs, "
+      f"{i['tasks']} tasks"
+    )
   if "tpu_name" in i:
     return f", TPU VM {i['tpu_name']} ({i['tpu_type']})"
   if "workload" in i:

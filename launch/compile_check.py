@@ -38,6 +38,7 @@ Data: validation must not need the corpus, so a member's `data.sources` (corpus=
 `config_lib.validate` stays the single source of every other check (rather than a copy of its
 mesh, batch and model checks here), and nothing of the corpus is read or listed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,16 +59,21 @@ from flax import nnx
 from jax.experimental import topologies
 from ml_collections import config_flags
 
-from cbert_jax import config_lib, sharding, state as state_lib
+from cbert_jax import config_lib, sharding
+from cbert_jax import state as state_lib
 from cbert_jax.errors import ConfigError
-from cbert_jax.scaling import members as members_lib, memory as memory_lib, plan
+from cbert_jax.scaling import members as members_lib
+from cbert_jax.scaling import memory as memory_lib
+from cbert_jax.scaling import plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHILD_PREFIX = "compile_check:"     # the child's progress lines on stderr, echoed by the parent
+CHILD_PREFIX = "compile_check:"  # the child's progress lines on stderr, echoed by the parent
 FAKE_PATH = "fake CPU mesh (XLA --xla_force_host_platform_device_count=N, one process per N)"
-NEEDS_LIBTPU = ("--tpu_topology {topology} needs libtpu (pip install 'jax[tpu]'): this jaxlib "
-                "cannot build a TPU topology. Rerun without --tpu_topology to compile on a fake CPU "
-                "mesh of the same shape.")
+NEEDS_LIBTPU = (
+  "--tpu_topology {topology} needs libtpu (pip install 'jax[tpu]'): this jaxlib "
+  "cannot build a TPU topology. Rerun without --tpu_topology to compile on a fake CPU "
+  "mesh of the same shape."
+)
 
 
 # ------------------------------------------------------------------------- configs ---
@@ -76,6 +82,7 @@ NEEDS_LIBTPU = ("--tpu_topology {topology} needs libtpu (pip install 'jax[tpu]')
 def _load_module(path: str):
   """The experiment file as a module (for get_sweep / workdir_name)."""
   from cbert_jax.scaling import members  # pylint: disable=import-outside-toplevel
+
   return members.load_experiment(path, field="--config", needs=("get_config",))
 
 
@@ -94,16 +101,17 @@ def load_member(config_spec: str, module, arg: str, overrides: list[str]):
   command line applies them (ml_collections' config flags)."""
   path = config_spec.partition(":")[0]
   argv = ["compile_check", f"--config={path}:{arg}" if arg else f"--config={path}", *overrides]
-  values = flags.FlagValues()                 # private: never touches absl's global FLAGS
-  config_flags.DEFINE_config_file("config", None, "experiment", flag_values=values,
-                                  lock_config=False, sys_argv=argv)   # overrides read from argv
+  values = flags.FlagValues()  # private: never touches absl's global FLAGS
+  config_flags.DEFINE_config_file(
+    "config", None, "experiment", flag_values=values, lock_config=False, sys_argv=argv
+  )  # overrides read from argv
   try:
     values(argv)
     config = values.config
   except ConfigError:
     raise
-  except (KeyError, AttributeError) as e:     # ml_collections: an unknown --config.FIELD
-    found = re.search(r"[\w.]+", str(e))       # str(e): "'name'" (+ absl's "Did you mean ...")
+  except (KeyError, AttributeError) as e:  # ml_collections: an unknown --config.FIELD
+    found = re.search(r"[\w.]+", str(e))  # str(e): "'name'" (+ absl's "Did you mean ...")
     field = found.group(0) if found else str(e)
     bad = [o for o in overrides if field in o.split("=")[0]] or [f"--config.{field}"]
     path_ = bad[0].split("=")[0].removeprefix("--config.")
@@ -112,7 +120,9 @@ def load_member(config_spec: str, module, arg: str, overrides: list[str]):
     message = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
     raise ConfigError(f"{arg or path}: {message.split('ConfigError: ')[-1]}") from e
   config = config_lib.resolve(config)
-  name = module.workdir_name(arg) if hasattr(module, "workdir_name") else members_lib.member_name(config)
+  name = (
+    module.workdir_name(arg) if hasattr(module, "workdir_name") else members_lib.member_name(config)
+  )
   return name, config
 
 
@@ -139,9 +149,10 @@ def check_divisible(abs_params, shardings, mesh) -> None:
       ways = math.prod(mesh.shape[a] for a in axes)
       if size % ways:
         raise ConfigError(
-            f"parameter {jax.tree_util.keystr(path)} of shape {tuple(leaf.shape)}: dimension {dim} "
-            f"({size}) is not divisible by mesh axis {'x'.join(axes)} of size {ways} "
-            f"(sharding_rules put it there)")
+          f"parameter {jax.tree_util.keystr(path)} of shape {tuple(leaf.shape)}: dimension {dim} "
+          f"({size}) is not divisible by mesh axis {'x'.join(axes)} of size {ways} "
+          f"(sharding_rules put it there)"
+        )
 
 
 def compile_member(config, devices, placeholder: str, row: dict[str, Any]) -> None:
@@ -154,8 +165,8 @@ def compile_member(config, devices, placeholder: str, row: dict[str, Any]) -> No
   ici, dcn = sharding.mesh_shape(config.mesh, len(devices), config.mesh_dcn)
   row["mesh"] = {a: i * j for a, i, j in zip(sharding.AXES, ici, dcn)}
   config_lib.validate(without_corpus(config, placeholder), len(devices))
-  model_cfg, mask_cfg = plan.model_config(config)        # vocabulary = data.vocab_size
-  st = state_lib.setup(config, model_cfg, mask_cfg, devices)   # the trainer's own setup
+  model_cfg, mask_cfg = plan.model_config(config)  # vocabulary = data.vocab_size
+  st = state_lib.setup(config, model_cfg, mask_cfg, devices)  # the trainer's own setup
   row["params"] = int(sum(math.prod(x.shape) for x in jax.tree.leaves(st.abs_params)))
   check_divisible(st.abs_params, st.param_shardings, st.mesh)
   train_step = state_lib.make_train_step(st, config.optim.microbatches)
@@ -174,19 +185,24 @@ def memory_plan(config, num_devices: int) -> dict[str, Any] | None:
     return None
   shape = plan.memory_shape(config, num_devices)
   setting = plan.current_setting(config)
-  return {"chip": config.sweep.chip, "setting": setting.describe(),
-          "verdict": config.sweep.memory_verdict,
-          "predicted": {k: int(v) for k, v in memory_lib.estimate(shape, setting).items()},
-          "budget": int(config.sweep.memory_budget)}
+  return {
+    "chip": config.sweep.chip,
+    "setting": setting.describe(),
+    "verdict": config.sweep.memory_verdict,
+    "predicted": {k: int(v) for k, v in memory_lib.estimate(shape, setting).items()},
+    "budget": int(config.sweep.memory_budget),
+  }
 
 
 def memory(compiled) -> dict[str, int] | None:
   """Bytes per device from XLA's memory analysis; total = arguments + outputs - aliased + temps."""
   stats = compiled.memory_analysis()
-  if stats is None:                      # some backends do not report it
+  if stats is None:  # some backends do not report it
     return None
-  out = {k: int(getattr(stats, f"{k}_size_in_bytes", 0) or 0)
-         for k in ("argument", "output", "alias", "temp", "generated_code")}
+  out = {
+    k: int(getattr(stats, f"{k}_size_in_bytes", 0) or 0)
+    for k in ("argument", "output", "alias", "temp", "generated_code")
+  }
   out["total"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
   return out
 
@@ -200,28 +216,43 @@ def one_line(e: BaseException) -> str:
 def child(ns) -> int:
   """The child: compile the given members on this process's devices, one JSON line each."""
   module, _ = member_args(ns.config)
-  with tempfile.NamedTemporaryFile("w", suffix=".txt") as placeholder, \
-       open(ns._results, "a", encoding="utf-8") as results:   # pylint: disable=protected-access
+  with (
+    tempfile.NamedTemporaryFile("w", suffix=".txt") as placeholder,
+    open(ns._results, "a", encoding="utf-8") as results,
+  ):  # pylint: disable=protected-access
     placeholder.write("placeholder corpus: the compile check reads no data\n")
     placeholder.flush()
     if ns.tpu_topology:
       available = list(topologies.get_topology_desc(ns.tpu_topology, "tpu").devices)
     else:
       available = jax.devices()
-    for arg in json.loads(ns._member_args):                       # pylint: disable=protected-access
-      row: dict[str, Any] = {"arg": arg, "member": arg, "devices": None, "mesh": None,
-                             "params": None, "compile_s": None, "memory": None, "error": None,
-                             "plan": None}
+    for arg in json.loads(ns._member_args):  # pylint: disable=protected-access
+      row: dict[str, Any] = {
+        "arg": arg,
+        "member": arg,
+        "devices": None,
+        "mesh": None,
+        "params": None,
+        "compile_s": None,
+        "memory": None,
+        "error": None,
+        "plan": None,
+      }
       try:
         row["member"], config = load_member(ns.config, module, arg, ns.override)
         # sweep.target_devices; 0 = this process's devices (the first num_devices if set)
         want = config.sweep.target_devices or config.num_devices or len(available)
         row["devices"] = want
-        print(f"{CHILD_PREFIX} {row['member']}: compiling for {want} devices", file=sys.stderr,
-              flush=True)
+        print(
+          f"{CHILD_PREFIX} {row['member']}: compiling for {want} devices",
+          file=sys.stderr,
+          flush=True,
+        )
         if want > len(available):
-          raise ConfigError(f"planned for {want} devices, but the "
-                            f"{'topology' if ns.tpu_topology else 'process'} has {len(available)}")
+          raise ConfigError(
+            f"planned for {want} devices, but the "
+            f"{'topology' if ns.tpu_topology else 'process'} has {len(available)}"
+          )
         row["plan"] = memory_plan(config, want)
         compile_member(config, available[:want], placeholder.name, row)
       except Exception as e:  # pylint: disable=broad-except (one member's failure is its row)
@@ -242,8 +273,10 @@ def child_env(num_devices: int, tpu: bool) -> dict[str, str]:
   if num_devices > 0 and not tpu:
     flags_ = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", ""))
     flags_ = flags_.replace(memory_lib.REMAT_XLA_FLAGS, "")
-    env["XLA_FLAGS"] = (f"{flags_.strip()} --xla_force_host_platform_device_count={num_devices} "
-                        f"{memory_lib.REMAT_XLA_FLAGS}").strip()
+    env["XLA_FLAGS"] = (
+      f"{flags_.strip()} --xla_force_host_platform_device_count={num_devices} "
+      f"{memory_lib.REMAT_XLA_FLAGS}"
+    ).strip()
     env["JAX_PLATFORMS"] = "cpu"
   return env
 
@@ -252,27 +285,54 @@ def run_child(ns, num_devices: int, args: list[str]) -> list[dict]:
   """Runs one child for the members `args` sharing `num_devices`; their rows, in order. A member
   the child did not reach (it crashed) gets the child's last stderr line as its error."""
   with tempfile.NamedTemporaryFile("r", suffix=".jsonl", encoding="utf-8") as results:
-    cmd = [sys.executable, "-m", "launch.compile_check", "--_child", "--config", ns.config,
-           "--_results", results.name, "--_member_args", json.dumps(args),
-           *(f"--override={o}" for o in ns.override)]
+    cmd = [
+      sys.executable,
+      "-m",
+      "launch.compile_check",
+      "--_child",
+      "--config",
+      ns.config,
+      "--_results",
+      results.name,
+      "--_member_args",
+      json.dumps(args),
+      *(f"--override={o}" for o in ns.override),
+    ]
     if ns.tpu_topology:
       cmd.append(f"--tpu_topology={ns.tpu_topology}")
-    proc = subprocess.Popen(cmd, env=child_env(num_devices, bool(ns.tpu_topology)),
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                            errors="replace")
+    proc = subprocess.Popen(
+      cmd,
+      env=child_env(num_devices, bool(ns.tpu_topology)),
+      stderr=subprocess.PIPE,
+      stdout=subprocess.DEVNULL,
+      text=True,
+      errors="replace",
+    )
     last = ""
-    for line in proc.stderr:                  # progress lines shown, the rest kept for errors
+    for line in proc.stderr:  # progress lines shown, the rest kept for errors
       if line.startswith(CHILD_PREFIX):
-        sys.stderr.write(f"{CHILD_PREFIX} [{num_devices or 'local'} devices]"
-                         f"{line[len(CHILD_PREFIX):]}")
+        sys.stderr.write(
+          f"{CHILD_PREFIX} [{num_devices or 'local'} devices]{line[len(CHILD_PREFIX) :]}"
+        )
       elif line.strip():
         last = line.strip()
     code = proc.wait()
     rows = {r["arg"]: r for r in map(json.loads, filter(None, results.read().splitlines()))}
   lost = f"the compile process exited with status {code} before this member ({last or 'no stderr'})"
-  return [rows.get(a) or {"arg": a, "member": a, "devices": num_devices or None, "mesh": None,
-                          "params": None, "compile_s": None, "memory": None, "error": lost}
-          for a in args]
+  return [
+    rows.get(a)
+    or {
+      "arg": a,
+      "member": a,
+      "devices": num_devices or None,
+      "mesh": None,
+      "params": None,
+      "compile_s": None,
+      "memory": None,
+      "error": lost,
+    }
+    for a in args
+  ]
 
 
 def libtpu_available() -> bool:
@@ -309,19 +369,40 @@ def table(rows: list[dict]) -> str:
   """One line per member: devices, mesh, parameters, chip, the memory setting, the analytic
   prediction next to XLA's compiled bytes per device, the chip's usable bytes, compile time, the
   verdict and OK or the error."""
-  head = ("member", "devices", "mesh d x f x t", "params", "chip", "setting", "predicted",
-          "compiled", "usable", "compile", "verdict", "status")
+  head = (
+    "member",
+    "devices",
+    "mesh d x f x t",
+    "params",
+    "chip",
+    "setting",
+    "predicted",
+    "compiled",
+    "usable",
+    "compile",
+    "verdict",
+    "status",
+  )
   lines = [head]
   for r in rows:
     mem, p = r["memory"] or {}, r.get("plan") or {}
     mesh = "x".join(str(r["mesh"][a]) for a in ("data", "fsdp", "tensor")) if r["mesh"] else "-"
-    lines.append((r["member"], str(r["devices"] or "-"), mesh, _count(r["params"]),
-                  p.get("chip", "-"), _short(p["setting"]) if p else "-",
-                  _size(p["predicted"]["total"]) if p else "-", _size(mem.get("total")),
-                  _size(p.get("budget")) if p else "-",
-                  f"{r['compile_s']:.1f}s" if r["compile_s"] is not None else "-",
-                  p.get("verdict") or "-",
-                  "OK" if not r["error"] else f"FAILED {r['error']}"))
+    lines.append(
+      (
+        r["member"],
+        str(r["devices"] or "-"),
+        mesh,
+        _count(r["params"]),
+        p.get("chip", "-"),
+        _short(p["setting"]) if p else "-",
+        _size(p["predicted"]["total"]) if p else "-",
+        _size(mem.get("total")),
+        _size(p.get("budget")) if p else "-",
+        f"{r['compile_s']:.1f}s" if r["compile_s"] is not None else "-",
+        p.get("verdict") or "-",
+        "OK" if not r["error"] else f"FAILED {r['error']}",
+      )
+    )
   widths = [max(len(l[i]) for l in lines) for i in range(len(head) - 1)]
   return "\n".join("  ".join(c.ljust(w) for c, w in zip(l, widths)) + "  " + l[-1] for l in lines)
 
@@ -344,7 +425,7 @@ def parent(ns) -> int:
   except ConfigError as e:
     print(f"compile check: config error: {e}", file=sys.stderr)
     return 2
-  rows, groups = {}, {}          # arg -> row (members that failed to load); devices -> [arg]
+  rows, groups = {}, {}  # arg -> row (members that failed to load); devices -> [arg]
   names = {}
   for arg in args:
     try:
@@ -353,14 +434,25 @@ def parent(ns) -> int:
       groups.setdefault(0 if ns.tpu_topology else config.sweep.target_devices, []).append(arg)
     except Exception as e:  # pylint: disable=broad-except (a member that does not load is its row)
       names[arg] = _name_without_overrides(ns.config, module, arg)
-      rows[arg] = {"arg": arg, "member": arg, "devices": None, "mesh": None, "params": None,
-                   "compile_s": None, "memory": None, "error": one_line(e)}
+      rows[arg] = {
+        "arg": arg,
+        "member": arg,
+        "devices": None,
+        "mesh": None,
+        "params": None,
+        "compile_s": None,
+        "memory": None,
+        "error": one_line(e),
+      }
   if ns.members:
     want = [m.strip() for m in ns.members.split(",") if m.strip()]
     unknown = [m for m in want if m not in names.values()]
     if unknown:
-      print(f"compile check: --members {', '.join(unknown)}: not members of {ns.config} (members: "
-            f"{', '.join(names.values())})", file=sys.stderr)
+      print(
+        f"compile check: --members {', '.join(unknown)}: not members of {ns.config} (members: "
+        f"{', '.join(names.values())})",
+        file=sys.stderr,
+      )
       return 2
     keep = {a for a, n in names.items() if n in want}
     args = [a for a in args if a in keep]
@@ -368,8 +460,11 @@ def parent(ns) -> int:
   if ns.tpu_topology:
     path = f"TPU ahead-of-time for topology {ns.tpu_topology} (compile-only devices from libtpu)"
   else:
-    path = FAKE_PATH + ("; TPU ahead-of-time: pass --tpu_topology" if libtpu_available() else
-                        "; TPU ahead-of-time unavailable: libtpu is not installed")
+    path = FAKE_PATH + (
+      "; TPU ahead-of-time: pass --tpu_topology"
+      if libtpu_available()
+      else "; TPU ahead-of-time unavailable: libtpu is not installed"
+    )
   print(f"compile check of {ns.config}: {len(args)} members; path: {path}", flush=True)
   for num_devices, group in sorted(groups.items()):
     if group:
@@ -377,33 +472,55 @@ def parent(ns) -> int:
   ordered = [rows[a] | {"member": names[a]} for a in args]
   print(table(ordered), flush=True)
   failed = [r["member"] for r in ordered if r["error"]]
-  too_big = [r["member"] for r in ordered if (r.get("plan") or {}).get("verdict") == "needs more chips"]
-  print(f"{len(ordered) - len(failed)} OK, {len(failed)} failed"
-        + (f": {', '.join(failed)}" if failed else "")
-        + (f"; {len(too_big)} do not fit their chips at any setting (needs more chips): "
-           f"{', '.join(too_big)}" if too_big else ""), flush=True)
+  too_big = [
+    r["member"] for r in ordered if (r.get("plan") or {}).get("verdict") == "needs more chips"
+  ]
+  print(
+    f"{len(ordered) - len(failed)} OK, {len(failed)} failed"
+    + (f": {', '.join(failed)}" if failed else "")
+    + (
+      f"; {len(too_big)} do not fit their chips at any setting (needs more chips): "
+      f"{', '.join(too_big)}"
+      if too_big
+      else ""
+    ),
+    flush=True,
+  )
   if ns.out:
     with open(ns.out, "w", encoding="utf-8") as f:
-      json.dump({"config": ns.config, "overrides": ns.override, "path": path,
-                 "members": ordered}, f, indent=2)
+      json.dump(
+        {"config": ns.config, "overrides": ns.override, "path": path, "members": ordered},
+        f,
+        indent=2,
+      )
   return 1 if failed or too_big else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--config", required=True, help="experiment file[:scale], e.g. experiments/sweep.py")
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  p.add_argument(
+    "--config", required=True, help="experiment file[:scale], e.g. experiments/sweep.py"
+  )
   p.add_argument("--members", default="", help="only these members, comma list (e.g. bert_d384L6)")
-  p.add_argument("--override", action="append", default=[],
-                 help="for every member, e.g. --override=--config.sweep.target_devices=16")
+  p.add_argument(
+    "--override",
+    action="append",
+    default=[],
+    help="for every member, e.g. --override=--config.sweep.target_devices=16",
+  )
   p.add_argument("--out", default="", help="also write the rows (bytes, seconds) to this JSON file")
-  p.add_argument("--tpu_topology", default="",
-                 help="compile ahead-of-time for this TPU topology (e.g. v5p:2x2x4); needs libtpu")
+  p.add_argument(
+    "--tpu_topology",
+    default="",
+    help="compile ahead-of-time for this TPU topology (e.g. v5p:2x2x4); needs libtpu",
+  )
   p.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
   p.add_argument("--_results", default="", help=argparse.SUPPRESS)
   p.add_argument("--_member_args", default="[]", help=argparse.SUPPRESS)
   ns = p.parse_args(argv)
-  return child(ns) if ns._child else parent(ns)   # pylint: disable=protected-access
+  return child(ns) if ns._child else parent(ns)  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ slurm and xpk members are submitted (`submit`), one command each.
 <root>/sweep.json, else the subdirectories holding a config.json) with their state, and the share
 of the sweep's training FLOPs done with an ETA at the runner's measured FLOP/s (`live_eta`).
 """
+
 from __future__ import annotations
 
 import codecs
@@ -51,7 +52,7 @@ from launch.backends import shell_join
 from launch.members import LOG_DIR, Job, Launch
 from launch.snapshot import MANIFEST, RUNNER_MANIFEST, read_json
 
-STATUS_FILE = status_lib.STATUS_FILE   # <root>/sweep_status.json: the --args members' records
+STATUS_FILE = status_lib.STATUS_FILE  # <root>/sweep_status.json: the --args members' records
 # One-line errors the trainer prints (cbert_jax/main.py), preferred over the last output line.
 ERROR_PREFIXES = ("config error:", "training stopped:", "checkpoint error:", "distributed error:")
 INTERRUPTED = "interrupted (the launcher stopped)"
@@ -74,8 +75,11 @@ class ErrorLine:
     """The last line with a known prefix, else the last non-empty line, else the exit status."""
     if self.known or self.last:
       return self.known or self.last
-    return (f"killed by signal {-returncode}" if returncode < 0
-            else f"exit status {returncode}, no output")
+    return (
+      f"killed by signal {-returncode}"
+      if returncode < 0
+      else f"exit status {returncode}, no output"
+    )
 
 
 # ----------------------------------------------------------- member states ---
@@ -92,22 +96,25 @@ def read_records(root: str) -> dict:
 def same_command(recorded: str | None, argv: list[str]) -> bool:
   """Whether a recorded command line is `argv`, the Python interpreter aside (from `-m` on)."""
   old = shlex.split(recorded or "")
-  return "-m" in old and "-m" in argv and old[old.index("-m"):] == argv[argv.index("-m"):]
+  return "-m" in old and "-m" in argv and old[old.index("-m") :] == argv[argv.index("-m") :]
 
 
 def member_states(launch: Launch) -> dict:
   """{name: MemberState} of the launch's members. An `--args` member (no probe) is done only when
   the status file records it done with the same command."""
   if not launch.plain:
-    return {j.member.name: status_lib.member_state(j.member.name, j.member.workdir, probe=True)
-            for j in launch.jobs}
+    return {
+      j.member.name: status_lib.member_state(j.member.name, j.member.workdir, probe=True)
+      for j in launch.jobs
+    }
   records, out = read_records(launch.root), {}
   for j in launch.jobs:
     st = status_lib.member_state(j.member.name, j.member.workdir, probe=False)
     rec = records.get(j.member.name, {})
-    if st.state == "done" and not (rec.get("state") == "done"
-                                   and same_command(rec.get("command"), j.train)):
-      st.state = "pending"                        # finished, but not by this command: run it
+    if st.state == "done" and not (
+      rec.get("state") == "done" and same_command(rec.get("command"), j.train)
+    ):
+      st.state = "pending"  # finished, but not by this command: run it
     out[j.member.name] = st
   return out
 
@@ -120,11 +127,14 @@ def skipped(state: str, include_running: bool) -> bool:
 def summary(states: list, attempts: dict[str, int]) -> str:
   """member, state, attempts (this launcher's), step/total, error: a plain-text table."""
   rows = [("member", "state", "attempts", "step", "error")]
-  rows += [(s.name, s.state, str(attempts.get(s.name, 0)), f"{s.step}/{s.total_steps or '?'}",
-            s.error) for s in states]
+  rows += [
+    (s.name, s.state, str(attempts.get(s.name, 0)), f"{s.step}/{s.total_steps or '?'}", s.error)
+    for s in states
+  ]
   w = [max(len(r[i]) for r in rows) for i in range(4)]
-  return "\n".join(("  ".join(r[i].ljust(w[i]) for i in range(4)) + "  " + r[4]).rstrip()
-                   for r in rows)
+  return "\n".join(
+    ("  ".join(r[i].ljust(w[i]) for i in range(4)) + "  " + r[4]).rstrip() for r in rows
+  )
 
 
 # ----------------------------------------------------------------- running ---
@@ -133,10 +143,13 @@ def summary(states: list, attempts: dict[str, int]) -> str:
 @dataclasses.dataclass
 class RunOptions:
   """How a JobRunner runs the members of one launch."""
-  retries: int = 0            # a failing member runs again up to this many times, from its failed step
-  attempt_logs: bool = False  # logs/<member>.attempt<k>.log per attempt (else one logs/<member>.log)
-  echo: bool = False          # show the steps' output here too, as it comes
-  records: bool = False       # keep every member's record in <root>/sweep_status.json
+
+  retries: int = 0  # a failing member runs again up to this many times, from its failed step
+  attempt_logs: bool = (
+    False  # logs/<member>.attempt<k>.log per attempt (else one logs/<member>.log)
+  )
+  echo: bool = False  # show the steps' output here too, as it comes
+  records: bool = False  # keep every member's record in <root>/sweep_status.json
 
 
 def say(line: str) -> None:
@@ -164,34 +177,41 @@ class JobRunner:
   """Runs jobs' steps as subprocesses here (local, tpu-vm), `parallel` members at a time, each
   member's steps in order, with retries, logs, records and FAILED markers (module docstring)."""
 
-  def __init__(self, root: str, cwd: str, jobs: list[Job], states: dict,
-               options: RunOptions | None = None):
+  def __init__(
+    self, root: str, cwd: str, jobs: list[Job], states: dict, options: RunOptions | None = None
+  ):
     self.root, self.cwd = root, cwd
     self.options = options or RunOptions()
     self.lock = threading.Lock()
-    self.procs: set = set()                       # live subprocesses, stopped on Ctrl-C
+    self.procs: set = set()  # live subprocesses, stopped on Ctrl-C
     self.stopping = False
     previous = read_records(root) if self.options.records else {}
     n = len(jobs)
     self.tags = {j.member.name: f"[{i + 1}/{n}] {j.member.name}" for i, j in enumerate(jobs)}
-    self.records = {}                             # name -> record (as in the status file)
+    self.records = {}  # name -> record (as in the status file)
     for j in jobs:
       old, state = previous.get(j.member.name, {}), states[j.member.name].state
       done = state == "done"
       self.records[j.member.name] = {
-          "name": j.member.name, "command": shell_join(j.train), "workdir": j.member.workdir,
-          "state": state if state in ("done", "running") else "pending",
-          "attempts": old.get("attempts", 0),
-          "returncode": old.get("returncode") if done else None, "error": None,
-          "logs": list(old.get("logs", []))}
+        "name": j.member.name,
+        "command": shell_join(j.train),
+        "workdir": j.member.workdir,
+        "state": state if state in ("done", "running") else "pending",
+        "attempts": old.get("attempts", 0),
+        "returncode": old.get("returncode") if done else None,
+        "error": None,
+        "logs": list(old.get("logs", [])),
+      }
     self.others = [r for name, r in previous.items() if name not in self.records]
 
   def save(self) -> None:
     """Rewrites the status file (with the records of other runs' members), atomically."""
     if self.options.records:
       with self.lock:
-        body = {"updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "members": [dict(r) for r in self.records.values()] + self.others}
+        body = {
+          "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+          "members": [dict(r) for r in self.records.values()] + self.others,
+        }
       status_lib.write_json_atomic(os.path.join(self.root, STATUS_FILE), body)
 
   def update(self, record: dict, **changes) -> None:
@@ -231,22 +251,25 @@ class JobRunner:
         self.update(record, state="done", returncode=0)
         say(f"{tag}: done")
         return "done"
-      if self.stopping:                           # stopped by us: resumable
+      if self.stopping:  # stopped by us: resumable
         self.update(record, state="failed", error=INTERRUPTED)
         return "pending"
       reason = error if len(job.steps) == 1 else f"{steps[failed][0]}: {error}"
       self.update(record, state="failed", returncode=returncode, error=reason)
-      say(f"{tag}: attempt {record['attempts']} failed (exit {returncode}): {reason}; "
-          + (f"retrying ({left} left)" if left else "FAILED; continuing with the others"))
+      say(
+        f"{tag}: attempt {record['attempts']} failed (exit {returncode}): {reason}; "
+        + (f"retrying ({left} left)" if left else "FAILED; continuing with the others")
+      )
       if not left:
         status_lib.mark_failed(workdir, reason)
         return "failed"
       left -= 1
-      steps = steps[failed:]                      # the steps before it are done
+      steps = steps[failed:]  # the steps before it are done
     return "pending"
 
-  def attempt(self, steps: list[tuple[str, list[str]]], path: str, tag: str,
-              k: int) -> tuple[int | None, int, str]:
+  def attempt(
+    self, steps: list[tuple[str, list[str]]], path: str, tag: str, k: int
+  ) -> tuple[int | None, int, str]:
     """Runs `steps` in order, their output into the log at `path` -> (the index of the step that
     failed or was not started, None if all succeeded; its exit status; its error line)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -256,7 +279,7 @@ class JobRunner:
           return i, 1, INTERRUPTED
         say(f"{tag}: {kind} started (attempt {k}; log: {path})")
         log.write(f"==== {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {kind}: {shell_join(argv)}\n")
-        log.flush()                               # the header before the step's own output
+        log.flush()  # the header before the step's own output
         start = os.path.getsize(path)
         returncode = self.call(argv, log, start if self.options.echo else None)
         if returncode == 0:
@@ -264,7 +287,7 @@ class JobRunner:
         error = ErrorLine()
         with open(path, "rb") as f:
           f.seek(start)
-          for line in f:                          # this step's output only
+          for line in f:  # this step's output only
             error.add(line.decode(errors="replace"))
         return i, returncode, error.get(returncode)
     return None, 0, ""
@@ -280,11 +303,14 @@ class JobRunner:
       return 127
     with self.lock:
       self.procs.add(proc)
-      if self.stopping:                           # stop() ran while this one was starting
+      if self.stopping:  # stop() ran while this one was starting
         proc.terminate()
     done = threading.Event()
-    echo = (threading.Thread(target=follow, args=(log.name, echo_from, done), daemon=True)
-            if echo_from is not None else None)
+    echo = (
+      threading.Thread(target=follow, args=(log.name, echo_from, done), daemon=True)
+      if echo_from is not None
+      else None
+    )
     if echo:
       echo.start()
     try:
@@ -313,8 +339,11 @@ class JobRunner:
     try:
       return {futures[f]: f.result() for f in concurrent.futures.as_completed(futures)}
     except KeyboardInterrupt:
-      print("interrupted: stopping the running members (they checkpoint; launch again to resume)",
-            file=sys.stderr, flush=True)
+      print(
+        "interrupted: stopping the running members (they checkpoint; launch again to resume)",
+        file=sys.stderr,
+        flush=True,
+      )
       self.stop()
       raise
     finally:
@@ -343,28 +372,32 @@ def find_members(root: str) -> tuple[str, list[tuple[str, str]]]:
   """(where they came from, [(member, workdir)]) of the sweep under `root`."""
   launched = read_json(os.path.join(root, MANIFEST))
   if launched and launched.get("members"):
-    return MANIFEST, [(m["name"], m.get("workdir") or os.path.join(root, m["name"]))
-                      for m in launched["members"]]
+    return MANIFEST, [
+      (m["name"], m.get("workdir") or os.path.join(root, m["name"])) for m in launched["members"]
+    ]
   ran = read_json(os.path.join(root, RUNNER_MANIFEST))
   if ran and ran.get("members"):
     return RUNNER_MANIFEST, [(m["name"], os.path.join(root, m["name"])) for m in ran["members"]]
-  names = sorted(n for n in os.listdir(root)
-                 if os.path.isfile(os.path.join(root, n, "config.json")))
+  names = sorted(
+    n for n in os.listdir(root) if os.path.isfile(os.path.join(root, n, "config.json"))
+  )
   return "member directories", [(n, os.path.join(root, n)) for n in names]
 
 
 def live_eta(root: str, states: list, rate: float) -> str:
   """Now: the FLOPs done (finished members + the running ones' logged fraction) and the time the
   rest takes at the runner's measured FLOP/s; "" without a manifest with per-member compute."""
-  manifest = read_json(os.path.join(root, RUNNER_MANIFEST)) or read_json(
-      os.path.join(root, MANIFEST)) or {}
+  manifest = (
+    read_json(os.path.join(root, RUNNER_MANIFEST)) or read_json(os.path.join(root, MANIFEST)) or {}
+  )
   compute = {m["name"]: float(m.get("compute") or 0) for m in manifest.get("members", [])}
   total = sum(compute.values())
   if not total:
     return ""
-  done = sum(compute.get(st.name, 0.0) * (1.0 if st.state == "done" else
-                                          st.step / st.total_steps if st.total_steps else 0.0)
-             for st in states)
-  eta = (f", ETA {format_duration((total - done) / rate)} at {rate:.3g} FLOP/s"
-         if rate > 0 else "")
+  done = sum(
+    compute.get(st.name, 0.0)
+    * (1.0 if st.state == "done" else st.step / st.total_steps if st.total_steps else 0.0)
+    for st in states
+  )
+  eta = f", ETA {format_duration((total - done) / rate)} at {rate:.3g} FLOP/s" if rate > 0 else ""
   return f"now: {100 * done / total:.1f}% of the sweep's {total:.3g} training FLOPs done{eta}"

@@ -26,6 +26,7 @@ fails at once.
 Nothing here imports JAX: the sweep's configs are resolved with `config_lib` (light), and a launcher
 host needs neither JAX nor an accelerator.
 """
+
 from __future__ import annotations
 
 import ast
@@ -36,7 +37,7 @@ from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SCALE = "paper"
-LOG_DIR = "logs"              # <root>/logs/: every member's output
+LOG_DIR = "logs"  # <root>/logs/: every member's output
 # Flags the launcher sets itself (config, workdir, train/eval mode, multi-process): no overrides.
 RESERVED_FLAGS = ("--config", "--workdir", "--config.mode", "--multiprocess", "--nomultiprocess")
 
@@ -48,10 +49,11 @@ class LaunchError(ValueError):
 @dataclasses.dataclass
 class Member:
   """One member of the launch: resolved (a sweep) or just named (`--args`: config is None)."""
-  name: str                  # its workdir's name, e.g. bert_d384L6
-  arg: str                   # the experiment's config arg, e.g. scale=paper,model=bert,size=d384L6
-  workdir: str               # <root>/<name>, absolute
-  config: Any                # the resolved ml_collections.ConfigDict (overrides applied), or None
+
+  name: str  # its workdir's name, e.g. bert_d384L6
+  arg: str  # the experiment's config arg, e.g. scale=paper,model=bert,size=d384L6
+  workdir: str  # <root>/<name>, absolute
+  config: Any  # the resolved ml_collections.ConfigDict (overrides applied), or None
 
   @property
   def target_devices(self) -> int:
@@ -68,39 +70,47 @@ class Member:
     if c is None:
       return f"config arg {self.arg!r}" if self.arg else "no config arg"
     devices = f"{self.target_devices} devices" if self.target_devices else "this machine"
-    memory = (f"; memory on {c.sweep.chip}: {c.sweep.memory_setting}, "
-              f"{c.sweep.memory_bytes / 2**30:.1f} of {c.sweep.memory_budget / 2**30:.1f} GiB "
-              f"({c.sweep.memory_verdict})" if c.sweep.chip else "")
-    return (f"{c.sweep.n_params / 1e6:.1f}M params, {c.total_steps} steps x {c.batch_size} rows, "
-            f"{c.sweep.compute:.3g} FLOPs, {devices}{memory}")
+    memory = (
+      f"; memory on {c.sweep.chip}: {c.sweep.memory_setting}, "
+      f"{c.sweep.memory_bytes / 2**30:.1f} of {c.sweep.memory_budget / 2**30:.1f} GiB "
+      f"({c.sweep.memory_verdict})"
+      if c.sweep.chip
+      else ""
+    )
+    return (
+      f"{c.sweep.n_params / 1e6:.1f}M params, {c.total_steps} steps x {c.batch_size} rows, "
+      f"{c.sweep.compute:.3g} FLOPs, {devices}{memory}"
+    )
 
 
 @dataclasses.dataclass
 class Job:
   """What a backend does for one member: shell steps here, or a submission."""
+
   member: Member
-  train: list[str]                                       # the member's train command
-  probe: list[str]                                       # ... and its probe command
-  steps: list[tuple[str, list[str]]]                     # (kind, argv) run here, in order
-  script: str = ""                                       # slurm: the sbatch script's text
-  script_path: str = ""                                  # slurm: where it goes
-  info: dict = dataclasses.field(default_factory=dict)   # backend names for the manifest
+  train: list[str]  # the member's train command
+  probe: list[str]  # ... and its probe command
+  steps: list[tuple[str, list[str]]]  # (kind, argv) run here, in order
+  script: str = ""  # slurm: the sbatch script's text
+  script_path: str = ""  # slurm: where it goes
+  info: dict = dataclasses.field(default_factory=dict)  # backend names for the manifest
 
 
 @dataclasses.dataclass
 class Launch:
   """A rendered launch: everything the dry run prints and --execute does."""
+
   backend: str
-  scale: str                 # the sweep's scale ("" for --args members)
-  experiment: str            # the experiment file as the commands name it
-  root: str                  # the workdir root, absolute
+  scale: str  # the sweep's scale ("" for --args members)
+  experiment: str  # the experiment file as the commands name it
+  root: str  # the workdir root, absolute
   overrides: list[str]
   jobs: list[Job]
-  code_dir: str              # where remote commands run ("" = the repository root, local)
-  snapshot: bool             # --execute copies the code to code_dir first
-  shared_root: str = ""      # --shared_root (workdirs, snapshot and data cache), absolute
+  code_dir: str  # where remote commands run ("" = the repository root, local)
+  snapshot: bool  # --execute copies the code to code_dir first
+  shared_root: str = ""  # --shared_root (workdirs, snapshot and data cache), absolute
   snapshot_extra: tuple = ()  # the experiment file, when outside SNAPSHOT_PATHS (repo-relative)
-  plain: bool = False        # members from --args (configs not loaded), not a get_sweep sweep
+  plain: bool = False  # members from --args (configs not loaded), not a get_sweep sweep
 
 
 def split_config_spec(spec: str) -> tuple[str, str]:
@@ -125,11 +135,11 @@ def parse_value(text: str, current: Any) -> Any:
     return text.lower() in ("true", "1")
   if isinstance(current, str):
     return text
-  value = ast.literal_eval(text)                  # numbers and tuples, as Python literals
+  value = ast.literal_eval(text)  # numbers and tuples, as Python literals
   if isinstance(current, tuple) and isinstance(value, list):
-    value = tuple(value)                          # [a, b] for a tuple field is (a, b)
+    value = tuple(value)  # [a, b] for a tuple field is (a, b)
   if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-    value = float(value)                          # 3 for a float field is 3.0
+    value = float(value)  # 3 for a float field is 3.0
   if not isinstance(value, type(current)) or isinstance(value, bool):
     raise ValueError(text)
   return value
@@ -138,26 +148,31 @@ def parse_value(text: str, current: Any) -> Any:
 def check_override(override: str) -> None:
   """An override is a trainer flag, and not one the launcher sets itself."""
   if not override.startswith("--"):
-    raise LaunchError(f"--override={override}: expected a trainer flag, e.g. "
-                      "--override=--config.data.sources=/data/*.jsonl.zst")
+    raise LaunchError(
+      f"--override={override}: expected a trainer flag, e.g. "
+      "--override=--config.data.sources=/data/*.jsonl.zst"
+    )
   if override.split("=", 1)[0] in RESERVED_FLAGS:
-    raise LaunchError(f"--override={override}: the launcher sets --config, --workdir, "
-                      "--multiprocess and the mode (train, then eval) itself")
+    raise LaunchError(
+      f"--override={override}: the launcher sets --config, --workdir, "
+      "--multiprocess and the mode (train, then eval) itself"
+    )
 
 
 def apply_override(config, override: str) -> None:
   """Sets one `--config.X=V` override on `config`; other flags are passed through unchecked."""
   from cbert_jax import config_lib  # pylint: disable=import-outside-toplevel (loads the models' sizes)
+
   check_override(override)
   if not override.startswith("--config."):
     return
-  path, eq, text = override[len("--config."):].partition("=")
+  path, eq, text = override[len("--config.") :].partition("=")
   node = config
   *groups, leaf = path.split(".")
   try:
     for g in groups:
-      node = node[g]                              # KeyError: no such group
-    current = node[leaf]                          # KeyError: no such field
+      node = node[g]  # KeyError: no such group
+    current = node[leaf]  # KeyError: no such field
   except (KeyError, AttributeError, TypeError):
     raise LaunchError(f"--override={override}: {config_lib.unknown_field(path)}") from None
   if not eq:
@@ -165,8 +180,9 @@ def apply_override(config, override: str) -> None:
   try:
     value = parse_value(text, current)
   except (ValueError, SyntaxError):
-    raise LaunchError(f"--override={override}: expected {config_lib.expected_type(path)}, got "
-                      f"{text!r}") from None
+    raise LaunchError(
+      f"--override={override}: expected {config_lib.expected_type(path)}, got {text!r}"
+    ) from None
   with node.unlocked():
     node[leaf] = value
 
@@ -176,17 +192,20 @@ def select(members: list[Member], only: list[str], what: str) -> list[Member]:
   known = [m.name for m in members]
   unknown = [n for n in only if n not in known]
   if unknown:
-    raise LaunchError(f"--members: {', '.join(unknown)} not in {what}; its members: "
-                      f"{', '.join(known)}")
+    raise LaunchError(
+      f"--members: {', '.join(unknown)} not in {what}; its members: {', '.join(known)}"
+    )
   return [m for m in members if m.name in only] if only else members
 
 
-def load_members(spec: str, root: str, overrides: list[str],
-                 only: list[str]) -> tuple[str, str, list[Member]]:
+def load_members(
+  spec: str, root: str, overrides: list[str], only: list[str]
+) -> tuple[str, str, list[Member]]:
   """(scale, experiment path for the commands, members) of `--config spec`, each resolved with
   the overrides applied; `only` selects members by name."""
   from cbert_jax import config_lib  # pylint: disable=import-outside-toplevel
   from cbert_jax.scaling import members as members_lib  # pylint: disable=import-outside-toplevel
+
   path, arg = split_config_spec(spec)
   if not os.path.exists(path):
     raise LaunchError(f"--config={spec}: no such experiment file {path!r}")
@@ -194,19 +213,26 @@ def load_members(spec: str, root: str, overrides: list[str],
   whole = experiment.get_config(arg)
   scale = whole.get("sweep", {}).get("scale", "") or arg
   if whole.get("mode", "sweep") != "sweep":
-    raise LaunchError(f"--config={spec}: {arg!r} is one member; name a scale (e.g. :paper, :cpu, "
-                      ":quick) and pick members with --members")
+    raise LaunchError(
+      f"--config={spec}: {arg!r} is one member; name a scale (e.g. :paper, :cpu, "
+      ":quick) and pick members with --members"
+    )
   if scale == "auto":
-    raise LaunchError(f"--config={spec}: the launcher needs a scale (paper, cpu, quick); auto is "
-                      "resolved by the in-process runner")
+    raise LaunchError(
+      f"--config={spec}: the launcher needs a scale (paper, cpu, quick); auto is "
+      "resolved by the in-process runner"
+    )
   members = []
   for member_arg in experiment.get_sweep(arg):
     cfg = experiment.get_config(member_arg)
     for override in overrides:
       apply_override(cfg, override)
     cfg = config_lib.resolve(cfg)
-    name = (experiment.workdir_name(member_arg) if hasattr(experiment, "workdir_name")
-            else members_lib.member_name(cfg))
+    name = (
+      experiment.workdir_name(member_arg)
+      if hasattr(experiment, "workdir_name")
+      else members_lib.member_name(cfg)
+    )
     members.append(Member(name, member_arg, os.path.join(root, name) if root else "", cfg))
   return scale, command_path(path), select(members, only, f"the {scale} sweep")
 
@@ -216,13 +242,16 @@ def arg_name(arg: str) -> str:
   return re.sub(r"[^A-Za-z0-9.-]+", "_", arg.replace("=", "-")).strip("_") or "default"
 
 
-def arg_members(path: str, args: list[str], root: str, overrides: list[str],
-                only: list[str]) -> tuple[str, list[Member]]:
+def arg_members(
+  path: str, args: list[str], root: str, overrides: list[str], only: list[str]
+) -> tuple[str, list[Member]]:
   """(experiment path for the commands, members) for `--args`: one member per arg (no arg: one
   member, `default`), named by `arg_name`. The configs are not loaded: the trainer checks them."""
   if ":" in path:
-    raise LaunchError(f"--config={path}: with --args, name the experiment file only; each arg "
-                      "is one member's config arg")
+    raise LaunchError(
+      f"--config={path}: with --args, name the experiment file only; each arg "
+      "is one member's config arg"
+    )
   if not os.path.exists(path):
     raise LaunchError(f"--config={path}: no such experiment file {path!r}")
   for override in overrides:
@@ -235,10 +264,18 @@ def arg_members(path: str, args: list[str], root: str, overrides: list[str],
   return command_path(path), select(members, only, f"--args of {path}")
 
 
-def member_commands(python: list[str], experiment: str, member: Member, overrides: list[str],
-                    multiprocess: bool) -> tuple[list[str], list[str]]:
+def member_commands(
+  python: list[str], experiment: str, member: Member, overrides: list[str], multiprocess: bool
+) -> tuple[list[str], list[str]]:
   """(train, probe) argv of a member. The mode flag goes last so that no override can undo it."""
   spec = f"{experiment}:{member.arg}" if member.arg else experiment
-  base = [*python, "-m", "cbert_jax.main", f"--config={spec}", f"--workdir={member.workdir}",
-          *(["--multiprocess"] if multiprocess else []), *overrides]
+  base = [
+    *python,
+    "-m",
+    "cbert_jax.main",
+    f"--config={spec}",
+    f"--workdir={member.workdir}",
+    *(["--multiprocess"] if multiprocess else []),
+    *overrides,
+  ]
   return base, [*base, "--config.mode=eval"]

@@ -23,6 +23,7 @@ overrides, and per member its name, arg, workdir, target_devices, commands and s
 workload), then starts or submits. A later launch into the same root keeps the manifest's other
 members; a root holding another scale's sweep is refused.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,7 +37,9 @@ from launch.backends import shell_join
 from launch.members import LOG_DIR, REPO, Job, Launch, LaunchError
 
 MANIFEST = "launch_manifest.json"
-RUNNER_MANIFEST = "sweep.json"  # scaling.members.MANIFEST, written by the in-process sweep (cbert_jax.sweep)
+RUNNER_MANIFEST = (
+  "sweep.json"  # scaling.members.MANIFEST, written by the in-process sweep (cbert_jax.sweep)
+)
 # What a code snapshot holds (relative to the repository root): everything a member runs.
 SNAPSHOT_PATHS = ("cbert_jax", "experiments", "launch", "pyproject.toml")
 
@@ -58,8 +61,11 @@ def snapshot_files(repo: str = REPO, extra: tuple[str, ...] = ()) -> list[str]:
       out.append(top)
     for dirpath, dirnames, filenames in os.walk(full):
       dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")
-      out += [os.path.relpath(os.path.join(dirpath, f), repo) for f in filenames
-              if not f.startswith(".") and not f.endswith(".pyc")]
+      out += [
+        os.path.relpath(os.path.join(dirpath, f), repo)
+        for f in filenames
+        if not f.startswith(".") and not f.endswith(".pyc")
+      ]
   return sorted(out)
 
 
@@ -81,7 +87,7 @@ def write_snapshot(dest: str, repo: str = REPO, extra: tuple[str, ...] = ()) -> 
   for rel in snapshot_files(repo, extra):
     os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
     shutil.copy2(os.path.join(repo, rel), os.path.join(tmp, rel))
-  os.rename(tmp, dest)                            # whole or absent: a job never sees half of it
+  os.rename(tmp, dest)  # whole or absent: a job never sees half of it
   return True
 
 
@@ -89,13 +95,13 @@ def git_commit(repo: str = REPO) -> str:
   """HEAD's commit, read from .git without running git ("" if it cannot be read)."""
   try:
     git = os.path.join(repo, ".git")
-    if os.path.isfile(git):                       # a worktree: "gitdir: <path>"
+    if os.path.isfile(git):  # a worktree: "gitdir: <path>"
       with open(git) as f:
         git = os.path.join(repo, f.read().split(":", 1)[1].strip())
     with open(os.path.join(git, "HEAD")) as f:
       head = f.read().strip()
     if not head.startswith("ref: "):
-      return head                                 # detached HEAD: the commit itself
+      return head  # detached HEAD: the commit itself
     ref = head[5:]
     if os.path.exists(os.path.join(git, ref)):
       with open(os.path.join(git, ref)) as f:
@@ -111,22 +117,37 @@ def manifest(launch: Launch) -> dict:
   old = read_json(os.path.join(launch.root, MANIFEST)) or {}
   launched = {j.member.name for j in launch.jobs}
   kept = [m for m in old.get("members", []) if m.get("name") not in launched]
-  return {"backend": launch.backend, "scale": launch.scale, "experiment": launch.experiment,
-          "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_commit": git_commit(),
-          "code_dir": launch.code_dir or REPO, "shared_root": launch.shared_root,
-          "overrides": launch.overrides,
-          "members": kept + [member_record(j) for j in launch.jobs]}
+  return {
+    "backend": launch.backend,
+    "scale": launch.scale,
+    "experiment": launch.experiment,
+    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    "git_commit": git_commit(),
+    "code_dir": launch.code_dir or REPO,
+    "shared_root": launch.shared_root,
+    "overrides": launch.overrides,
+    "members": kept + [member_record(j) for j in launch.jobs],
+  }
 
 
 def member_record(job: Job) -> dict:
   m = job.member
-  return {"name": m.name, "arg": m.arg, "workdir": m.workdir, "target_devices": m.target_devices,
-          "model": m.config.model_name, "size": m.config.model.size,
-          "n_params": int(m.config.sweep.n_params), "compute": float(m.config.sweep.compute),
-          "total_steps": m.total_steps, "batch_size": int(m.config.batch_size),
-          "commands": {"train": shell_join(job.train), "probe": shell_join(job.probe)},
-          "launch": [shell_join(argv) for _, argv in job.steps],
-          "script": job.script_path, **job.info}
+  return {
+    "name": m.name,
+    "arg": m.arg,
+    "workdir": m.workdir,
+    "target_devices": m.target_devices,
+    "model": m.config.model_name,
+    "size": m.config.model.size,
+    "n_params": int(m.config.sweep.n_params),
+    "compute": float(m.config.sweep.compute),
+    "total_steps": m.total_steps,
+    "batch_size": int(m.config.batch_size),
+    "commands": {"train": shell_join(job.train), "probe": shell_join(job.probe)},
+    "launch": [shell_join(argv) for _, argv in job.steps],
+    "script": job.script_path,
+    **job.info,
+  }
 
 
 def read_json(path: str) -> dict | None:
@@ -142,8 +163,10 @@ def check_root(root: str, scale: str) -> None:
   for name in (MANIFEST, RUNNER_MANIFEST):
     old = (read_json(os.path.join(root, name)) or {}).get("scale")
     if old and old != scale:
-      raise LaunchError(f"--workdir_root={root} holds a {old} sweep ({name}); this is the {scale} "
-                        "sweep: use another --workdir_root")
+      raise LaunchError(
+        f"--workdir_root={root} holds a {old} sweep ({name}); this is the {scale} "
+        "sweep: use another --workdir_root"
+      )
 
 
 def write_files(launch: Launch) -> None:
@@ -159,8 +182,14 @@ def write_files(launch: Launch) -> None:
       with open(job.script_path, "w") as f:
         f.write(job.script)
       os.chmod(job.script_path, 0o755)
-      config_path = job.script_path[:-len(".sbatch")] + ".config.json"
-      status_lib.write_json_atomic(config_path, {
-          "arg": job.member.arg, "experiment": launch.experiment, "overrides": launch.overrides,
-          "config": json.loads(json.dumps(job.member.config.to_dict(), default=str))})
+      config_path = job.script_path[: -len(".sbatch")] + ".config.json"
+      status_lib.write_json_atomic(
+        config_path,
+        {
+          "arg": job.member.arg,
+          "experiment": launch.experiment,
+          "overrides": launch.overrides,
+          "config": json.loads(json.dumps(job.member.config.to_dict(), default=str)),
+        },
+      )
   status_lib.write_json_atomic(os.path.join(launch.root, MANIFEST), manifest(launch))

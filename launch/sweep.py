@@ -20,6 +20,7 @@ Bad input (a flag, an override, a member that does not fit a backend, a value wi
 every value ends up in a script line, an #SBATCH line or a remote command) is one `error:` line
 naming the flag, before anything is rendered; exit status 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,96 +31,195 @@ import sys
 from cbert_jax.errors import ConfigError
 from cbert_jax.scaling import status as status_lib
 from launch import jobs as jobs_lib
-from launch.backends import (BACKENDS, DEFAULT_GRACE_S, DEFAULT_MAX_RESTARTS, DEFAULT_PYTHON,
-                             GPU_CHIPS, RENDER, STOPPED_EXIT, TPU_PREFIX, TPU_RUNTIME, describe,
-                             shell_join)
+from launch.backends import (
+  BACKENDS,
+  DEFAULT_GRACE_S,
+  DEFAULT_MAX_RESTARTS,
+  DEFAULT_PYTHON,
+  GPU_CHIPS,
+  RENDER,
+  STOPPED_EXIT,
+  TPU_PREFIX,
+  TPU_RUNTIME,
+  describe,
+  shell_join,
+)
 from launch.members import LOG_DIR, REPO, Launch, LaunchError, arg_members, load_members
-from launch.snapshot import (MANIFEST, check_root, read_json, snapshot_extra, snapshot_id,
-                             write_files)
-
+from launch.snapshot import (
+  MANIFEST,
+  check_root,
+  read_json,
+  snapshot_extra,
+  snapshot_id,
+  write_files,
+)
 
 # ----------------------------------------------------------------- the CLI ---
 
 
 def launch_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m launch.sweep", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--config", required=True,
-                 help="experiment file[:scale], e.g. experiments/sweep.py:paper (default scale)")
+  p = argparse.ArgumentParser(
+    prog="python -m launch.sweep",
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  p.add_argument(
+    "--config",
+    required=True,
+    help="experiment file[:scale], e.g. experiments/sweep.py:paper (default scale)",
+  )
   p.add_argument("--backend", required=True, choices=BACKENDS)
-  p.add_argument("--args", nargs="*", default=None,
-                 help="local: one member per config arg of --config (any experiment file), e.g. "
-                      "--args model=bert model=crossbert; the trainer checks each config")
-  p.add_argument("--workdir_root", default="",
-                 help="members go to <root>/<member> (default: <shared_root>/<experiment>_<scale>)")
-  p.add_argument("--shared_root", default="",
-                 help="storage every host mounts at this path (NFS, Filestore, a gcsfuse bucket): "
-                      "the workdirs, the code snapshot (code/<hash>) and the data cache (cache/)")
+  p.add_argument(
+    "--args",
+    nargs="*",
+    default=None,
+    help="local: one member per config arg of --config (any experiment file), e.g. "
+    "--args model=bert model=crossbert; the trainer checks each config",
+  )
+  p.add_argument(
+    "--workdir_root",
+    default="",
+    help="members go to <root>/<member> (default: <shared_root>/<experiment>_<scale>)",
+  )
+  p.add_argument(
+    "--shared_root",
+    default="",
+    help="storage every host mounts at this path (NFS, Filestore, a gcsfuse bucket): "
+    "the workdirs, the code snapshot (code/<hash>) and the data cache (cache/)",
+  )
   p.add_argument("--execute", action="store_true", help="write, run or submit (default: dry run)")
-  p.add_argument("--override", action="append", default=[],
-                 help="trainer flag for every member, e.g. --override=--config.data.sources=...")
+  p.add_argument(
+    "--override",
+    action="append",
+    default=[],
+    help="trainer flag for every member, e.g. --override=--config.data.sources=...",
+  )
   p.add_argument("--members", default="", help="comma list of member names (default: all)")
-  p.add_argument("--python", default=None,
-                 help="interpreter (a shell-split prefix); default: this one for local, python3 "
-                      "for tpu-vm, python for slurm and xpk")
-  p.add_argument("--setup", default="",
-                 help="shell line run before the member (e.g. source venv/bin/activate)")
-  p.add_argument("--code_dir", default="",
-                 help="slurm/tpu-vm/xpk: run from this checkout (default: slurm, tpu-vm use a "
-                      "snapshot under <root>/code/; xpk the image's working directory)")
-  p.add_argument("--include_running", action="store_true",
-                 help="also launch members that look running (metrics.jsonl written in the last "
-                      "10 minutes): by default they are skipped, as another process may train them")
-  p.add_argument("--parallel", type=int, default=None,
-                 help="local/tpu-vm: members at once (default 1 for local, all for tpu-vm)")
-  p.add_argument("--retries", type=int, default=None,
-                 help="local/tpu-vm: run a failing member again up to this many times, from the "
-                      "step that failed (default 0; 1 for --args members)")
+  p.add_argument(
+    "--python",
+    default=None,
+    help="interpreter (a shell-split prefix); default: this one for local, python3 "
+    "for tpu-vm, python for slurm and xpk",
+  )
+  p.add_argument(
+    "--setup", default="", help="shell line run before the member (e.g. source venv/bin/activate)"
+  )
+  p.add_argument(
+    "--code_dir",
+    default="",
+    help="slurm/tpu-vm/xpk: run from this checkout (default: slurm, tpu-vm use a "
+    "snapshot under <root>/code/; xpk the image's working directory)",
+  )
+  p.add_argument(
+    "--include_running",
+    action="store_true",
+    help="also launch members that look running (metrics.jsonl written in the last "
+    "10 minutes): by default they are skipped, as another process may train them",
+  )
+  p.add_argument(
+    "--parallel",
+    type=int,
+    default=None,
+    help="local/tpu-vm: members at once (default 1 for local, all for tpu-vm)",
+  )
+  p.add_argument(
+    "--retries",
+    type=int,
+    default=None,
+    help="local/tpu-vm: run a failing member again up to this many times, from the "
+    "step that failed (default 0; 1 for --args members)",
+  )
   g = p.add_argument_group("slurm")
   g.add_argument("--partition", default="")
   g.add_argument("--account", default="")
   g.add_argument("--gpus_per_node", type=int, default=8)
-  g.add_argument("--gpu_type", choices=GPU_CHIPS, default="h100",
-                 help="the GPUs, for each member's memory plan (sets --config.sweep.chip)")
+  g.add_argument(
+    "--gpu_type",
+    choices=GPU_CHIPS,
+    default="h100",
+    help="the GPUs, for each member's memory plan (sets --config.sweep.chip)",
+  )
   g.add_argument("--time", default="48:00:00", help="time limit per job (SLURM format)")
-  g.add_argument("--signal_seconds", type=int, default=300,
-                 help="USR1 this long before the time limit: checkpoint, then requeue")
+  g.add_argument(
+    "--signal_seconds",
+    type=int,
+    default=300,
+    help="USR1 this long before the time limit: checkpoint, then requeue",
+  )
   g.add_argument("--sbatch", default="sbatch", help="the submit command (a shell-split prefix)")
   g = p.add_argument_group("tpu-vm and xpk")
   g.add_argument("--zone", default="")
   g.add_argument("--project", default="")
   g.add_argument("--tpu_generation", choices=tuple(TPU_PREFIX), default="v5p")
   g.add_argument("--tpu_prefix", default="cbert-", help="TPU VM name = prefix + member")
-  g.add_argument("--runtime_version", default="",
-                 help="TPU VM software version (default per generation: " +
-                      ", ".join(f"{k} {v}" for k, v in TPU_RUNTIME.items()) + ")")
-  g.add_argument("--create_tpus", action="store_true",
-                 help="tpu-vm --execute: create the TPU VMs first")
-  g.add_argument("--setup_workers", action="store_true",
-                 help="tpu-vm: before the member, pip install the code snapshot with its pinned "
-                      "dependencies (the tpu extra) on every worker")
+  g.add_argument(
+    "--runtime_version",
+    default="",
+    help="TPU VM software version (default per generation: "
+    + ", ".join(f"{k} {v}" for k, v in TPU_RUNTIME.items())
+    + ")",
+  )
+  g.add_argument(
+    "--create_tpus", action="store_true", help="tpu-vm --execute: create the TPU VMs first"
+  )
+  g.add_argument(
+    "--setup_workers",
+    action="store_true",
+    help="tpu-vm: before the member, pip install the code snapshot with its pinned "
+    "dependencies (the tpu extra) on every worker",
+  )
   g.add_argument("--gcloud", default="gcloud", help="the gcloud command (a shell-split prefix)")
   g.add_argument("--cluster", default="", help="xpk: the GKE cluster")
   g.add_argument("--docker_image", default="", help="xpk: the image holding this repository")
   g.add_argument("--workload_prefix", default="cbert-", help="xpk: workload name = prefix + member")
-  g.add_argument("--max_restarts", type=int, default=DEFAULT_MAX_RESTARTS,
-                 help="xpk --max-restarts: JobSet restarts after a preemption (the member wrapper "
-                      f"exits {STOPPED_EXIT}) or a crash with exit status 42 or 127-255")
-  g.add_argument("--termination_grace_seconds", type=int, default=DEFAULT_GRACE_S,
-                 help="xpk --termination-grace-period-seconds: how long a pod has after SIGTERM "
-                      "to finish its step and checkpoint before SIGKILL")
-  g.add_argument("--xpk_storage", action="append", default=[],
-                 help="xpk: a storage attached with `xpk storage attach NAME` to mount "
-                      "(--storage=NAME; repeat for more); mount --shared_root this way")
+  g.add_argument(
+    "--max_restarts",
+    type=int,
+    default=DEFAULT_MAX_RESTARTS,
+    help="xpk --max-restarts: JobSet restarts after a preemption (the member wrapper "
+    f"exits {STOPPED_EXIT}) or a crash with exit status 42 or 127-255",
+  )
+  g.add_argument(
+    "--termination_grace_seconds",
+    type=int,
+    default=DEFAULT_GRACE_S,
+    help="xpk --termination-grace-period-seconds: how long a pod has after SIGTERM "
+    "to finish its step and checkpoint before SIGKILL",
+  )
+  g.add_argument(
+    "--xpk_storage",
+    action="append",
+    default=[],
+    help="xpk: a storage attached with `xpk storage attach NAME` to mount "
+    "(--storage=NAME; repeat for more); mount --shared_root this way",
+  )
   g.add_argument("--xpk", default="xpk", help="the xpk command (a shell-split prefix)")
   return p
 
 
 # Flags whose values end up in a script line, an #SBATCH line or a remote command.
-ONE_LINE_FLAGS = ("config", "workdir_root", "shared_root", "members", "python", "setup",
-                  "code_dir", "partition", "account", "time", "sbatch", "zone", "project",
-                  "tpu_prefix", "runtime_version", "gcloud", "cluster", "docker_image",
-                  "workload_prefix", "xpk")
+ONE_LINE_FLAGS = (
+  "config",
+  "workdir_root",
+  "shared_root",
+  "members",
+  "python",
+  "setup",
+  "code_dir",
+  "partition",
+  "account",
+  "time",
+  "sbatch",
+  "zone",
+  "project",
+  "tpu_prefix",
+  "runtime_version",
+  "gcloud",
+  "cluster",
+  "docker_image",
+  "workload_prefix",
+  "xpk",
+)
 
 
 def check_one_line(ns: argparse.Namespace) -> None:
@@ -130,8 +230,10 @@ def check_one_line(ns: argparse.Namespace) -> None:
   values += [("args", v) for v in ns.args or []]
   for flag, value in values:
     if isinstance(value, str) and any(ord(c) < 32 and c != "\t" or ord(c) == 127 for c in value):
-      raise LaunchError(f"--{flag}={value!r}: holds a line break or control character; every "
-                        "value goes into one line of a script or remote command")
+      raise LaunchError(
+        f"--{flag}={value!r}: holds a line break or control character; every "
+        "value goes into one line of a script or remote command"
+      )
 
 
 def effective_overrides(overrides: list[str], shared_root: str) -> list[str]:
@@ -146,7 +248,8 @@ def planned_chip(ns: argparse.Namespace) -> str:
   """The chip a backend's members run on (cbert_jax/scaling/memory.py:CHIPS): --gpu_type for
   slurm, --tpu_generation for tpu-vm and xpk; "" for local (no memory plan)."""
   return {"slurm": ns.gpu_type, "tpu-vm": ns.tpu_generation, "xpk": ns.tpu_generation}.get(
-      ns.backend, "")
+    ns.backend, ""
+  )
 
 
 def check_flags(ns: argparse.Namespace) -> None:
@@ -157,14 +260,20 @@ def check_flags(ns: argparse.Namespace) -> None:
   if ns.retries is not None and ns.retries < 0:
     raise LaunchError(f"--retries={ns.retries} must be >= 0")
   if ns.retries is not None and ns.backend in ("slurm", "xpk"):
-    raise LaunchError(f"--retries: --backend {ns.backend} submits the members (slurm requeues "
-                      "a member, xpk restarts it up to --max_restarts times)")
+    raise LaunchError(
+      f"--retries: --backend {ns.backend} submits the members (slurm requeues "
+      "a member, xpk restarts it up to --max_restarts times)"
+    )
   if ns.args is not None and ns.backend != "local":
-    raise LaunchError(f"--args: members of config args run with --backend local; --backend "
-                      f"{ns.backend} launches the members of an experiment's get_sweep")
+    raise LaunchError(
+      f"--args: members of config args run with --backend local; --backend "
+      f"{ns.backend} launches the members of an experiment's get_sweep"
+    )
   if not ns.workdir_root and not ns.shared_root:
-    raise LaunchError("--workdir_root: required, or --shared_root (the workdirs then go to "
-                      "<shared_root>/<experiment>_<scale>)")
+    raise LaunchError(
+      "--workdir_root: required, or --shared_root (the workdirs then go to "
+      "<shared_root>/<experiment>_<scale>)"
+    )
 
 
 def build(argv: list[str]) -> tuple[Launch, argparse.Namespace]:
@@ -175,24 +284,33 @@ def build(argv: list[str]) -> tuple[Launch, argparse.Namespace]:
   overrides = effective_overrides(ns.override, shared)
   only = [n.strip() for n in ns.members.split(",") if n.strip()]
   plain = ns.args is not None
-  if plain:                                       # --args: the configs are the trainer's to check
+  if plain:  # --args: the configs are the trainer's to check
     scale, (experiment, members) = "", arg_members(ns.config, ns.args, "", overrides, only)
   else:
     scale, experiment, members = load_members(ns.config, "", overrides, only)
   chip = planned_chip(ns)
-  if (chip and members and all(m.target_devices > 0 for m in members)
-      and not any(o.startswith("--config.sweep.chip=") for o in overrides)):
+  if (
+    chip
+    and members
+    and all(m.target_devices > 0 for m in members)
+    and not any(o.startswith("--config.sweep.chip=") for o in overrides)
+  ):
     # Members are planned (memory: remat, ce_chunk, micro-batches) for the chip they run on; the
     # trainer gets the same flag, so it derives the same plan.
     overrides = [*overrides, f"--config.sweep.chip={chip}"]
     scale, experiment, members = load_members(ns.config, "", overrides, only)
   stem = os.path.splitext(os.path.basename(experiment))[0]
-  root = (os.path.abspath(ns.workdir_root) if ns.workdir_root
-          else os.path.join(shared, f"{stem}_{scale}" if scale else stem))
+  root = (
+    os.path.abspath(ns.workdir_root)
+    if ns.workdir_root
+    else os.path.join(shared, f"{stem}_{scale}" if scale else stem)
+  )
   for m in members:
     if any(ord(c) < 32 for c in m.name + m.arg):
-      raise LaunchError(f"--config={ns.config}: member {m.name!r} ({m.arg!r}) holds a control "
-                        "character; member names and args go into scripts")
+      raise LaunchError(
+        f"--config={ns.config}: member {m.name!r} ({m.arg!r}) holds a control "
+        "character; member names and args go into scripts"
+      )
     m.workdir = os.path.join(root, m.name)
   if not plain:
     check_root(root, scale)
@@ -200,10 +318,16 @@ def build(argv: list[str]) -> tuple[Launch, argparse.Namespace]:
   # xpk runs in its image (optionally in --code_dir); local in this repository.
   snapshot = ns.backend in ("slurm", "tpu-vm") and not ns.code_dir
   extra = snapshot_extra(experiment) if snapshot else ()
-  code_dir = (os.path.join(shared or root, "code", snapshot_id(REPO, extra)) if snapshot
-              else "" if ns.backend == "local" else ns.code_dir)
-  launch = Launch(ns.backend, scale, experiment, root, overrides, [], code_dir, snapshot, shared,
-                  extra, plain)
+  code_dir = (
+    os.path.join(shared or root, "code", snapshot_id(REPO, extra))
+    if snapshot
+    else ""
+    if ns.backend == "local"
+    else ns.code_dir
+  )
+  launch = Launch(
+    ns.backend, scale, experiment, root, overrides, [], code_dir, snapshot, shared, extra, plain
+  )
   python = shlex.split(ns.python) if ns.python is not None else [DEFAULT_PYTHON[ns.backend]]
   launch.jobs = RENDER[ns.backend](launch, members, ns, python)
   return launch, ns
@@ -213,38 +337,57 @@ def show(launch: Launch, states: dict, execute: bool, include_running: bool) -> 
   """Prints the plan: per member its commands or script; skipped members say why."""
   n = len(launch.jobs)
   if launch.plain:
-    print(f"launch.sweep: {n} member{'s' if n != 1 else ''} of {launch.experiment} (--args), "
-          f"backend local, workdirs under {launch.root}")
+    print(
+      f"launch.sweep: {n} member{'s' if n != 1 else ''} of {launch.experiment} (--args), "
+      f"backend local, workdirs under {launch.root}"
+    )
   else:
-    print(f"launch.sweep: {launch.scale} sweep of {launch.experiment}, {n} members, backend "
-          f"{launch.backend}, workdirs under {launch.root}")
-  image = "the image's working directory"        # xpk without --code_dir
+    print(
+      f"launch.sweep: {launch.scale} sweep of {launch.experiment}, {n} members, backend "
+      f"{launch.backend}, workdirs under {launch.root}"
+    )
+  image = "the image's working directory"  # xpk without --code_dir
   where = launch.code_dir or (REPO if launch.backend == "local" else image)
   print(f"code: {where}" + (" (a snapshot, written with --execute)" if launch.snapshot else ""))
   if launch.shared_root:
-    cache = next((o.split("=", 1)[1] for o in launch.overrides
-                  if o.split("=", 1)[0] == "--config.data.cache_dir"), "")
+    cache = next(
+      (
+        o.split("=", 1)[1]
+        for o in launch.overrides
+        if o.split("=", 1)[0] == "--config.data.cache_dir"
+      ),
+      "",
+    )
     print(f"shared root: {launch.shared_root} (workdirs {launch.root}, data cache {cache})")
   if not execute:
-    does = (f"runs them, recording them in {os.path.join(launch.root, jobs_lib.STATUS_FILE)}"
-            if launch.plain else f"writes {os.path.join(launch.root, MANIFEST)}"
-            + (" and the scripts" if launch.backend == "slurm" else "") + " and launches")
+    does = (
+      f"runs them, recording them in {os.path.join(launch.root, jobs_lib.STATUS_FILE)}"
+      if launch.plain
+      else f"writes {os.path.join(launch.root, MANIFEST)}"
+      + (" and the scripts" if launch.backend == "slurm" else "")
+      + " and launches"
+    )
     print(f"dry run: nothing is started or written; --execute {does}")
   for i, job in enumerate(launch.jobs):
     m, st = job.member, states[job.member.name]
     tag = f"[{i + 1}/{n}] {m.name}"
     if st.state == "done":
-      print(f"{tag}: done, skipped (checkpoint of the final step {st.step}"
-            + ("" if launch.plain else " and its probe results") + ")")
+      print(
+        f"{tag}: done, skipped (checkpoint of the final step {st.step}"
+        + ("" if launch.plain else " and its probe results")
+        + ")"
+      )
       continue
     if st.state == "running" and not include_running:
-      print(f"{tag}: running (metrics.jsonl written in the last "
-            f"{status_lib.RUNNING_WINDOW_S / 60:.0f} min), skipped; --include_running launches it")
+      print(
+        f"{tag}: running (metrics.jsonl written in the last "
+        f"{status_lib.RUNNING_WINDOW_S / 60:.0f} min), skipped; --include_running launches it"
+      )
       continue
     print(f"{tag} ({st.state}; {m.summary()}{describe(job)})")
     if job.script:
       print(f"# {job.script_path}\n{job.script}", end="")
-    if "create" in job.info and job.steps[0][0] != "create":   # tpu-vm: shown, not run
+    if "create" in job.info and job.steps[0][0] != "create":  # tpu-vm: shown, not run
       print(f"  {job.info['create']}")
     for _, argv in job.steps:
       print(f"  {shell_join(argv)}")
@@ -253,10 +396,11 @@ def show(launch: Launch, states: dict, execute: bool, include_running: bool) -> 
 
 def execute(launch: Launch, ns: argparse.Namespace, states: dict) -> int:
   """Writes the files, then runs (local, tpu-vm) or submits (slurm, xpk) the members not done."""
-  if not launch.plain:                            # --args members: the status file records them
+  if not launch.plain:  # --args members: the status file records them
     write_files(launch)
-  todo = [j for j in launch.jobs
-          if not jobs_lib.skipped(states[j.member.name].state, ns.include_running)]
+  todo = [
+    j for j in launch.jobs if not jobs_lib.skipped(states[j.member.name].state, ns.include_running)
+  ]
   if launch.backend in ("slurm", "xpk"):
     failed = jobs_lib.submit(todo)
     if failed:
@@ -264,23 +408,31 @@ def execute(launch: Launch, ns: argparse.Namespace, states: dict) -> int:
     return 1 if failed else 0
   parallel = ns.parallel or (1 if launch.backend == "local" else max(1, len(todo)))
   retries = ns.retries if ns.retries is not None else (1 if launch.plain else 0)
-  options = jobs_lib.RunOptions(retries=retries, attempt_logs=launch.plain,
-                                echo=launch.plain and parallel == 1, records=launch.plain)
+  options = jobs_lib.RunOptions(
+    retries=retries,
+    attempt_logs=launch.plain,
+    echo=launch.plain and parallel == 1,
+    records=launch.plain,
+  )
   runner = jobs_lib.JobRunner(launch.root, REPO, launch.jobs, states, options)
   try:
     results = runner.run_all(todo, parallel)
   except KeyboardInterrupt:
-    return 130                                    # the members stopped; they resume when launched
+    return 130  # the members stopped; they resume when launched
 
-  final = [status_lib.member_state(j.member.name, j.member.workdir, probe=not launch.plain)
-           for j in launch.jobs]
+  final = [
+    status_lib.member_state(j.member.name, j.member.workdir, probe=not launch.plain)
+    for j in launch.jobs
+  ]
   record = f" ({os.path.join(launch.root, jobs_lib.STATUS_FILE)})" if launch.plain else ""
-  print(f"\nsweep {launch.root}{record}:\n{jobs_lib.summary(final, runner.attempts())}",
-        flush=True)
+  print(f"\nsweep {launch.root}{record}:\n{jobs_lib.summary(final, runner.attempts())}", flush=True)
   failed = [name for name, result in results.items() if result != "done"]
   if failed:
-    print(f"{len(failed)} of {len(todo)} members failed: {', '.join(sorted(failed))}; logs in "
-          f"{os.path.join(launch.root, LOG_DIR)}/", file=sys.stderr)
+    print(
+      f"{len(failed)} of {len(todo)} members failed: {', '.join(sorted(failed))}; logs in "
+      f"{os.path.join(launch.root, LOG_DIR)}/",
+      file=sys.stderr,
+    )
   return 1 if failed else 0
 
 
@@ -294,40 +446,53 @@ def launch_main(argv: list[str]) -> int:
     print(f"config error: {e}", file=sys.stderr)
     return 2
   resolved = [j.member for j in launch.jobs if j.member.config is not None]
-  no_corpus = [m.name for m in resolved
-               if m.config.data.corpus == "sources" and not m.config.data.sources]
-  if no_corpus:   # the paper scale trains on a corpus only the user has
-    message = (f"data.sources is empty for {len(no_corpus)} member(s) ({no_corpus[0]}, ...): pass "
-               "--override=--config.data.sources=PATTERN (your preprocessed pod corpus)")
+  no_corpus = [
+    m.name for m in resolved if m.config.data.corpus == "sources" and not m.config.data.sources
+  ]
+  if no_corpus:  # the paper scale trains on a corpus only the user has
+    message = (
+      f"data.sources is empty for {len(no_corpus)} member(s) ({no_corpus[0]}, ...): pass "
+      "--override=--config.data.sources=PATTERN (your preprocessed pod corpus)"
+    )
     if ns.execute:
       print(f"error: {message}", file=sys.stderr)
       return 2
     print(f"warning: {message}; --execute refuses until then", file=sys.stderr)
   too_big = [m.name for m in resolved if m.config.sweep.memory_verdict == "needs more chips"]
-  if too_big:   # no remat / ce_chunk / micro-batch setting fits the member's chips
-    message = (f"{len(too_big)} member(s) do not fit their chips at any memory setting "
-               f"({', '.join(too_big)}): give them more chips (sweep.target_devices) or a chip "
-               "with more memory; `python -m launch.compile_check` shows the figures")
+  if too_big:  # no remat / ce_chunk / micro-batch setting fits the member's chips
+    message = (
+      f"{len(too_big)} member(s) do not fit their chips at any memory setting "
+      f"({', '.join(too_big)}): give them more chips (sweep.target_devices) or a chip "
+      "with more memory; `python -m launch.compile_check` shows the figures"
+    )
     if ns.execute:
       print(f"error: {message}", file=sys.stderr)
       return 2
     print(f"warning: {message}; --execute refuses until then", file=sys.stderr)
   if launch.backend == "xpk" and launch.shared_root and not ns.xpk_storage:
-    print(f"warning: --shared_root={launch.shared_root} without --xpk_storage: the pods see it "
-          "only if a storage is attached there with --auto-mount=true (else the workdirs are "
-          "lost with each pod); `xpk storage attach NAME --mount-point=... --auto-mount=false` "
-          "and --xpk_storage NAME mount it for these workloads", file=sys.stderr)
+    print(
+      f"warning: --shared_root={launch.shared_root} without --xpk_storage: the pods see it "
+      "only if a storage is attached there with --auto-mount=true (else the workdirs are "
+      "lost with each pod); `xpk storage attach NAME --mount-point=... --auto-mount=false` "
+      "and --xpk_storage NAME mount it for these workloads",
+      file=sys.stderr,
+    )
   states = jobs_lib.member_states(launch)
   show(launch, states, ns.execute, ns.include_running)
   return execute(launch, ns, states) if ns.execute else 0
 
 
 def status_main(argv: list[str]) -> int:
-  p = argparse.ArgumentParser(prog="python -m launch.sweep status",
-                              description="State of every member of a launched sweep.")
+  p = argparse.ArgumentParser(
+    prog="python -m launch.sweep status", description="State of every member of a launched sweep."
+  )
   p.add_argument("--workdir_root", required=True)
-  p.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True,
-                 help="done needs the probe results too (--no-probe: the final checkpoint only)")
+  p.add_argument(
+    "--probe",
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help="done needs the probe results too (--no-probe: the final checkpoint only)",
+  )
   ns = p.parse_args(argv)
   root = os.path.abspath(ns.workdir_root)
   if not os.path.isdir(root):
@@ -336,12 +501,13 @@ def status_main(argv: list[str]) -> int:
   source, members = jobs_lib.find_members(root)
   states = [status_lib.member_state(n, w, probe=ns.probe) for n, w in members]
   counts = {k: sum(s.state == k for s in states) for k in ("done", "running", "pending", "failed")}
-  print(f"{root} ({source}): {len(states)} members, "
-        + ", ".join(f"{v} {k}" for k, v in counts.items()))
+  print(
+    f"{root} ({source}): {len(states)} members, " + ", ".join(f"{v} {k}" for k, v in counts.items())
+  )
   if states:
     print(status_lib.table(states))
   progress = read_json(os.path.join(root, status_lib.STATUS_FILE)) or {}
-  if progress.get("progress"):   # the in-process runner's last line: FLOPs done, rate, ETA
+  if progress.get("progress"):  # the in-process runner's last line: FLOPs done, rate, ETA
     print(f"runner ({progress.get('updated', '?')}): {progress['progress']}")
   live = jobs_lib.live_eta(root, states, progress.get("flops_per_sec") or 0.0)
   if live:

@@ -1,7 +1,10 @@
 """Test setup: 8 fake CPU devices (set before jax is imported anywhere) and shared tiny fixtures."""
+
 import os
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ["XLA_FLAGS"] = (
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
@@ -16,7 +19,10 @@ def jax_compilation_cache(tmp_path_factory):
   first use, so this is set before any test; a run with `compilation_cache_dir` (the sweep
   runner) then reuses it. The executables are XLA's own, bit for bit: no result changes."""
   import jax  # pylint: disable=import-outside-toplevel
-  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_compilation_cache")))
+
+  jax.config.update(
+    "jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_compilation_cache"))
+  )
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   yield
 
@@ -39,6 +45,7 @@ def toy_tasks(monkeypatch):
   """The synthetic probe tasks of `helpers.synthetic_tasks` in place of the task kit."""
   from cbert_jax.data.tasks import tfds as task_tfds  # pylint: disable=import-outside-toplevel
   from tests import helpers  # pylint: disable=import-outside-toplevel
+
   tasks = helpers.synthetic_tasks()
   monkeypatch.setattr(task_tfds, "list_tasks", lambda: list(tasks))
   monkeypatch.setattr(task_tfds, "load_task", lambda name, **kw: tasks[name])
@@ -55,6 +62,7 @@ def trained_run(tmp_path_factory, cache_dir):
     if model not in runs:
       from cbert_jax import train  # pylint: disable=import-outside-toplevel
       from tests.test_train import tiny_config  # pylint: disable=import-outside-toplevel
+
       workdir = str(tmp_path_factory.mktemp(f"trained_{model}"))
       train.run(tiny_config(cache_dir, model, total_steps=2, checkpoint_every=2), workdir)
       runs[model] = workdir

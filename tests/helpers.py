@@ -1,4 +1,5 @@
 """Tiny models, packed batches and fake archives shared by the tests (no network)."""
+
 import dataclasses
 import io
 import tarfile
@@ -9,7 +10,7 @@ from flax import nnx
 from cbert_jax.models import FAMILIES
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 
-SPECIAL = (0, 2, 3, 4)   # pad, bos, eos, [MASK] as the SentencePiece tokenizer numbers them
+SPECIAL = (0, 2, 3, 4)  # pad, bos, eos, [MASK] as the SentencePiece tokenizer numbers them
 MASK_ID = 4
 
 
@@ -19,8 +20,9 @@ def model_cfg(**kw) -> ModelConfig:
 
 
 def mask_cfg(model_name: str, **kw) -> MaskConfig:
-  base = dict(mask_ratio=0.5 if model_name == "crossbert" else 0.2, mask_id=MASK_ID,
-              special_ids=SPECIAL)
+  base = dict(
+    mask_ratio=0.5 if model_name == "crossbert" else 0.2, mask_id=MASK_ID, special_ids=SPECIAL
+  )
   return MaskConfig(**(base | kw))
 
 
@@ -41,13 +43,13 @@ def packed_batch(b: int = 3, t: int = 16, vocab: int = 96, seed: int = 0) -> dic
   rs = np.random.RandomState(seed)
   tokens = rs.randint(len(SPECIAL) + 1, vocab, (b, t)).astype(np.int32)
   seg = np.ones((b, t), np.int32)
-  seg[0, t // 2:] = 2                      # row 0: two documents
+  seg[0, t // 2 :] = 2  # row 0: two documents
   if b > 1:
-    seg[1, 3 * t // 4:] = 0                # row 1: one document, padded tail
-    tokens[1, 3 * t // 4:] = 0
+    seg[1, 3 * t // 4 :] = 0  # row 1: one document, padded tail
+    tokens[1, 3 * t // 4 :] = 0
   if b > 2:
-    seg[2, t // 4:] = 2                    # row 2: three documents
-    seg[2, 3 * t // 4:] = 3
+    seg[2, t // 4 :] = 2  # row 2: three documents
+    seg[2, 3 * t // 4 :] = 3
   pos = np.zeros((b, t), np.int32)
   for i in range(b):
     for j in range(1, t):
@@ -70,8 +72,9 @@ class WordTokenizer:
   def encode_batch(self, texts):
     first = len(SPECIAL) + 1
     span = self.vocab_size - first
-    return [[self.ids.setdefault(w, first + len(self.ids) % span) for w in t.split()]
-            for t in texts]
+    return [
+      [self.ids.setdefault(w, first + len(self.ids) % span) for w in t.split()] for t in texts
+    ]
 
 
 def write_tgz(path, files: dict[str, bytes]) -> str:
@@ -96,13 +99,24 @@ def synthetic_tasks() -> dict:
   """A classification task decided by a marker word, a regression task, pairs and retrieval (the
   `toy_tasks` fixture in conftest.py serves them in place of the task kit)."""
   from cbert_jax.data.tasks import tfds as task_tfds
+
   rs = np.random.RandomState(0)
+
   def split(n):
     texts = _texts(rs, "good", n // 2) + _texts(rs, "bad", n // 2)
-    return {"ids": [str(i) for i in range(n)], "texts": texts,
-            "labels": np.array([1] * (n // 2) + [0] * (n // 2), np.int32)}
-  cls = task_tfds.Task("toy_cls", "classification", "accuracy", ("bad", "good"),
-                        splits={"train": split(200), "dev": split(60), "test": split(60)})
+    return {
+      "ids": [str(i) for i in range(n)],
+      "texts": texts,
+      "labels": np.array([1] * (n // 2) + [0] * (n // 2), np.int32),
+    }
+
+  cls = task_tfds.Task(
+    "toy_cls",
+    "classification",
+    "accuracy",
+    ("bad", "good"),
+    splits={"train": split(200), "dev": split(60), "test": split(60)},
+  )
   reg_splits = {}
   for name, n in (("train", 200), ("dev", 60), ("test", 60)):
     s = split(n)
@@ -111,13 +125,24 @@ def synthetic_tasks() -> dict:
   pair_splits = {}
   for name, n in (("train", 200), ("dev", 60), ("test", 60)):
     s = split(n)
-    pair_splits[name] = {"ids": s["ids"], "texts_a": s["texts"], "texts_b": list(reversed(s["texts"])),
-                         "labels": s["labels"]}
+    pair_splits[name] = {
+      "ids": s["ids"],
+      "texts_a": s["texts"],
+      "texts_b": list(reversed(s["texts"])),
+      "labels": s["labels"],
+    }
   pair = task_tfds.Task("toy_pair", "pair", "accuracy", ("no", "yes"), splits=pair_splits)
   corpus = [f"{w} {w} {w} story" for w in WORDS]
   retr = task_tfds.Task(
-      "toy_retrieval", "retrieval", "ndcg@10", (), corpus={"ids": WORDS, "texts": corpus},
-      queries={s: {"ids": [f"q{w}" for w in WORDS], "texts": [f"{w} {w}" for w in WORDS]}
-               for s in ("dev", "test")},
-      qrels={s: {f"q{w}": {w: 1} for w in WORDS} for s in ("dev", "test")})
+    "toy_retrieval",
+    "retrieval",
+    "ndcg@10",
+    (),
+    corpus={"ids": WORDS, "texts": corpus},
+    queries={
+      s: {"ids": [f"q{w}" for w in WORDS], "texts": [f"{w} {w}" for w in WORDS]}
+      for s in ("dev", "test")
+    },
+    qrels={s: {f"q{w}": {w: 1} for w in WORDS} for s in ("dev", "test")},
+  )
   return {t.name: t for t in (cls, reg, pair, retr)}

@@ -1,4 +1,5 @@
 """The accelerator benchmark script runs end to end on CPU (bf16 compute switch included)."""
+
 import json
 
 import pytest
@@ -10,14 +11,38 @@ from cbert_jax.models.model_config import MaskConfig, ModelConfig
 
 def test_accelerator_step_cpu_dry_run_bf16(tmp_path):
   info = accelerator_step.main(
-      ["--d", "64", "--layers", "2", "--heads", "2", "--vocab", "512", "--seq", "32",
-       "--batch", "4", "--dtype", "bfloat16", "--steps", "2", "--warmup", "1",
-       "--contestants", "BERT,CrossBERT+CMS", "--out", str(tmp_path)])
+    [
+      "--d",
+      "64",
+      "--layers",
+      "2",
+      "--heads",
+      "2",
+      "--vocab",
+      "512",
+      "--seq",
+      "32",
+      "--batch",
+      "4",
+      "--dtype",
+      "bfloat16",
+      "--steps",
+      "2",
+      "--warmup",
+      "1",
+      "--contestants",
+      "BERT,CrossBERT+CMS",
+      "--out",
+      str(tmp_path),
+    ]
+  )
   on_disk = json.loads((tmp_path / "accelerator_step.json").read_text())
   assert on_disk["results"].keys() == {"BERT", "CrossBERT+CMS"}
   assert on_disk["dtype"] == "bfloat16" and on_disk["shape"]["ffn"] == 256
-  for name, family, ratio, cms in (("BERT", "bert", 0.2, False),
-                                   ("CrossBERT+CMS", "crossbert", 0.5, True)):
+  for name, family, ratio, cms in (
+    ("BERT", "bert", 0.2, False),
+    ("CrossBERT+CMS", "crossbert", 0.5, True),
+  ):
     r = info["results"][name]
     cfg = ModelConfig(vocab_size=512, d_model=64, num_layers=2, num_heads=2, predictor_layers=1)
     mask = MaskConfig(mask_ratio=ratio, mask_id=4, special_ids=(0, 2, 3, 4), cms=cms)

@@ -16,12 +16,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from cbert_jax.data import cache_entry
-from cbert_jax.data import fetch
-from cbert_jax.data import packing
-from cbert_jax.data import prepare
-from cbert_jax.data import shards
-from cbert_jax.data import sources
+from cbert_jax.data import cache_entry, fetch, packing, prepare, shards, sources
 from cbert_jax.data import tokenizer as tokenizer_lib
 from cbert_jax.data.offline import build as offline_build
 from cbert_jax.data.offline import readers as offline_readers
@@ -41,7 +36,7 @@ VOCAB = 400
 
 def truncate(path):
   data = open(path, "rb").read()
-  open(path, "wb").write(data[:len(data) // 2])
+  open(path, "wb").write(data[: len(data) // 2])
 
 
 def flip_middle(path, offset=None):
@@ -59,8 +54,7 @@ def empty(path):
   open(path, "wb").write(b"")
 
 
-DAMAGE = {"truncate": truncate, "flip_middle": flip_middle, "garbage": garbage,
-          "empty": empty}
+DAMAGE = {"truncate": truncate, "flip_middle": flip_middle, "garbage": garbage, "empty": empty}
 
 
 def _warnings(caplog):
@@ -86,10 +80,21 @@ def _assert_moved_and_warned(caplog, cache, path, what):
 
 
 def _cfg(cache, corpus_file, **kw):
-  cfg = ml_collections.ConfigDict(dict(
-      corpus="files", corpus_files=[str(corpus_file)], val_fraction=0.1, split_seed=0,
-      max_docs=0, cache_dir=str(cache), tokenizer_path="", vocab_size=VOCAB,
-      tokenizer_type="bpe", tokenizer_sample_chars=20_000_000, verify_cache="sample"))
+  cfg = ml_collections.ConfigDict(
+    dict(
+      corpus="files",
+      corpus_files=[str(corpus_file)],
+      val_fraction=0.1,
+      split_seed=0,
+      max_docs=0,
+      cache_dir=str(cache),
+      tokenizer_path="",
+      vocab_size=VOCAB,
+      tokenizer_type="bpe",
+      tokenizer_sample_chars=20_000_000,
+      verify_cache="sample",
+    )
+  )
   cfg.update(kw)
   return cfg
 
@@ -107,8 +112,9 @@ def pristine(tmp_path_factory, corpus_file):
   """A cache built once: (cache dir, PackedData, tokenizer path, packed path)."""
   cache = tmp_path_factory.mktemp("pristine")
   data = prepare.prepare(_cfg(cache, corpus_file), SEQ_LEN)
-  (packed,) = [os.path.join(cache, "packed", n) for n in os.listdir(cache / "packed")
-               if n.endswith(".npz")]
+  (packed,) = [
+    os.path.join(cache, "packed", n) for n in os.listdir(cache / "packed") if n.endswith(".npz")
+  ]
   return str(cache), data, data.tokenizer.model_path, packed
 
 
@@ -140,16 +146,18 @@ def test_entries_have_sidecars(pristine):
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 @pytest.mark.parametrize("entry", ["tokenizer", "packed arrays"])
-def test_damaged_entry_is_moved_aside_and_rebuilt(pristine, corpus_file, tmp_path, caplog,
-                                                  damage, entry):
+def test_damaged_entry_is_moved_aside_and_rebuilt(
+  pristine, corpus_file, tmp_path, caplog, damage, entry
+):
   cache, tok, packed = _copy(pristine, tmp_path)
   path = tok if entry == "tokenizer" else packed
   DAMAGE[damage](path)
   caplog.set_level(logging.WARNING)
   data = prepare.prepare(_cfg(cache, corpus_file), SEQ_LEN)
   message = _assert_moved_and_warned(caplog, cache, path, entry)
-  reason = {"truncate": "size", "empty": "size", "garbage": "sha256",
-            "flip_middle": "sha256"}[damage]
+  reason = {"truncate": "size", "empty": "size", "garbage": "sha256", "flip_middle": "sha256"}[
+    damage
+  ]
   assert reason in message
   _assert_same(data, pristine[1])
   assert cache_entry.verify(path, "full") is None  # rebuilt, with a fresh sidecar
@@ -172,8 +180,9 @@ def test_out_of_vocab_ids_are_caught(pristine, corpus_file, tmp_path, caplog):
   _assert_same(data, pristine[1])
 
 
-def test_entries_without_sidecar_are_checked_and_adopted(pristine, corpus_file, tmp_path,
-                                                         caplog, monkeypatch):
+def test_entries_without_sidecar_are_checked_and_adopted(
+  pristine, corpus_file, tmp_path, caplog, monkeypatch
+):
   """Entries written before sidecars: used if they load, then given a sidecar."""
   cache, tok, packed = _copy(pristine, tmp_path)
   for path in (tok, packed):
@@ -195,15 +204,19 @@ def test_entries_without_sidecar_are_checked_and_adopted(pristine, corpus_file, 
   _assert_same(data, pristine[1])
 
 
-def test_full_verification_catches_what_the_sample_misses(corpus_file, tmp_path, caplog,
-                                                          monkeypatch):
+def test_full_verification_catches_what_the_sample_misses(
+  corpus_file, tmp_path, caplog, monkeypatch
+):
   """A flip outside the sampled first/middle/last regions: only verify_cache=full sees it
   in the digest (the zip CRC still stops the load in sample mode)."""
   monkeypatch.setattr(cache_entry, "SAMPLE_BYTES", 4096)  # recorded in the sidecars
   cache = str(tmp_path / "cache")
   ref = prepare.prepare(_cfg(cache, corpus_file), SEQ_LEN)
-  (packed,) = [os.path.join(cache, "packed", n) for n in os.listdir(os.path.join(cache, "packed"))
-               if n.endswith(".npz")]
+  (packed,) = [
+    os.path.join(cache, "packed", n)
+    for n in os.listdir(os.path.join(cache, "packed"))
+    if n.endswith(".npz")
+  ]
   size = os.path.getsize(packed)
   assert size > 8 * 4096
   assert json.load(open(cache_entry.sidecar_path(packed)))["sample_bytes"] == 4096
@@ -213,7 +226,8 @@ def test_full_verification_catches_what_the_sample_misses(corpus_file, tmp_path,
   caplog.set_level(logging.WARNING)
   data = prepare.prepare(_cfg(cache, corpus_file, verify_cache="full"), SEQ_LEN)
   assert "sha256 does not match its record" in _assert_moved_and_warned(
-      caplog, cache, packed, "packed arrays")
+    caplog, cache, packed, "packed arrays"
+  )
   _assert_same(data, ref)
   # The same damage in sample mode: not in the digest, but the load fails on the CRC.
   flip_middle(packed, offset=2 * 4096)
@@ -273,11 +287,17 @@ def test_cache_files_honour_the_umask(corpus_file, tmp_path, umask):
 
 
 def _built():
-  docs = [offline_readers.Document(f"Document {i}: " + " ".join(
-      f"word{(i * 7 + j) % 97}" for j in range(40)), "gutenberg", f"book-{i % 3}.txt")
-          for i in range(300)]
-  return offline_build.Built(train=docs[:290], validation=docs[290:],
-                              manifest=dict(content_hash="test", counts={}))
+  docs = [
+    offline_readers.Document(
+      f"Document {i}: " + " ".join(f"word{(i * 7 + j) % 97}" for j in range(40)),
+      "gutenberg",
+      f"book-{i % 3}.txt",
+    )
+    for i in range(300)
+  ]
+  return offline_build.Built(
+    train=docs[:290], validation=docs[290:], manifest=dict(content_hash="test", counts={})
+  )
 
 
 @pytest.fixture(scope="module")
@@ -353,10 +373,19 @@ def test_tfds_damaged_and_archives_gone(tfds_pristine, tmp_path, monkeypatch):
 
 
 def _bigbench(tmp_path):
-  examples = [{"input": f"Evidence {i} .\nClaim: claim {i} .", "target_scores": {
-      "True": 1, "False": 0, "Neither": 0}} for i in range(5)]
-  files = {f"{task_spec.BIGBENCH_TASK_DIR}{t}/task.json": json.dumps(
-      {"name": t, "examples": examples}).encode() for t in task_spec.BIGBENCH_TASKS}
+  examples = [
+    {
+      "input": f"Evidence {i} .\nClaim: claim {i} .",
+      "target_scores": {"True": 1, "False": 0, "Neither": 0},
+    }
+    for i in range(5)
+  ]
+  files = {
+    f"{task_spec.BIGBENCH_TASK_DIR}{t}/task.json": json.dumps(
+      {"name": t, "examples": examples}
+    ).encode()
+    for t in task_spec.BIGBENCH_TASKS
+  }
   return helpers.write_tgz(tmp_path / "bigbench-1.0.0.tar.gz", files)
 
 
@@ -365,12 +394,17 @@ def test_damaged_task_kit_extract_is_extracted_again(tmp_path, caplog, monkeypat
   archive, cache = _bigbench(tmp_path), str(tmp_path / "cache")
   streams = []
   real_stream = task_readers._stream_bigbench
-  monkeypatch.setattr(task_readers, "_stream_bigbench",
-                      lambda *a: streams.append(1) or real_stream(*a))
+  monkeypatch.setattr(
+    task_readers, "_stream_bigbench", lambda *a: streams.append(1) or real_stream(*a)
+  )
   monkeypatch.setattr(task_readers, "_memo", {})
   first = task_readers.bigbench_task_json(archive, task_spec.VITAMINC, cache)
-  (extract,) = [os.path.join(r, f) for r, _, fs in os.walk(cache) for f in fs
-                if f == "task.json" and task_spec.VITAMINC in r]
+  (extract,) = [
+    os.path.join(r, f)
+    for r, _, fs in os.walk(cache)
+    for f in fs
+    if f == "task.json" and task_spec.VITAMINC in r
+  ]
   assert cache_entry.verify(extract, "full") is None
   monkeypatch.setattr(task_readers, "_memo", {})
   assert task_readers.bigbench_task_json(archive, task_spec.VITAMINC, cache) == first
@@ -396,8 +430,9 @@ def test_damaged_preprocess_shard_is_rebuilt(pristine, corpus_file, tmp_path, ca
   for i in range(2):
     (inputs / f"{i}.txt").write_text("\n\n".join(paras[i::2]), encoding="utf-8")
   cfg = ml_collections.ConfigDict(dict(sources=f"{inputs}/*.txt"))
-  kw = dict(tokenizer=tok, seq_len=SEQ_LEN, split_seed=0, val_fraction=0.1,
-            shard_bytes=1, workers=1)
+  kw = dict(
+    tokenizer=tok, seq_len=SEQ_LEN, split_seed=0, val_fraction=0.1, shard_bytes=1, workers=1
+  )
   srcs, opts = sources.expand_sources(cfg), sources.ReadOptions()
   out = str(tmp_path / "cache" / "packed" / "key")
   ref = shards.build(srcs, opts, out_dir=out, **kw)

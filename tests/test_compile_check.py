@@ -1,6 +1,7 @@
 """launch.compile_check: members compile on a fake 4-device CPU mesh in a child process, with the
 memory XLA reports checked against parameter + AdamW bytes from the abstract shapes; divisibility
 errors are one line per member and the others still compile."""
+
 import json
 import math
 import os
@@ -18,7 +19,7 @@ from launch import compile_check
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A sweep of one quick member (BERT d32L2: 2 heads, vocabulary 4096) on differently shaped meshes.
-EXPERIMENT = '''
+EXPERIMENT = """
 import importlib.util
 
 _spec = importlib.util.spec_from_file_location("sweep", {sweep!r})
@@ -46,7 +47,7 @@ def get_config(arg=None):
   c = sweep.get_config("scale=quick,model=bert,size=d32L2")
   (c.mesh.data, c.mesh.fsdp, c.mesh.tensor), c.sweep.batch_size = MEMBERS[arg]
   return c
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +57,16 @@ def checked(tmp_path_factory):
   exp = tmp / "meshes.py"
   exp.write_text(EXPERIMENT.format(sweep=os.path.join(ROOT, "experiments", "sweep.py")))
   out = tmp / "check.json"
-  cmd = [sys.executable, "-m", "launch.compile_check", "--config", str(exp), "--out", str(out),
-         "--override=--config.sweep.target_devices=4"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "launch.compile_check",
+    "--config",
+    str(exp),
+    "--out",
+    str(out),
+    "--override=--config.sweep.target_devices=4",
+  ]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
   rows = {r["member"]: r for r in json.loads(out.read_text())["members"]} if out.exists() else {}
   return proc, rows, exp
@@ -68,16 +77,17 @@ def param_bytes(exp) -> int:
   module, args = compile_check.member_args(str(exp))
   _, config = compile_check.load_member(str(exp), module, args[0], [])
   model_cfg, mask_cfg = plan.model_config(config)
-  with nnx.use_eager_sharding(False):                     # shapes only, outside any mesh
+  with nnx.use_eager_sharding(False):  # shapes only, outside any mesh
     model = nnx.eval_shape(lambda: FAMILIES["bert"](model_cfg, mask_cfg, nnx.Rngs(0)))
-  return sum(math.prod(x.shape) * x.dtype.itemsize
-             for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  return sum(
+    math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param))
+  )
 
 
 def test_members_compile_on_a_fake_mesh_with_memory_per_device(checked):
   proc, rows, exp = checked
-  assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]      # some members fail
-  assert "fake CPU mesh" in proc.stdout.splitlines()[0]               # which path was used
+  assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]  # some members fail
+  assert "fake CPU mesh" in proc.stdout.splitlines()[0]  # which path was used
   for name, mesh in (("fsdp4", (1, 4, 1)), ("data4", (4, 1, 1))):
     r = rows[name]
     assert r["error"] is None and r["devices"] == 4, r
@@ -99,9 +109,9 @@ def test_members_compile_on_a_fake_mesh_with_memory_per_device(checked):
 def test_divisibility_errors_are_one_line_per_member(checked):
   proc, rows, _ = checked
   expect = {
-      "batch6": "config error: batch_size=6 is not divisible by the data-parallel size 4",
-      "tensor4": "is not divisible by mesh axis tensor of size 4",
-      "tensor3": "config error: mesh {'data': 1, 'fsdp': 1, 'tensor': 3} needs 3 devices, but 4",
+    "batch6": "config error: batch_size=6 is not divisible by the data-parallel size 4",
+    "tensor4": "is not divisible by mesh axis tensor of size 4",
+    "tensor3": "config error: mesh {'data': 1, 'fsdp': 1, 'tensor': 3} needs 3 devices, but 4",
   }
   for name, text in expect.items():
     assert text in (rows[name]["error"] or ""), rows[name]
@@ -125,7 +135,12 @@ def test_members_filter_and_tpu_without_libtpu(capsys):
 def test_child_env_replaces_the_device_count(monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_foo=1")
   env = compile_check.child_env(64, tpu=False)
-  assert env["XLA_FLAGS"].split() == ["--xla_foo=1", "--xla_force_host_platform_device_count=64",
-                                      "--xla_disable_hlo_passes=cse_barrier_expander"]
+  assert env["XLA_FLAGS"].split() == [
+    "--xla_foo=1",
+    "--xla_force_host_platform_device_count=64",
+    "--xla_disable_hlo_passes=cse_barrier_expander",
+  ]
   assert env["JAX_PLATFORMS"] == "cpu"
-  assert "--xla_force_host_platform_device_count=8" in compile_check.child_env(0, False)["XLA_FLAGS"]
+  assert (
+    "--xla_force_host_platform_device_count=8" in compile_check.child_env(0, False)["XLA_FLAGS"]
+  )

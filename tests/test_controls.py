@@ -1,5 +1,6 @@
 """The reviewer's controls as config switches (SPEC §7): intermediate layers in every evaluator,
 the same fresh pooler on every backbone vs a predictor warm start, CrossBERT's masking ratio."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +17,11 @@ from tests import helpers
 
 def _rows(n=6, t=12, seed=0):
   b = helpers.packed_batch(b=n, t=t, seed=seed)
-  return {"tokens": b["tokens"], "positions": b["positions"], "segment_ids": (b["segment_ids"] != 0).astype(np.int32)}
+  return {
+    "tokens": b["tokens"],
+    "positions": b["positions"],
+    "segment_ids": (b["segment_ids"] != 0).astype(np.int32),
+  }
 
 
 @pytest.mark.parametrize("model_name", ["bert", "crossbert", "electra"])
@@ -24,12 +29,12 @@ def test_any_layer_equals_that_row_of_the_all_layers_features(model_name):
   graphdef, params = nnx.split(helpers.build(model_name), nnx.Param)
   rows = _rows()
   every = features_lib.Featurizer(graphdef, params, batch_size=4, seq_len=12, layers="all")(rows)
-  assert every.shape == (3, 6, 32)                                          # L + 1 = 3 layers
+  assert every.shape == (3, 6, 32)  # L + 1 = 3 layers
   for layer in (0, 1, 2):
     one = features_lib.Featurizer(graphdef, params, batch_size=4, seq_len=12, layer=layer)(rows)
     np.testing.assert_allclose(one, every[layer], rtol=1e-5, atol=1e-6)
   final = features_lib.Featurizer(graphdef, params, batch_size=4, seq_len=12)(rows)
-  assert not np.allclose(final, every[2])                   # -1 is the *normalised* last layer
+  assert not np.allclose(final, every[2])  # -1 is the *normalised* last layer
 
 
 def test_pooler_reads_the_chosen_layer():
@@ -37,8 +42,9 @@ def test_pooler_reads_the_chosen_layer():
   cfg = nnx.merge(graphdef, params).cfg
   pooler_graphdef, pooler_params = pooler_lib.build_pooler(cfg, pooler_lib.PoolerSpec(out_dim=8))
   rows = {k: jnp.asarray(v) for k, v in _rows().items()}
-  hidden = nnx.merge(graphdef, params).features(rows["tokens"], rows["positions"],
-                                                rows["segment_ids"])["hidden"]
+  hidden = nnx.merge(graphdef, params).features(
+    rows["tokens"], rows["positions"], rows["segment_ids"]
+  )["hidden"]
   direct = nnx.merge(pooler_graphdef, pooler_params)(hidden[1], rows["segment_ids"])
   got = pooler_lib.embed(graphdef, params, pooler_params, _rows(), batch_size=4, layer=1)
   np.testing.assert_allclose(got, np.asarray(direct), rtol=1e-5, atol=1e-6)
@@ -53,31 +59,41 @@ def test_every_evaluator_is_built_on_the_configured_layer(monkeypatch, toy_tasks
   def spy_init(self, *a, **kw):
     layers_seen.append(kw.get("layer", -1))
     real_init(self, *a, **kw)
+
   monkeypatch.setattr(features_lib.Featurizer, "__init__", spy_init)
-  monkeypatch.setattr(pooler_lib, "train_pooler",
-                      lambda *a, **kw: pooler_layers.append(kw["layer"]) or real_train(*a, **kw))
+  monkeypatch.setattr(
+    pooler_lib,
+    "train_pooler",
+    lambda *a, **kw: pooler_layers.append(kw["layer"]) or real_train(*a, **kw),
+  )
   ecfg = config_lib.base_config().evals
   ecfg.tasks, ecfg.seq_len, ecfg.batch_size = "toy_cls,toy_retrieval", 8, 8
   ecfg.layer, ecfg.pooler, ecfg.pooler_steps = 1, "frozen", 2
   tok = helpers.WordTokenizer()
-  suite.run(graphdef, params, tok, ecfg)                                  # ridge/kNN, retrieval, pooler
+  suite.run(graphdef, params, tok, ecfg)  # ridge/kNN, retrieval, pooler
   import tensorflow_datasets as tfds
+
   with tfds.testing.mock_data(num_examples=8):
     glue.run(graphdef, params, tok, ecfg, cache_dir=str(tmp_path), tasks=["rte"])
-  encoder = mteb_encoder.CbertEncoder(graphdef, params, tok, seq_len=8, batch_size=8,
-                                      layer=ecfg.layer)
+  encoder = mteb_encoder.CbertEncoder(
+    graphdef, params, tok, seq_len=8, batch_size=8, layer=ecfg.layer
+  )
   assert layers_seen == [1, 1, 1] and pooler_layers == [1] and encoder.layer == 1
-  np.testing.assert_allclose(                               # and the mteb path really reads layer 1
-      encoder.embed_texts(["good bad the"]),
-      features_lib.Featurizer(graphdef, params, batch_size=8, seq_len=8, layers="all")(
-          features_lib.encode_texts(["good bad the"], tok, 8))[1], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(  # and the mteb path really reads layer 1
+    encoder.embed_texts(["good bad the"]),
+    features_lib.Featurizer(graphdef, params, batch_size=8, seq_len=8, layers="all")(
+      features_lib.encode_texts(["good bad the"], tok, 8)
+    )[1],
+    rtol=1e-5,
+    atol=1e-6,
+  )
 
 
 def test_layer_and_pooler_init_are_checked_against_the_model():
   ecfg = config_lib.base_config().evals
   suite.check_model(ecfg, "bert", 4)
   ecfg.layer = 4
-  suite.check_model(ecfg, "bert", 4)                        # 0..L are all valid
+  suite.check_model(ecfg, "bert", 4)  # 0..L are all valid
   ecfg.layer = 5
   with pytest.raises(ConfigError, match=r"evals.layer: expected -1 \(final\) or 0..4"):
     suite.check_model(ecfg, "bert", 4)
@@ -99,19 +115,23 @@ def test_predictor_warm_start_copies_cross_attention_and_fresh_does_not():
   for name in ("wq", "wk", "wv", "wo"):
     np.testing.assert_array_equal(np.asarray(warm["attn"][name][...]), np.asarray(cross[name][...]))
     assert not np.allclose(np.asarray(fresh["attn"][name][...]), np.asarray(cross[name][...]))
-  np.testing.assert_allclose(np.asarray(warm["queries"][...]),
-                             np.asarray(fresh["queries"][...]) + np.asarray(cb_params["predictor"]["mask_vec"][...]))
+  np.testing.assert_allclose(
+    np.asarray(warm["queries"][...]),
+    np.asarray(fresh["queries"][...]) + np.asarray(cb_params["predictor"]["mask_vec"][...]),
+  )
   np.testing.assert_array_equal(np.asarray(warm["proj"][...]), np.asarray(fresh["proj"][...]))
   # Training from the warm start runs; the fresh default is the same pooler for any backbone.
   rows = _rows(n=8)
-  _, _, hist = pooler_lib.train_pooler(cb_graph, cb_params, rows, _rows(n=8, seed=1), steps=2,
-                                       batch_size=4, init="predictor")
+  _, _, hist = pooler_lib.train_pooler(
+    cb_graph, cb_params, rows, _rows(n=8, seed=1), steps=2, batch_size=4, init="predictor"
+  )
   assert np.isfinite([h["loss"] for h in hist]).all()
   bert_graph, bert_params = nnx.split(helpers.build("bert"), nnx.Param)
   with pytest.raises(ConfigError, match="needs a CrossBERT backbone"):
     pooler_lib.warm_start(fresh, bert_params)
-  narrow = nnx.split(helpers.build("crossbert", cfg=helpers.model_cfg(predictor_d_model=16)),
-                     nnx.Param)[1]
+  narrow = nnx.split(
+    helpers.build("crossbert", cfg=helpers.model_cfg(predictor_d_model=16)), nnx.Param
+  )[1]
   with pytest.raises(ConfigError, match="predictor width and heads equal"):
     pooler_lib.warm_start(fresh, narrow)
 
@@ -122,8 +142,8 @@ def test_crossbert_masking_ratio_from_015_to_075(ratio):
   batch = helpers.packed_batch(b=2, t=20)
   out = model.forward(batch, jax.random.key(0))
   k = int(round(ratio * 20))
-  assert out["logits"].shape == (2, k, 96)                               # K targets per row
-  assert out["encoder_out"].shape == (2, 20 - k, 32)                     # the rest is encoded
+  assert out["logits"].shape == (2, k, 96)  # K targets per row
+  assert out["encoder_out"].shape == (2, 20 - k, 32)  # the rest is encoded
   loss, _ = model.loss(batch, jax.random.key(0))
   assert np.isfinite(float(loss))
   # The config accepts any ratio without CMS, and says why CMS needs 0.5.

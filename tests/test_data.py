@@ -19,11 +19,7 @@ import numpy as np
 import pytest
 
 from cbert_jax.data import corpus as corpus_lib
-from cbert_jax.data import fetch
-from cbert_jax.data import packing
-from cbert_jax.data import pipeline
-from cbert_jax.data import plain_text
-from cbert_jax.data import prepare
+from cbert_jax.data import fetch, packing, pipeline, plain_text, prepare
 from cbert_jax.data import text as text_lib
 from cbert_jax.data import tokenizer as tokenizer_lib
 from cbert_jax.errors import ConfigError
@@ -34,10 +30,20 @@ VOCAB = 512  # small enough for ~150 KB of text
 
 def _cfg(cache_dir, **overrides) -> ml_collections.ConfigDict:
   """A `data` config on the tiny corpus, cached under `cache_dir`."""
-  cfg = ml_collections.ConfigDict(dict(
-      corpus="files", corpus_files=[TINY], val_fraction=0.1, split_seed=0, max_docs=0,
-      cache_dir=str(cache_dir), tokenizer_path="", vocab_size=VOCAB,
-      tokenizer_type="bpe", tokenizer_sample_chars=20_000_000))
+  cfg = ml_collections.ConfigDict(
+    dict(
+      corpus="files",
+      corpus_files=[TINY],
+      val_fraction=0.1,
+      split_seed=0,
+      max_docs=0,
+      cache_dir=str(cache_dir),
+      tokenizer_path="",
+      vocab_size=VOCAB,
+      tokenizer_type="bpe",
+      tokenizer_sample_chars=20_000_000,
+    )
+  )
   cfg.update(overrides)
   return cfg
 
@@ -70,20 +76,25 @@ def _reference_pack(docs, t):
     while i < len(doc):
       seg = (row_s[-1] + 1) if row_s else 1
       take = min(len(doc) - i, t - len(row_t))
-      row_t += doc[i:i + take]
+      row_t += doc[i : i + take]
       row_s += [seg] * take
       row_p += list(range(take))
       i += take
       if len(row_t) == t:
-        tokens.append(row_t); segs.append(row_s); pos.append(row_p)
+        tokens.append(row_t)
+        segs.append(row_s)
+        pos.append(row_p)
         row_t, row_s, row_p = [], [], []
   if row_t:
     pad = t - len(row_t)
-    tokens.append(row_t + [0] * pad); segs.append(row_s + [0] * pad)
+    tokens.append(row_t + [0] * pad)
+    segs.append(row_s + [0] * pad)
     pos.append(row_p + [0] * pad)
   shape = (len(tokens), t)
-  return {k: np.asarray(v, np.int32).reshape(shape)
-          for k, v in dict(tokens=tokens, segment_ids=segs, positions=pos).items()}
+  return {
+    k: np.asarray(v, np.int32).reshape(shape)
+    for k, v in dict(tokens=tokens, segment_ids=segs, positions=pos).items()
+  }
 
 
 def test_pack_small_example():
@@ -98,8 +109,9 @@ def test_pack_small_example():
 @pytest.mark.parametrize("t", [8, 16, 37])
 def test_pack_invariants(t):
   rng = random.Random(t)
-  docs = [[rng.randrange(5, 500) for _ in range(rng.choice([0, 1, 3, 9, 20, 70]))]
-          for _ in range(300)]
+  docs = [
+    [rng.randrange(5, 500) for _ in range(rng.choice([0, 1, 3, 9, 20, 70]))] for _ in range(300)
+  ]
   out = packing.pack(docs, t)
   ref = _reference_pack(docs, t)
   for k in packing.KEYS:
@@ -112,7 +124,7 @@ def test_pack_invariants(t):
   assert (segs[:-1] > 0).all()
   pad = segs[-1] == 0
   if pad.any():
-    assert pad[np.argmax(pad):].all()
+    assert pad[np.argmax(pad) :].all()
   assert (tokens[segs == 0] == 0).all() and (pos[segs == 0] == 0).all()
   # Segment ids count 1, 2, ... per row; positions restart at each new segment.
   for row_s, row_p in zip(segs, pos):
@@ -144,8 +156,7 @@ def test_corpus_files_split(tmp_path, corpus):
   assert 250 < len(docs) < 400
   assert corpus.val_docs and set(corpus.train_docs).isdisjoint(corpus.val_docs)
   assert len(set(docs)) == len(docs)
-  assert all(len(d) >= text_lib.MIN_DOC_CHARS and "\n" not in d and "  " not in d
-             for d in docs)
+  assert all(len(d) >= text_lib.MIN_DOC_CHARS and "\n" not in d and "  " not in d for d in docs)
   assert corpus.train_docs[0].startswith("Sir Walter Elliot, of Kellynch Hall")
   assert not any(d.startswith("[Persuasion") for d in docs)
   m = corpus.manifest
@@ -162,8 +173,7 @@ def test_corpus_files_split(tmp_path, corpus):
   other_seed = corpus_lib.load_corpus(_cfg(tmp_path, split_seed=1))
   assert set(other_seed.val_docs) != set(corpus.val_docs)
   # Any attribute object works as the config; corpus_files may be a comma-separated string.
-  plain = types.SimpleNamespace(**{**_cfg(tmp_path).to_dict(),
-                                   "corpus_files": f"{TINY}, {TINY}"})
+  plain = types.SimpleNamespace(**{**_cfg(tmp_path).to_dict(), "corpus_files": f"{TINY}, {TINY}"})
   as_string = corpus_lib.load_corpus(plain)
   assert as_string.train_docs == corpus.train_docs  # comma-separated; a file counts once
   capped = corpus_lib.load_corpus(_cfg(tmp_path, max_docs=50))
@@ -171,17 +181,21 @@ def test_corpus_files_split(tmp_path, corpus):
 
 
 def test_normalise_gutenberg_text():
-  raw = ("[Some Book by Someone 1900]\r\n\r\nCHAPTER I\r\n\r\n"
-         "A hard-wrapped   paragraph that is\r\nlong enough to be kept as a document.\r\n"
-         " \r\n1:1 In the beginning was a verse that is long enough. 1:2 And another.\n\n"
-         "End of Project Gutenberg's Some Book\n\nA licence paragraph that must go away.\n")
+  raw = (
+    "[Some Book by Someone 1900]\r\n\r\nCHAPTER I\r\n\r\n"
+    "A hard-wrapped   paragraph that is\r\nlong enough to be kept as a document.\r\n"
+    " \r\n1:1 In the beginning was a verse that is long enough. 1:2 And another.\n\n"
+    "End of Project Gutenberg's Some Book\n\nA licence paragraph that must go away.\n"
+  )
   assert text_lib.book_paragraphs(raw) == [
-      "A hard-wrapped paragraph that is long enough to be kept as a document.",
-      "In the beginning was a verse that is long enough. And another."]
+    "A hard-wrapped paragraph that is long enough to be kept as a document.",
+    "In the beginning was a verse that is long enough. And another.",
+  ]
 
 
 def test_gutenberg_tarball_offline(tmp_path, monkeypatch):
   """The tarball path with a fake archive at the cache path; urlopen must not be called."""
+
   def no_network(*args, **kwargs):
     raise urllib.error.URLError("network disabled in tests")
 
@@ -192,9 +206,11 @@ def test_gutenberg_tarball_offline(tmp_path, monkeypatch):
 
   buf = io.BytesIO()
   with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-    for name, text in [("package/gutenberg/b.txt", "Caesar" + "\u00e6 " * 30),
-                       ("package/gutenberg/a.txt", open(TINY).read()),
-                       ("package/README.md", "not a book, ignored " * 5)]:
+    for name, text in [
+      ("package/gutenberg/b.txt", "Caesar" + "\u00e6 " * 30),
+      ("package/gutenberg/a.txt", open(TINY).read()),
+      ("package/README.md", "not a book, ignored " * 5),
+    ]:
       data = text.encode("latin-1" if name.endswith("b.txt") else "utf-8")
       info = tarfile.TarInfo(name)
       info.size = len(data)
@@ -204,8 +220,7 @@ def test_gutenberg_tarball_offline(tmp_path, monkeypatch):
   archive.write_bytes(buf.getvalue())
   with pytest.raises(ConfigError, match="has sha256"):
     corpus_lib.load_corpus(_cfg(tmp_path, corpus="gutenberg"))
-  monkeypatch.setattr(plain_text, "GUTENBERG_SHA256",
-                      hashlib.sha256(buf.getvalue()).hexdigest())
+  monkeypatch.setattr(plain_text, "GUTENBERG_SHA256", hashlib.sha256(buf.getvalue()).hexdigest())
   gut = corpus_lib.load_corpus(_cfg(tmp_path, corpus="gutenberg"))
   files = corpus_lib.load_corpus(_cfg(tmp_path))
   # Members are read in name order; a.txt is the tiny corpus, b.txt is Latin-1.
@@ -260,8 +275,7 @@ def test_tokenizer_path(tmp_path, corpus, tok):
   loaded = tokenizer_lib.get_tokenizer(_cfg(tmp_path, tokenizer_path=tok.model_path), corpus)
   assert loaded.sha256 == tok.sha256 and loaded.mask_id == tok.mask_id
   with pytest.raises(ConfigError, match=r"data\.tokenizer_path"):
-    tokenizer_lib.get_tokenizer(_cfg(tmp_path, tokenizer_path=str(tmp_path / "x.model")),
-                                corpus)
+    tokenizer_lib.get_tokenizer(_cfg(tmp_path, tokenizer_path=str(tmp_path / "x.model")), corpus)
   bad = tmp_path / "bad.model"
   bad.write_bytes(b"this is not a sentencepiece model")
   with pytest.raises(ConfigError, match=r"data\.tokenizer_path.*not a valid"):
@@ -313,15 +327,21 @@ N_ROWS, T = 24, 4
 
 def _rows():
   ids = np.arange(N_ROWS, dtype=np.int32)[:, None]  # [N, 1]: row id in column 0
-  return dict(tokens=np.tile(ids, (1, T)), segment_ids=np.ones((N_ROWS, T), np.int32),
-              positions=np.tile(np.arange(T, dtype=np.int32), (N_ROWS, 1)))
+  return dict(
+    tokens=np.tile(ids, (1, T)),
+    segment_ids=np.ones((N_ROWS, T), np.int32),
+    positions=np.tile(np.arange(T, dtype=np.int32), (N_ROWS, 1)),
+  )
 
 
 def _global_batches(process_count, steps, gb=8, seed=7, state=None):
   """Row ids of the first `steps` global batches, assembled from every process."""
-  its = [pipeline.train_iterator(_rows(), global_batch=gb, seed=seed, process_index=p,
-                                 process_count=process_count)
-         for p in range(process_count)]
+  its = [
+    pipeline.train_iterator(
+      _rows(), global_batch=gb, seed=seed, process_index=p, process_count=process_count
+    )
+    for p in range(process_count)
+  ]
   if state is not None:
     for it in its:
       it.set_state(state)
@@ -345,43 +365,51 @@ def test_train_iterator_topology_invariant_and_epochs():
 
 
 def test_train_iterator_state_resume():
-  it = pipeline.train_iterator(_rows(), global_batch=8, seed=3, process_index=0,
-                               process_count=1)
+  it = pipeline.train_iterator(_rows(), global_batch=8, seed=3, process_index=0, process_count=1)
   for _ in range(5):
     next(it)
   state = json.loads(json.dumps(it.get_state()))
   expected = [next(it)["tokens"][:, 0] for _ in range(4)]
-  fresh = pipeline.train_iterator(_rows(), global_batch=8, seed=3, process_index=0,
-                                  process_count=1)
+  fresh = pipeline.train_iterator(_rows(), global_batch=8, seed=3, process_index=0, process_count=1)
   fresh.set_state(state)
   for e in expected:
     np.testing.assert_array_equal(next(fresh)["tokens"][:, 0], e)
   # Saved by one process, restored on two: the same global batches continue.
-  np.testing.assert_array_equal(
-      _global_batches(2, 4, seed=3, state=state), np.stack(expected))
+  np.testing.assert_array_equal(_global_batches(2, 4, seed=3, state=state), np.stack(expected))
 
 
 def test_pipeline_errors_and_eval_batches():
   with pytest.raises(ConfigError, match="batch_size"):
-    pipeline.train_iterator(_rows(), global_batch=6, seed=0, process_index=0,
-                            process_count=4)
+    pipeline.train_iterator(_rows(), global_batch=6, seed=0, process_index=0, process_count=4)
   with pytest.raises(ConfigError, match="batch_size"):
-    pipeline.eval_batches(_rows(), global_batch=6, num_batches=1, process_index=0,
-                          process_count=4)
+    pipeline.eval_batches(_rows(), global_batch=6, num_batches=1, process_index=0, process_count=4)
   for p_count in (1, 2):
-    batches = [pipeline.eval_batches(_rows(), global_batch=10, num_batches=3,
-                                     process_index=p, process_count=p_count)
-               for p in range(p_count)]
-    ids = np.stack([np.concatenate([b[s]["tokens"][:, 0] for b in batches])
-                    for s in range(3)])  # [3, 10]
+    batches = [
+      pipeline.eval_batches(
+        _rows(), global_batch=10, num_batches=3, process_index=p, process_count=p_count
+      )
+      for p in range(p_count)
+    ]
+    ids = np.stack(
+      [np.concatenate([b[s]["tokens"][:, 0] for b in batches]) for s in range(3)]
+    )  # [3, 10]
     np.testing.assert_array_equal(ids.ravel(), np.arange(30) % N_ROWS)
 
 
 def test_manifest_hash_ignores_build_timings_and_cache_paths():
-  a = {"sources": [{"sha256": "x", "bytes": 3}], "timings": {"total": 1.0},
-       "tfds": {"dir": "/a/b", "write_s": 2.0, "name": "c"}}
-  b = {"sources": [{"sha256": "x", "bytes": 3}], "timings": {"total": 9.0},
-       "tfds": {"dir": "/other", "write_s": 7.0, "name": "c"}}
-  c = {"sources": [{"sha256": "y", "bytes": 3}], "timings": {"total": 1.0},
-       "tfds": {"dir": "/a/b", "write_s": 2.0, "name": "c"}}
+  a = {
+    "sources": [{"sha256": "x", "bytes": 3}],
+    "timings": {"total": 1.0},
+    "tfds": {"dir": "/a/b", "write_s": 2.0, "name": "c"},
+  }
+  b = {
+    "sources": [{"sha256": "x", "bytes": 3}],
+    "timings": {"total": 9.0},
+    "tfds": {"dir": "/other", "write_s": 7.0, "name": "c"},
+  }
+  c = {
+    "sources": [{"sha256": "y", "bytes": 3}],
+    "timings": {"total": 1.0},
+    "tfds": {"dir": "/a/b", "write_s": 2.0, "name": "c"},
+  }
   assert prepare._content_only(a) == prepare._content_only(b) != prepare._content_only(c)

@@ -1,5 +1,6 @@
 """`python -m cbert_jax.embed`: the same numbers as the probes' feature path, in input order,
 whatever the input format, output format, length bucketing or device count; clear errors."""
+
 import json
 import os
 
@@ -24,7 +25,7 @@ def texts(n=60):
   # unlike length order.
   words = " ".join(lines).split()
   sizes = [1 + (7 * i) % 40 for i in range(n - 2)]
-  out = [" ".join(words[i * 40:i * 40 + k]) for i, k in enumerate(sizes)]
+  out = [" ".join(words[i * 40 : i * 40 + k]) for i, k in enumerate(sizes)]
   return out + ["", " ".join(words[:200])]
 
 
@@ -39,20 +40,32 @@ def test_embed_text_file_matches_the_probe_features(tmp_path, trained_run, run, 
   xs = texts()
   (tmp_path / "in.txt").write_text("\n".join(xs) + "\n")
   out = tmp_path / "emb.npy"
-  rc = embed.main(["--workdir", trained_run("crossbert"), "--input", str(tmp_path / "in.txt"),
-                   "--out", str(out), "--batch_size", "16"])
+  rc = embed.main(
+    [
+      "--workdir",
+      trained_run("crossbert"),
+      "--input",
+      str(tmp_path / "in.txt"),
+      "--out",
+      str(out),
+      "--batch_size",
+      "16",
+    ]
+  )
   assert rc == 0
   got = np.load(out)
   assert got.shape == (len(xs), run.model_cfg.d_model) and got.dtype == np.float32
-  np.testing.assert_allclose(got, reference(run, xs), atol=1e-5)   # 8 devices + buckets vs 1, T
-  assert not got[len(xs) - 2].any()                                # the empty line: a zero vector
+  np.testing.assert_allclose(got, reference(run, xs), atol=1e-5)  # 8 devices + buckets vs 1, T
+  assert not got[len(xs) - 2].any()  # the empty line: a zero vector
   summary = json.loads((tmp_path / "emb.npy.json").read_text())
   assert summary["texts"] == len(xs) and summary["step"] == 2 and summary["devices"] == 8
   ids = run.tokenizer.encode_batch(xs)
-  assert summary["truncated_texts"] == sum(len(i) > 32 for i in ids) and summary["pooling"] == "mean"
-  assert 0 < summary["truncated_texts"] < len(xs) - 10                # short and long texts alike
+  assert (
+    summary["truncated_texts"] == sum(len(i) > 32 for i in ids) and summary["pooling"] == "mean"
+  )
+  assert 0 < summary["truncated_texts"] < len(xs) - 10  # short and long texts alike
   assert summary["tokens"] == sum(min(len(i), 32) for i in ids)
-  assert "texts/s" in capsys.readouterr().out                      # progress line
+  assert "texts/s" in capsys.readouterr().out  # progress line
   assert [f for f in os.listdir(tmp_path) if f.startswith(".tmp")] == []
 
 
@@ -60,13 +73,31 @@ def test_jsonl_directory_to_parquet_layer_and_normalize(tmp_path, trained_run, r
   xs = texts(30)
   d = tmp_path / "in"
   d.mkdir()
-  for k, part in enumerate((xs[:10], xs[10:])):       # two files, read in sorted name order
-    (d / f"part{k}.jsonl").write_text("".join(
-        json.dumps({"doc": f"d{k}-{i}", "body": x}) + "\n" for i, x in enumerate(part)))
+  for k, part in enumerate((xs[:10], xs[10:])):  # two files, read in sorted name order
+    (d / f"part{k}.jsonl").write_text(
+      "".join(json.dumps({"doc": f"d{k}-{i}", "body": x}) + "\n" for i, x in enumerate(part))
+    )
   out = tmp_path / "emb.parquet"
-  assert embed.main(["--workdir", trained_run("crossbert"), "--input", str(d), "--out", str(out),
-                     "--text_field", "body", "--id_field", "doc", "--layer", "1",
-                     "--normalize"]) == 0
+  assert (
+    embed.main(
+      [
+        "--workdir",
+        trained_run("crossbert"),
+        "--input",
+        str(d),
+        "--out",
+        str(out),
+        "--text_field",
+        "body",
+        "--id_field",
+        "doc",
+        "--layer",
+        "1",
+        "--normalize",
+      ]
+    )
+    == 0
+  )
   table = pq.read_table(out).to_pydict()
   assert table["id"][:2] == ["d0-0", "d0-1"] and table["id"][10] == "d1-0"
   assert table["line"][:3] == [1, 2, 3] and table["source"][10].endswith("part1.jsonl")
@@ -80,9 +111,23 @@ def test_embed_with_a_saved_pooler_equals_the_pooler(tmp_path, trained_run, run)
   pooler.save(str(tmp_path / "pooler.npz"), params, layer=-1)
   xs = texts(20)
   (tmp_path / "in.txt").write_text("\n".join(xs) + "\n")
-  assert embed.main(["--workdir", trained_run("crossbert"), "--input", str(tmp_path / "in.txt"),
-                     "--out", str(tmp_path / "e.npy"), "--pooler", str(tmp_path / "pooler.npz"),
-                     "--batch_size", "8"]) == 0
+  assert (
+    embed.main(
+      [
+        "--workdir",
+        trained_run("crossbert"),
+        "--input",
+        str(tmp_path / "in.txt"),
+        "--out",
+        str(tmp_path / "e.npy"),
+        "--pooler",
+        str(tmp_path / "pooler.npz"),
+        "--batch_size",
+        "8",
+      ]
+    )
+    == 0
+  )
   t = int(run.config.data.seq_len)
   ref = pooler.embed(run.graphdef, run.params, params, features.encode_texts(xs, run.tokenizer, t))
   np.testing.assert_allclose(np.load(tmp_path / "e.npy"), ref, atol=1e-5)
@@ -95,15 +140,32 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, trained_run, capsys)
   out = tmp_path / "e.npy"
   assert embed.main(["--workdir", w, "--input", str(bad), "--out", str(out)]) == 2
   assert f"config error: --input {bad}:2: no field 'text' (--text_field)" in capsys.readouterr().err
-  assert os.listdir(tmp_path) == ["bad.jsonl"]                     # no output, no temp file
+  assert os.listdir(tmp_path) == ["bad.jsonl"]  # no output, no temp file
   out.write_bytes(b"keep me")
   good = tmp_path / "in.txt"
   good.write_text("a line\n")
   assert embed.main(["--workdir", w, "--input", str(good), "--out", str(out)]) == 2
   assert "--out" in capsys.readouterr().err and out.read_bytes() == b"keep me"
-  assert embed.main(["--workdir", w, "--input", str(good), "--out", str(tmp_path / "e2.npy"),
-                     "--batch_size", "12"]) == 2
+  assert (
+    embed.main(
+      [
+        "--workdir",
+        w,
+        "--input",
+        str(good),
+        "--out",
+        str(tmp_path / "e2.npy"),
+        "--batch_size",
+        "12",
+      ]
+    )
+    == 2
+  )
   assert "multiple of the 8 devices" in capsys.readouterr().err
-  assert embed.main(["--workdir", str(tmp_path), "--input", str(good),
-                     "--out", str(tmp_path / "e3.npy")]) == 2
+  assert (
+    embed.main(
+      ["--workdir", str(tmp_path), "--input", str(good), "--out", str(tmp_path / "e3.npy")]
+    )
+    == 2
+  )
   assert "no config.json" in capsys.readouterr().err

@@ -1,4 +1,5 @@
 """The offline probe suite and --config.mode=eval, on synthetic tasks (no task-kit download)."""
+
 import json
 
 import jax
@@ -23,26 +24,30 @@ def eval_config(cache, **kw):
   return c
 
 
-def test_mode_eval_on_a_trained_checkpoint_writes_json_and_table(tmp_path, cache, toy_tasks, capsys,
-                                                                 monkeypatch):
+def test_mode_eval_on_a_trained_checkpoint_writes_json_and_table(
+  tmp_path, cache, toy_tasks, capsys, monkeypatch
+):
   train.run(eval_config(cache), str(tmp_path))
+
   # The workdir alone is enough: the run's tokenizer is read from it, the data is not prepared.
   def no_data(*a, **kw):
     raise AssertionError("mode=eval prepared the data instead of reading workdir/tokenizer.model")
+
   with monkeypatch.context() as m:
     m.setattr(evaluate.prepare, "prepare", no_data)
     results = evaluate.run(eval_config(cache, mode="eval"), str(tmp_path))
-  [saved_path] = (tmp_path / "eval").glob("step_2-*.json")      # non-default evals: hashed name
+  [saved_path] = (tmp_path / "eval").glob("step_2-*.json")  # non-default evals: hashed name
   saved = json.loads(saved_path.read_text())
   assert saved["step"] == 2 and saved["results"] == json.loads(json.dumps(results))
-  assert results["toy_cls"]["ridge"]["test"] > 0.95          # the marker word decides the label
+  assert results["toy_cls"]["ridge"]["test"] > 0.95  # the marker word decides the label
   assert results["toy_cls"]["knn"]["test"] > 0.95
-  assert results["toy_reg"]["ridge"]["test"] > 0.8            # Spearman
+  assert results["toy_reg"]["ridge"]["test"] > 0.8  # Spearman
   assert 0 <= results["toy_retrieval"]["test"]["ndcg@10"] <= 1
   assert set(results["average"]) >= {"ridge", "knn", "retrieval", "all"}
   table = capsys.readouterr().out
-  assert "| toy_cls | classification | accuracy |" in table and saved_path.with_suffix(".md").exists()
-
+  assert (
+    "| toy_cls | classification | accuracy |" in table and saved_path.with_suffix(".md").exists()
+  )
 
   # A tokenizer.model that is not the run's (config.json records its sha256) is one clear error.
   conf_path = tmp_path / "config.json"
@@ -63,11 +68,13 @@ def test_layerwise_and_random_init_floor(tmp_path, cache, toy_tasks):
   cfg.evals.tasks = "toy_cls"
   results = evaluate.run(cfg, str(tmp_path))
   rows = results["toy_cls"]["layerwise"]
-  assert [r["layer"] for r in rows] == [0, 1, 2]             # embeddings + 2 blocks of d32L2
+  assert [r["layer"] for r in rows] == [0, 1, 2]  # embeddings + 2 blocks of d32L2
   assert len(list((tmp_path / "eval").glob("random_init-*.json"))) == 1
 
 
-def test_mode_eval_without_checkpoint_or_with_unknown_task_fails_clearly(tmp_path, cache, toy_tasks):
+def test_mode_eval_without_checkpoint_or_with_unknown_task_fails_clearly(
+  tmp_path, cache, toy_tasks
+):
   with pytest.raises(ConfigError, match="no checkpoint"):
     evaluate.run(eval_config(cache, mode="eval"), str(tmp_path / "empty"))
   cfg = eval_config(cache, mode="eval")
@@ -93,17 +100,22 @@ def tiny_backbone():
   return nnx.split(helpers.build("crossbert", seed=0), nnx.Param)
 
 
-def test_pooler_frozen_scores_test_only_and_leaves_params_untouched(toy_tasks, tiny_backbone,
-                                                                    monkeypatch):
+def test_pooler_frozen_scores_test_only_and_leaves_params_untouched(
+  toy_tasks, tiny_backbone, monkeypatch
+):
   graphdef, params = tiny_backbone
-  before = jax.tree.map(np.array, params)                               # host copies
+  before = jax.tree.map(np.array, params)  # host copies
   # Spies: which pairs the pooler trains on, and which qrels the pooled search is scored against.
   trained, scored = [], []
   real_train, real_eval = pooler_lib.train_pooler, retrieval.evaluate
-  monkeypatch.setattr(pooler_lib, "train_pooler",
-                      lambda g, p, a, b, **kw: trained.append((a, b, kw)) or real_train(g, p, a, b, **kw))
-  monkeypatch.setattr(retrieval, "evaluate",
-                      lambda *a, **kw: scored.append(a[4]) or real_eval(*a, **kw))
+  monkeypatch.setattr(
+    pooler_lib,
+    "train_pooler",
+    lambda g, p, a, b, **kw: trained.append((a, b, kw)) or real_train(g, p, a, b, **kw),
+  )
+  monkeypatch.setattr(
+    retrieval, "evaluate", lambda *a, **kw: scored.append(a[4]) or real_eval(*a, **kw)
+  )
   task = toy_tasks["toy_retrieval"]
   results = suite.run(graphdef, params, helpers.WordTokenizer(), _pooler_evals("frozen"))
   r = results["toy_retrieval"]
@@ -111,7 +123,9 @@ def test_pooler_frozen_scores_test_only_and_leaves_params_untouched(toy_tasks, t
   assert 0 <= r["pooler_frozen"]["test"]["ndcg@10"] <= 1
   assert "dev" not in r["pooler_frozen"] and "pooler_unfrozen" not in r
   # Trained on the dev pairs (one per query here), frozen; scored: mean-pool dev, test, pooled test.
-  assert len(trained) == 1 and trained[0][2]["frozen"] and trained[0][0]["tokens"].shape[0] == len(WORDS)
+  assert (
+    len(trained) == 1 and trained[0][2]["frozen"] and trained[0][0]["tokens"].shape[0] == len(WORDS)
+  )
   assert r["pooler_frozen"]["train_pairs"] == len(WORDS) and r["pooler_frozen"]["steps"] == 4
   assert [q is task.qrels["test"] for q in scored] == [False, True, True]
   assert scored[0] is task.qrels["dev"]
@@ -127,7 +141,9 @@ def test_pooler_unfrozen_runs_and_none_is_unchanged(toy_tasks, tiny_backbone):
   tok = helpers.WordTokenizer()
   # Only "unfrozen" runs here (the frozen path is the test above); the list form is parsed below.
   unfrozen = suite.run(graphdef, params, tok, _pooler_evals("unfrozen"))["toy_retrieval"]
-  assert 0 <= unfrozen["pooler_unfrozen"]["test"]["ndcg@10"] <= 1 and "pooler_frozen" not in unfrozen
+  assert (
+    0 <= unfrozen["pooler_unfrozen"]["test"]["ndcg@10"] <= 1 and "pooler_frozen" not in unfrozen
+  )
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.array, params), before)
   # Default "none": no pooler keys, no pooled table, same mean-pooled numbers.
   none = suite.run(graphdef, params, tok, _pooler_evals("none"))

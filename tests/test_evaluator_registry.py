@@ -1,4 +1,5 @@
 """The evaluator registry: one entry per suite, the same check / run / markdown for each."""
+
 import ml_collections
 import pytest
 
@@ -26,25 +27,40 @@ def test_every_suite_has_the_same_entry_points():
 
 
 def test_selected_keeps_order_drops_repeats_and_checks_each_suite():
-  assert [s.name for s in registry.selected(_evals(suites="glue, offline,glue"))] == ["glue",
-                                                                                   "offline"]
-  with pytest.raises(ConfigError, match="evals.suites: unknown suite 'gleu'; expected a comma "
-                     "list of offline, glue, mteb"):
+  assert [s.name for s in registry.selected(_evals(suites="glue, offline,glue"))] == [
+    "glue",
+    "offline",
+  ]
+  with pytest.raises(
+    ConfigError,
+    match="evals.suites: unknown suite 'gleu'; expected a comma list of offline, glue, mteb",
+  ):
     registry.selected(_evals(suites="offline,gleu"))
   with pytest.raises(ConfigError, match="evals.suites: empty"):
     registry.selected(_evals(suites=" , "))
-  with pytest.raises(ConfigError, match="sst"):                     # glue's own check runs
+  with pytest.raises(ConfigError, match="sst"):  # glue's own check runs
     registry.selected(_evals(suites="glue", glue_tasks="sst"))
 
 
 def test_run_passes_the_context_to_the_suite(monkeypatch):
   seen = {}
+
   def fake_mteb(graphdef, params, tokenizer, ecfg, **kw):
     seen.update(kw)
     return {"ok": 1}
+
   monkeypatch.setattr(mteb_encoder, "run", fake_mteb)
-  ctx = registry.Context(cache_dir="/c", out_dir="/w/eval", model_label="cbert_jax/bert-d32L2",
-                         tag="step_4")
-  assert registry.SUITES["mteb"].run(None, None, None, ml_collections.ConfigDict(), ctx) == {"ok": 1}
-  assert seen == {"out_dir": "/w/eval/mteb", "name": "cbert_jax/bert-d32L2", "revision": "step_4",
-                  "cache_dir": "/c", "mesh": None, "rules": None}
+  ctx = registry.Context(
+    cache_dir="/c", out_dir="/w/eval", model_label="cbert_jax/bert-d32L2", tag="step_4"
+  )
+  assert registry.SUITES["mteb"].run(None, None, None, ml_collections.ConfigDict(), ctx) == {
+    "ok": 1
+  }
+  assert seen == {
+    "out_dir": "/w/eval/mteb",
+    "name": "cbert_jax/bert-d32L2",
+    "revision": "step_4",
+    "cache_dir": "/c",
+    "mesh": None,
+    "rules": None,
+  }

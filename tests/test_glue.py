@@ -4,6 +4,7 @@ Two kinds of mock: tfds's own random rows of GLUE's real feature spec (schema, s
 TensorFlow), and a planted data source whose labels are decided by marker words, so the probes
 must score far above chance on validation (which also proves texts and labels stay aligned).
 """
+
 import json
 import os
 import re
@@ -35,7 +36,7 @@ def test_every_glue_task_loads_under_mock_data_with_its_fields_and_caps(tmp_path
       assert list(task.splits) == ["train", *spec.eval_splits]
       assert task.headline_split == spec.eval_splits[0] and task.extra_metrics == spec.also
       for split, d in task.splits.items():
-        n = 8 if split == "train" else 5                          # capped subsets of 12 rows
+        n = 8 if split == "train" else 5  # capped subsets of 12 rows
         assert len(d["ids"]) == n == len(set(d["ids"])) == len(d["labels"])
         keys = {"texts"} if len(spec.fields) == 1 else {"texts_a", "texts_b"}
         assert keys <= set(d) and all(isinstance(t, str) for k in keys for t in d[k])
@@ -70,11 +71,13 @@ def test_glue_reading_needs_no_tensorflow(tmp_path):
       assert "tensorflow" not in sys.modules
       print(sorted(task.splits), len(task.splits["validation_mismatched"]["ids"]))
   """)
-  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
+  out = subprocess.run(
+    [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip().splitlines()[-1] == (
-      "['train', 'validation_matched', 'validation_mismatched'] 6")
+    "['train', 'validation_matched', 'validation_mismatched'] 6"
+  )
 
 
 def _planted_rows(config: str, split: str, n: int) -> list[dict]:
@@ -88,16 +91,34 @@ def _planted_rows(config: str, split: str, n: int) -> list[dict]:
       rows.append({"idx": i, "label": y, "sentence": f"{['bad ', 'good '][y] * 3}{filler()}"})
     elif config == "mnli":
       y = i % 3
-      rows.append({"idx": i, "label": y, "premise": filler(),
-                   "hypothesis": f"{['yes ', 'maybe ', 'no '][y] * 3}{filler()}"})
+      rows.append(
+        {
+          "idx": i,
+          "label": y,
+          "premise": filler(),
+          "hypothesis": f"{['yes ', 'maybe ', 'no '][y] * 3}{filler()}",
+        }
+      )
     elif config == "mrpc":
       y = i % 2
-      rows.append({"idx": i, "label": y, "sentence1": f"{['cat ', 'dog '][y] * 3}{filler()}",
-                   "sentence2": filler()})
+      rows.append(
+        {
+          "idx": i,
+          "label": y,
+          "sentence1": f"{['cat ', 'dog '][y] * 3}{filler()}",
+          "sentence2": filler(),
+        }
+      )
     elif config == "stsb":
-      k = int(rs.randint(0, 4))                                    # how many "same" markers
-      rows.append({"idx": i, "label": np.float32(k * 5 / 3),
-                   "sentence1": " ".join(["same"] * (3 * k) + [filler()]), "sentence2": filler()})
+      k = int(rs.randint(0, 4))  # how many "same" markers
+      rows.append(
+        {
+          "idx": i,
+          "label": np.float32(k * 5 / 3),
+          "sentence1": " ".join(["same"] * (3 * k) + [filler()]),
+          "sentence2": filler(),
+        }
+      )
   rs.shuffle(rows)
   return rows
 
@@ -116,22 +137,31 @@ def test_glue_probes_find_a_planted_signal_on_validation(tmp_path, backbone):
   ecfg = config_lib.base_config().evals
   ecfg.seq_len, ecfg.batch_size, ecfg.max_train, ecfg.max_eval = 16, 32, 100, 50
   with tfds.testing.mock_data(as_data_source_fn=_planted_source):
-    results = glue.run(graphdef, params, helpers.WordTokenizer(), ecfg,
-                       cache_dir=str(tmp_path), tasks=["sst2", "mnli", "mrpc", "stsb"])
+    results = glue.run(
+      graphdef,
+      params,
+      helpers.WordTokenizer(),
+      ecfg,
+      cache_dir=str(tmp_path),
+      tasks=["sst2", "mnli", "mrpc", "stsb"],
+    )
   assert set(results) == {"glue/sst2", "glue/mnli", "glue/mrpc", "glue/stsb", "average"}
-  assert results["glue/sst2"]["sizes"] == {"train": 100, "validation": 50}   # the caps
-  assert results["glue/sst2"]["ridge"]["validation"] > 0.9                 # chance: 0.5
+  assert results["glue/sst2"]["sizes"] == {"train": 100, "validation": 50}  # the caps
+  assert results["glue/sst2"]["ridge"]["validation"] > 0.9  # chance: 0.5
   for split in ("validation_matched", "validation_mismatched"):
-    assert results["glue/mnli"]["ridge"][split] > 0.9                     # chance: 0.33
+    assert results["glue/mnli"]["ridge"][split] > 0.9  # chance: 0.33
     assert results["glue/mnli"]["knn"][split] > 0.6
   mrpc = results["glue/mrpc"]
   assert mrpc["metric"] == "f1" and mrpc["ridge"]["validation"] > 0.9
-  assert mrpc["extra"]["ridge"]["validation"]["accuracy"] > 0.9            # GLUE's second number
-  assert results["glue/stsb"]["ridge"]["validation"] > 0.8                 # Spearman; chance: 0
+  assert mrpc["extra"]["ridge"]["validation"]["accuracy"] > 0.9  # GLUE's second number
+  assert results["glue/stsb"]["ridge"]["validation"] > 0.8  # Spearman; chance: 0
   # The average is over each task's headline split (MNLI: matched).
-  heads = [results["glue/sst2"]["ridge"]["validation"],
-           results["glue/mnli"]["ridge"]["validation_matched"],
-           mrpc["ridge"]["validation"], results["glue/stsb"]["ridge"]["validation"]]
+  heads = [
+    results["glue/sst2"]["ridge"]["validation"],
+    results["glue/mnli"]["ridge"]["validation_matched"],
+    mrpc["ridge"]["validation"],
+    results["glue/stsb"]["ridge"]["validation"],
+  ]
   assert results["average"]["ridge"] == pytest.approx(np.mean(heads))
   table = glue.markdown(results)
   assert "| glue/mnli | validation_mismatched | accuracy |" in table
@@ -146,16 +176,24 @@ def test_glue_task_names_and_download_failures_are_one_line_errors(tmp_path, mon
 
   def offline(self, **kwargs):
     raise ConnectionError("network unreachable")
+
   monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", offline)
-  with pytest.raises(ConfigError, match=r"could not prepare glue/cola in .*needs internet.*"
-                                        r"ConnectionError: network unreachable"):
+  with pytest.raises(
+    ConfigError,
+    match=r"could not prepare glue/cola in .*needs internet.*"
+    r"ConnectionError: network unreachable",
+  ):
     glue.load_task("cola", data_dir=str(tmp_path))
 
-  def no_tf(self, **kwargs):                     # what TFDS's extractor raises without TF
+  def no_tf(self, **kwargs):  # what TFDS's extractor raises without TF
     raise ModuleNotFoundError("No module named 'tensorflow'")
+
   monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", no_tf)
-  with pytest.raises(ConfigError, match=r"preparing glue/rte .* needs TensorFlow: "
-                                        r"pip install -e '\.\[tf\]'"):
+  with pytest.raises(
+    ConfigError,
+    match=r"preparing glue/rte .* needs TensorFlow: "
+    r"pip install -e '\.\[tf\]'",
+  ):
     glue.load_task("rte", data_dir=str(tmp_path))
 
 
@@ -172,7 +210,7 @@ def test_mode_eval_runs_the_glue_suite_and_writes_its_files(tmp_path, cache, toy
   assert saved["suite"] == "glue" and saved["results"] == json.loads(json.dumps(results))
   assert (tmp_path / "eval" / path.name.replace(".json", ".md")).exists()
   assert "| glue/sst2 | validation | accuracy |" in capsys.readouterr().out
-  assert not list((tmp_path / "eval").glob("random_init*.json"))          # offline suite not run
+  assert not list((tmp_path / "eval").glob("random_init*.json"))  # offline suite not run
   cfg.evals.suites = "offline,gleu"
   with pytest.raises(ConfigError, match="evals.suites: unknown suite 'gleu'"):
     evaluate.run(cfg, str(tmp_path))

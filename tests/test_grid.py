@@ -3,6 +3,7 @@ synthetic grid (losses from a bowl whose optimum follows lr* = a C^alpha, B* = b
 laws file the sweep reads, skips unfinished members and warns about optima on a grid's edge;
 every member of experiments/hparam_grid.py resolves to its own workdir with the B and LR it
 names."""
+
 import importlib.util
 import json
 import math
@@ -12,8 +13,10 @@ import numpy as np
 import pytest
 
 from cbert_jax import config_lib
+from cbert_jax.scaling import grid as grid_lib
+from cbert_jax.scaling import laws as laws_lib
+from cbert_jax.scaling import members as members_lib
 from cbert_jax.scaling import plan as plan_lib
-from cbert_jax.scaling import grid as grid_lib, laws as laws_lib, members as members_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ_LEN = 128
@@ -35,21 +38,33 @@ def load_module(name, path):
   return module
 
 
-def write_member(root, name, model, size, n, compute, rows, lr, loss, final_step=None,
-                 total_steps=100, failed=""):
+def write_member(
+  root, name, model, size, n, compute, rows, lr, loss, final_step=None, total_steps=100, failed=""
+):
   """A member workdir as train.run leaves it: config.json and metrics.jsonl (eval/loss at the
   end), optionally cut short at `final_step` or marked FAILED."""
   wd = os.path.join(root, name)
   os.makedirs(wd)
-  cfg = {"name": name, "model_name": model, "total_steps": total_steps, "batch_size": rows,
-         "model": {"size": size}, "masking": {"cms": True}, "data": {"seq_len": SEQ_LEN},
-         "optim": {"lr": lr}, "sweep": {"n_params": n, "compute": compute,
-                                        "n_definition": "non_embedding"}}
+  cfg = {
+    "name": name,
+    "model_name": model,
+    "total_steps": total_steps,
+    "batch_size": rows,
+    "model": {"size": size},
+    "masking": {"cms": True},
+    "data": {"seq_len": SEQ_LEN},
+    "optim": {"lr": lr},
+    "sweep": {"n_params": n, "compute": compute, "n_definition": "non_embedding"},
+  }
   with open(os.path.join(wd, "config.json"), "w") as f:
     json.dump({"config": cfg, "provenance": {}}, f)
   last = total_steps if final_step is None else final_step
-  rows_out = [{"step": 10, "train/loss": loss + 1.0}, {"step": last // 2, "eval/loss": loss + 0.5},
-              {"step": last, "train/loss": loss + 0.1}, {"step": last, "eval/loss": loss}]
+  rows_out = [
+    {"step": 10, "train/loss": loss + 1.0},
+    {"step": last // 2, "eval/loss": loss + 0.5},
+    {"step": last, "train/loss": loss + 0.1},
+    {"step": last, "eval/loss": loss},
+  ]
   with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
     f.write("".join(json.dumps(r) + "\n" for r in rows_out))
   if failed:
@@ -61,14 +76,23 @@ def write_member(root, name, model, size, n, compute, rows, lr, loss, final_step
 def bowl(compute, rows, lr):
   """Final loss: a level falling with C plus a quadratic bowl in log lr and log B."""
   b_tokens = rows * SEQ_LEN
-  return (3.0 * compute ** -0.05 + 0.3 * math.log(lr / (LR_A * compute ** LR_ALPHA)) ** 2
-          + 0.2 * math.log(b_tokens / (B_A * compute ** B_BETA)) ** 2)
+  return (
+    3.0 * compute**-0.05
+    + 0.3 * math.log(lr / (LR_A * compute**LR_ALPHA)) ** 2
+    + 0.2 * math.log(b_tokens / (B_A * compute**B_BETA)) ** 2
+  )
 
 
 # (model, size, N); C = 6 N x 20 N (the sweep's budget), so lr* and B* are power laws in N too.
-SIZES = [("bert", "d32L2", 5e4), ("bert", "d64L2", 1.5e5), ("bert", "d96L3", 4e5),
-         ("bert", "d128L3", 1e6), ("crossbert", "d32L2", 8e4), ("crossbert", "d64L2", 2.5e5),
-         ("crossbert", "d96L3", 6e5)]
+SIZES = [
+  ("bert", "d32L2", 5e4),
+  ("bert", "d64L2", 1.5e5),
+  ("bert", "d96L3", 4e5),
+  ("bert", "d128L3", 1e6),
+  ("crossbert", "d32L2", 8e4),
+  ("crossbert", "d64L2", 2.5e5),
+  ("crossbert", "d96L3", 6e5),
+]
 # Off-centre grids (per size, in octaves): the best grid point misses the true optimum a little.
 OFFSETS = [0.1, -0.15, 0.05, -0.05, 0.15, -0.1, 0.0]
 
@@ -79,7 +103,7 @@ def make_grid(root, sizes=SIZES, lr_shift=0.0):
   best = {}
   for (model, size, n), u in zip(sizes, OFFSETS):
     compute = 120.0 * n * n
-    lr0, rows0 = LR_A * compute ** LR_ALPHA, B_A * compute ** B_BETA / SEQ_LEN
+    lr0, rows0 = LR_A * compute**LR_ALPHA, B_A * compute**B_BETA / SEQ_LEN
     cands = []
     for i in range(-2, 3):
       for j in range(-2, 3):
@@ -87,7 +111,7 @@ def make_grid(root, sizes=SIZES, lr_shift=0.0):
         rows = max(1, int(round(rows0 * 2.0 ** (j - u))))
         name = f"{model}_{size}_b{rows}_lr{lr:.3g}"
         if os.path.exists(os.path.join(root, name)):
-          continue                       # rounding made two points equal
+          continue  # rounding made two points equal
         loss = bowl(compute, rows, lr)
         write_member(root, name, model, size, int(n), compute, rows, lr, loss)
         cands.append((loss, name, compute, n, rows, lr))
@@ -107,15 +131,19 @@ def test_fit_recovers_exponents_writes_laws_and_plot_the_sweep_reads(tmp_path, c
   n = np.array([b[2] for b in best.values()])
   lr = np.array([b[4] for b in best.values()])
   bt = np.array([b[3] * SEQ_LEN for b in best.values()], np.float64)
-  for law, x, y in ((laws.lr, c, lr), (laws.batch_tokens, c, bt), (laws.lr_n, n, lr),
-                    (laws.batch_tokens_n, n, bt)):
+  for law, x, y in (
+    (laws.lr, c, lr),
+    (laws.batch_tokens, c, bt),
+    (laws.lr_n, n, lr),
+    (laws.batch_tokens_n, n, bt),
+  ):
     alpha, log_a = np.polyfit(np.log(x), np.log(y), 1)
     assert law.alpha == pytest.approx(alpha, abs=1e-9) and law.a == pytest.approx(math.exp(log_a))
     assert law.n_points == len(SIZES)
     assert law.alpha_ci[0] <= law.alpha <= law.alpha_ci[1]
   assert laws.lr.alpha == pytest.approx(LR_ALPHA, abs=0.03)
   assert laws.batch_tokens.alpha == pytest.approx(B_BETA, abs=0.03)
-  assert laws.lr_n.alpha == pytest.approx(2 * LR_ALPHA, abs=0.06)       # C ∝ N^2 here
+  assert laws.lr_n.alpha == pytest.approx(2 * LR_ALPHA, abs=0.06)  # C ∝ N^2 here
   # Provenance: which runs, which models, when; the source names the grid.
   prov = laws.provenance
   assert sorted(r["name"] for r in prov["runs"]) == sorted(b[0] for b in best.values())
@@ -128,8 +156,10 @@ def test_fit_recovers_exponents_writes_laws_and_plot_the_sweep_reads(tmp_path, c
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   # One architecture alone; another output path (the plot goes next to it).
   out_file = str(tmp_path / "fits" / "bert.json")
-  assert grid_lib.main(["fit", "--grid", root, "--model", "bert", "--bootstrap", "0",
-                        "--out", out_file]) == 0
+  assert (
+    grid_lib.main(["fit", "--grid", root, "--model", "bert", "--bootstrap", "0", "--out", out_file])
+    == 0
+  )
   bert = laws_lib.load(out_file)
   assert bert.lr.n_points == 4 and bert.lr.alpha_ci is None
   assert {r["model"] for r in bert.provenance["runs"]} == {"bert"}
@@ -143,8 +173,9 @@ def test_fit_recovers_exponents_writes_laws_and_plot_the_sweep_reads(tmp_path, c
     assert m.sweep.laws_source == laws.source
     # The laws see the planned compute (target tokens); sweep.compute counts the rounded-up steps.
     planned = m.sweep.compute * m.sweep.target_tokens / m.sweep.tokens
-    want_lr, want_rows = laws_lib.suggest(laws, planned if axis == "compute" else m.sweep.n_params,
-                                          m.data.seq_len, law_axis=axis)
+    want_lr, want_rows = laws_lib.suggest(
+      laws, planned if axis == "compute" else m.sweep.n_params, m.data.seq_len, law_axis=axis
+    )
     assert m.optim.lr == pytest.approx(want_lr) and m.batch_size == want_rows
 
 
@@ -155,11 +186,23 @@ def test_unfinished_skipped_diverged_kept_and_edge_warned(tmp_path, capsys):
   model, size, n = SIZES[0]
   compute = 120.0 * n * n
   # An unfinished member with a (partial) loss lower than anything: skipped, not chosen.
-  write_member(root, "bert_d32L2_b999_lr0.5", model, size, int(n), compute, 999, 0.5, -5.0,
-               final_step=40)
+  write_member(
+    root, "bert_d32L2_b999_lr0.5", model, size, int(n), compute, 999, 0.5, -5.0, final_step=40
+  )
   # A diverged member (NaN loss, FAILED by the runner): part of the grid, never the best.
-  wd = write_member(root, "bert_d32L2_b8_lr9", model, size, int(n), compute, 8, 9.0, -9.0,
-                    final_step=30, failed="NonFiniteError: loss is nan at step 30")
+  wd = write_member(
+    root,
+    "bert_d32L2_b8_lr9",
+    model,
+    size,
+    int(n),
+    compute,
+    8,
+    9.0,
+    -9.0,
+    final_step=30,
+    failed="NonFiniteError: loss is nan at step 30",
+  )
   with open(os.path.join(wd, "metrics.jsonl"), "a") as f:
     f.write(json.dumps({"step": 30, "train/loss": "nan"}) + "\n")
   # A torn last line (a crash mid-write) is ignored.
@@ -176,7 +219,7 @@ def test_unfinished_skipped_diverged_kept_and_edge_warned(tmp_path, capsys):
   runs = {r["size"]: r for r in prov["runs"]}
   assert runs["d32L2"]["name"] == best[("bert", "d32L2")][0]
   assert "highest lr" in runs["d64L2"]["edge"] and "highest lr" in runs["d96L3"]["edge"]
-  assert "highest lr" not in runs["d32L2"]["edge"]     # the diverged lr=9 run bounds that grid
+  assert "highest lr" not in runs["d32L2"]["edge"]  # the diverged lr=9 run bounds that grid
   # With the optimum inside the grid, no edge warning.
   inner = str(tmp_path / "inner")
   make_grid(inner, SIZES[:3])
@@ -191,15 +234,16 @@ def test_bad_grid_input_is_one_line_naming_the_path_exit_2(tmp_path, capsys):
   (empty / "compilation_cache").mkdir(parents=True)
   one = str(tmp_path / "one")
   make_grid(one, SIZES[:1])
-  half = str(tmp_path / "half")                     # two sizes, but one is unfinished
+  half = str(tmp_path / "half")  # two sizes, but one is unfinished
   write_member(half, "a", "bert", "d32L2", 50_000, 3e11, 8, 1e-2, 3.0)
   write_member(half, "b", "bert", "d64L2", 150_000, 3e12, 8, 1e-2, 3.0, final_step=5)
   for argv, path, words in (
-      (["fit", "--grid", missing], missing, "no such directory"),
-      (["fit", "--grid", str(empty)], str(empty), "holds no member workdirs"),
-      (["fit", "--grid", one], one, "need at least 2 sizes"),
-      (["fit", "--grid", half], half, "1 member(s) unfinished"),
-      (["fit", "--grid", one, "--model", "crossbert"], "crossbert", "has no crossbert members")):
+    (["fit", "--grid", missing], missing, "no such directory"),
+    (["fit", "--grid", str(empty)], str(empty), "holds no member workdirs"),
+    (["fit", "--grid", one], one, "need at least 2 sizes"),
+    (["fit", "--grid", half], half, "1 member(s) unfinished"),
+    (["fit", "--grid", one, "--model", "crossbert"], "crossbert", "has no crossbert members"),
+  ):
     assert grid_lib.main(argv) == 2, argv
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and path in err and words in err, err
@@ -238,8 +282,9 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
       ours, theirs = dict(leaves(c)), dict(leaves(ref))
       differ = {k for k in ours if ours[k] != theirs[k]}
       assert differ <= PLAN_FIELDS | {k for k in differ if k.startswith("sweep.")} | (
-          MEMORY_FIELDS if c.sweep.chip else set()), differ
-      if c.sweep.chip:   # the grid member trains with the setting its own plan chose
+        MEMORY_FIELDS if c.sweep.chip else set()
+      ), differ
+      if c.sweep.chip:  # the grid member trains with the setting its own plan chose
         assert c.sweep.memory_verdict == "fits"
         assert c.sweep.memory_setting == plan_lib.current_setting(c).describe()
     assert set(map(len, per.values())) == {per_size}
@@ -247,12 +292,13 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
     for (model, size), args in per.items():
       lr0, rows0, _, _ = exp.law_point(scale, model, size)
       assert f"batch={rows0},lr={float(f'{lr0:.3g}'):.3g}" in ",".join(args)
-  assert {s for _, s in per} == {"d768L12", "d1024L16", "d1280L20", "d1536L24"}   # paper
+  assert {s for _, s in per} == {"d768L12", "d1024L16", "d1280L20", "d1536L24"}  # paper
   assert "d1536L24" in exp.grid_sizes("paper", "bert")
-  assert "d1536L24" not in exp.grid_sizes("paper", "crossbert")        # N 849M > 700M
+  assert "d1536L24" not in exp.grid_sizes("paper", "crossbert")  # N 849M > 700M
   cpu = exp.get_sweep("cpu")
   assert {exp.workdir_name(a).split("_b")[0] for a in cpu} == {
-      f"{m}_{s}" for m in ("bert", "crossbert") for s in ("d32L2", "d64L2", "d96L3")}
+    f"{m}_{s}" for m in ("bert", "crossbert") for s in ("d32L2", "d64L2", "d96L3")
+  }
   # The whole grid: mode=sweep, no probes, no scaling report; the runner plans it (1 device).
   for arg, scale in ((None, "auto"), ("cpu", "cpu"), ("paper", "paper")):
     c = exp.get_config(arg)
@@ -265,10 +311,12 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
   assert scale == "cpu" and [n for n, _, _ in planned] == [exp.workdir_name(a) for a in cpu]
   # Bad member args are named.
   from cbert_jax.errors import ConfigError
-  for bad, words in (("model=bert,size=d32L2", "needs model=, size=, batch="),
-                     ("model=bert,size=d128L3,batch=8,lr=0.01", "is in no grid"),
-                     ("scale=paper,model=crossbert,size=d1536L24,batch=8,lr=0.01",
-                      "not in the paper grid"),
-                     ("scale=quick", "scale must be one of")):
+
+  for bad, words in (
+    ("model=bert,size=d32L2", "needs model=, size=, batch="),
+    ("model=bert,size=d128L3,batch=8,lr=0.01", "is in no grid"),
+    ("scale=paper,model=crossbert,size=d1536L24,batch=8,lr=0.01", "not in the paper grid"),
+    ("scale=quick", "scale must be one of"),
+  ):
     with pytest.raises(ConfigError, match=words):
       exp.get_config(bad)

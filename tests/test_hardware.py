@@ -8,26 +8,26 @@ from cbert_jax import hardware
 
 
 @pytest.mark.parametrize(
-    "device_kind, key, bf16_tflops, fp32_tflops",
-    [
-        ("TPU v5 lite", "TPU v5 lite", 197, 197),  # v5e, not v5p.
-        ("TPU v5", "TPU v5", 459, 459),  # v5p.
-        ("TPU v4", "TPU v4", 275, 275),
-        ("TPU v6 lite", "TPU v6 lite", 918, 918),
-        ("TPU7x", "TPU7x", 1153.5, 1153.5),  # Per TensorCore = per JAX device.
-        ("NVIDIA H100 80GB HBM3", "H100", 989.4, 494.7),  # Dense, not the 1979 sparse figure.
-        ("NVIDIA H100 PCIe", "H100 PCIe", 756.5, 378),
-        ("NVIDIA H200", "H200", 989.4, 494.7),
-        ("NVIDIA H200 NVL", "H200 NVL", 835.5, 417.5),
-        ("NVIDIA GH200 480GB", "GH200", 989.4, 494.7),
-        ("NVIDIA A100-SXM4-80GB", "A100", 312, 156),
-        ("NVIDIA A10", "A10", 125, 62.5),
-        ("NVIDIA A10G", "A10G", 70, 35),
-        ("NVIDIA L4", "L4", 121, 60),
-        ("NVIDIA L40S", "L40S", 362, 183),
-        ("NVIDIA B200", "B200", 2250, 1100),
-        ("NVIDIA GB200", "GB200", 2500, 1250),
-    ],
+  "device_kind, key, bf16_tflops, fp32_tflops",
+  [
+    ("TPU v5 lite", "TPU v5 lite", 197, 197),  # v5e, not v5p.
+    ("TPU v5", "TPU v5", 459, 459),  # v5p.
+    ("TPU v4", "TPU v4", 275, 275),
+    ("TPU v6 lite", "TPU v6 lite", 918, 918),
+    ("TPU7x", "TPU7x", 1153.5, 1153.5),  # Per TensorCore = per JAX device.
+    ("NVIDIA H100 80GB HBM3", "H100", 989.4, 494.7),  # Dense, not the 1979 sparse figure.
+    ("NVIDIA H100 PCIe", "H100 PCIe", 756.5, 378),
+    ("NVIDIA H200", "H200", 989.4, 494.7),
+    ("NVIDIA H200 NVL", "H200 NVL", 835.5, 417.5),
+    ("NVIDIA GH200 480GB", "GH200", 989.4, 494.7),
+    ("NVIDIA A100-SXM4-80GB", "A100", 312, 156),
+    ("NVIDIA A10", "A10", 125, 62.5),
+    ("NVIDIA A10G", "A10G", 70, 35),
+    ("NVIDIA L4", "L4", 121, 60),
+    ("NVIDIA L40S", "L40S", 362, 183),
+    ("NVIDIA B200", "B200", 2250, 1100),
+    ("NVIDIA GB200", "GB200", 2500, 1250),
+  ],
 )
 def test_lookup_peak_maps_device_kinds(device_kind, key, bf16_tflops, fp32_tflops):
   found = hardware.lookup_peak(device_kind)

@@ -4,6 +4,7 @@ Nothing trains: the paper members resolve analytically (no data), the local run'
 fake interpreter that writes what a finished member leaves, and the sbatch script's trap is run
 with fake srun / scontrol.
 """
+
 import json
 import os
 import pathlib
@@ -22,7 +23,7 @@ from launch import backends, members, snapshot, sweep
 from tests.stubs import simlib
 
 EXP = "experiments/sweep.py"
-FIRST = "scale=paper,model=bert,size=d384L6"      # the first paper member, bert_d384L6
+FIRST = "scale=paper,model=bert,size=d384L6"  # the first paper member, bert_d384L6
 
 
 def build(root, *argv):
@@ -47,8 +48,16 @@ def run_main(capsys, *argv):
 
 def test_paper_members_and_local_commands(tmp_path):
   root = tmp_path / "sweep"
-  launch = build(root, "--config", EXP, "--backend", "local", "--python", "python",
-                 "--override=--config.data.sources=/data/*.jsonl.zst")
+  launch = build(
+    root,
+    "--config",
+    EXP,
+    "--backend",
+    "local",
+    "--python",
+    "python",
+    "--override=--config.data.sources=/data/*.jsonl.zst",
+  )
   names = [j.member.name for j in launch.jobs]
   assert launch.scale == "paper" and launch.experiment == EXP and len(names) == 17
   assert names[:3] == ["bert_d384L6", "crossbert_d384L6", "bert_d512L8"]
@@ -56,8 +65,9 @@ def test_paper_members_and_local_commands(tmp_path):
   assert sum(n.startswith("bert_") for n in names) == 8
   j = launch.jobs[0]
   assert backends.shell_join(j.train) == (
-      f"python -m cbert_jax.main --config=experiments/sweep.py:{FIRST} "
-      f"--workdir={root}/bert_d384L6 --config.data.sources='/data/*.jsonl.zst'")
+    f"python -m cbert_jax.main --config=experiments/sweep.py:{FIRST} "
+    f"--workdir={root}/bert_d384L6 --config.data.sources='/data/*.jsonl.zst'"
+  )
   assert j.probe == [*j.train, "--config.mode=eval"]
   assert j.steps == [("train", j.train), ("probe", j.probe)]
   assert j.member.target_devices == 8 and j.member.total_steps > 0
@@ -129,104 +139,188 @@ fi
 run_step "${tasks[@]}" python -m cbert_jax.main --config=experiments/sweep.py:scale=paper,model=bert,size=d384L6 --workdir=ROOT/bert_d384L6 --multiprocess --config.data.sources=/data/c.jsonl --config.sweep.chip=h100 --config.mode=eval || fail probe $?
 """
 
-SLURM_ARGS = ("--config", EXP, "--backend", "slurm", "--partition", "gpu", "--account", "lab",
-              "--time", "24:00:00", "--signal_seconds", "600",
-              "--setup", "source /opt/venv/bin/activate",
-              "--override=--config.data.sources=/data/c.jsonl")
+SLURM_ARGS = (
+  "--config",
+  EXP,
+  "--backend",
+  "slurm",
+  "--partition",
+  "gpu",
+  "--account",
+  "lab",
+  "--time",
+  "24:00:00",
+  "--signal_seconds",
+  "600",
+  "--setup",
+  "source /opt/venv/bin/activate",
+  "--override=--config.data.sources=/data/c.jsonl",
+)
 
 
 def test_slurm_script_golden(tmp_path):
   root = tmp_path / "sweep"
   launch = build(root, *SLURM_ARGS)
   j = job(launch, "bert_d384L6")
-  expected = (SBATCH.replace("ROOT", str(root)).replace("CODE", snapshot.snapshot_id())
-              .replace("SUMMARY", j.member.summary()).replace("STEPS", str(j.member.total_steps)))
+  expected = (
+    SBATCH.replace("ROOT", str(root))
+    .replace("CODE", snapshot.snapshot_id())
+    .replace("SUMMARY", j.member.summary())
+    .replace("STEPS", str(j.member.total_steps))
+  )
   assert j.script == expected
   assert j.script_path == f"{root}/slurm/bert_d384L6.sbatch"
   assert j.steps == [("submit", ["sbatch", j.script_path])]
   assert launch.code_dir == f"{root}/code/{snapshot.snapshot_id()}" and launch.snapshot
   assert len(launch.jobs) == 17
-  big = job(launch, "crossbert_d2304L32")                   # 64 GPUs: 8 nodes of 8, 64 tasks
+  big = job(launch, "crossbert_d2304L32")  # 64 GPUs: 8 nodes of 8, 64 tasks
   assert "#SBATCH --nodes=8\n#SBATCH --ntasks-per-node=8\n#SBATCH --gpus-per-node=8\n" in big.script
-  assert "\ntasks=(--nodes=8 --ntasks-per-node=8 --cpus-per-task=\"$cpus\" --gpu-bind=none)\n" in (
-      big.script)
+  assert '\ntasks=(--nodes=8 --ntasks-per-node=8 --cpus-per-task="$cpus" --gpu-bind=none)\n' in (
+    big.script
+  )
   assert big.info == {"nodes": 8, "gpus_per_node": 8, "tasks": 64}
-  assert "--gpus-per-task" not in big.script                # every task sees all its node's GPUs
-  wide = build(root, *SLURM_ARGS, "--gpus_per_node", "4")   # 8 GPUs: 2 nodes of 4, 8 tasks
+  assert "--gpus-per-task" not in big.script  # every task sees all its node's GPUs
+  wide = build(root, *SLURM_ARGS, "--gpus_per_node", "4")  # 8 GPUs: 2 nodes of 4, 8 tasks
   assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=4\n#SBATCH --gpus-per-node=4\n" in (
-      job(wide, "bert_d384L6").script)
+    job(wide, "bert_d384L6").script
+  )
   assert "\ntasks=(--nodes=2 --ntasks-per-node=4 " in job(wide, "bert_d384L6").script
-  mine = build(root, *SLURM_ARGS, "--code_dir", "/shared/cbert")   # a checkout: no snapshot
+  mine = build(root, *SLURM_ARGS, "--code_dir", "/shared/cbert")  # a checkout: no snapshot
   assert not mine.snapshot and "\ncd /shared/cbert || exit 1\n" in mine.jobs[0].script
 
 
 def wrapper(name: str, workdir: str, steps: int, train: str, probe: str) -> str:
   """The member wrapper line (tpu-vm, xpk), spelled out: the golden text."""
-  return (f"final={workdir}/checkpoints/{steps}; child=; stop=; "
-          'nag() { ( while kill -TERM "$child" 2>/dev/null; do sleep 1; done ) & }; '
-          'fwd() { [ -z "$stop" ] || return 0; stop=1; [ -z "$child" ] || nag; }; '
-          "trap fwd TERM HUP; "
-          'step() { "$@" & child=$!; [ -z "$stop" ] || nag; wait "$child"; rc=$?; '
-          'while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done; child=; '
-          'return "$rc"; }; '
-          f'if [ ! -d "$final" ]; then step {train} || '
-          '{ rc=$?; [ -n "$stop" ] || exit "$rc"; }; fi; '
-          'if [ ! -d "$final" ]; then '
-          f'echo "{name}: train stopped before its final step {steps} (SIGTERM); exit 143: the '
-          'next attempt resumes from its checkpoint" >&2; exit 143; fi; '
-          f'if [ -n "$stop" ]; then echo "{name}: SIGTERM; exit 143 before the probe: the next '
-          'attempt runs it" >&2; exit 143; fi; '
-          f"step {probe}")
+  return (
+    f"final={workdir}/checkpoints/{steps}; child=; stop=; "
+    'nag() { ( while kill -TERM "$child" 2>/dev/null; do sleep 1; done ) & }; '
+    'fwd() { [ -z "$stop" ] || return 0; stop=1; [ -z "$child" ] || nag; }; '
+    "trap fwd TERM HUP; "
+    'step() { "$@" & child=$!; [ -z "$stop" ] || nag; wait "$child"; rc=$?; '
+    'while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done; child=; '
+    'return "$rc"; }; '
+    f'if [ ! -d "$final" ]; then step {train} || '
+    '{ rc=$?; [ -n "$stop" ] || exit "$rc"; }; fi; '
+    'if [ ! -d "$final" ]; then '
+    f'echo "{name}: train stopped before its final step {steps} (SIGTERM); exit 143: the '
+    'next attempt resumes from its checkpoint" >&2; exit 143; fi; '
+    f'if [ -n "$stop" ]; then echo "{name}: SIGTERM; exit 143 before the probe: the next '
+    'attempt runs it" >&2; exit 143; fi; '
+    f"step {probe}"
+  )
 
 
 def test_tpu_vm_commands_golden(tmp_path):
   root = tmp_path / "sweep"
-  launch = build(root, "--config", f"{EXP}:paper", "--backend", "tpu-vm", "--zone", "us-east5-a",
-                 "--project", "my-proj", "--override=--config.data.sources=gs://b/c/*.zst")
+  launch = build(
+    root,
+    "--config",
+    f"{EXP}:paper",
+    "--backend",
+    "tpu-vm",
+    "--zone",
+    "us-east5-a",
+    "--project",
+    "my-proj",
+    "--override=--config.data.sources=gs://b/c/*.zst",
+  )
   assert len(launch.jobs) == 17
   j = job(launch, "bert_d384L6")
-  member = (f"--config=experiments/sweep.py:{FIRST} --workdir={root}/bert_d384L6 --multiprocess "
-            "--config.data.sources='gs://b/c/*.zst' --config.sweep.chip=v5p")
-  remote = (f"cd {root}/code/{snapshot.snapshot_id()} || exit 1; " +
-            wrapper("bert_d384L6", f"{root}/bert_d384L6", j.member.total_steps,
-                    f"python3 -m cbert_jax.main {member}",
-                    f"python3 -m cbert_jax.main {member} --config.mode=eval"))
+  member = (
+    f"--config=experiments/sweep.py:{FIRST} --workdir={root}/bert_d384L6 --multiprocess "
+    "--config.data.sources='gs://b/c/*.zst' --config.sweep.chip=v5p"
+  )
+  remote = f"cd {root}/code/{snapshot.snapshot_id()} || exit 1; " + wrapper(
+    "bert_d384L6",
+    f"{root}/bert_d384L6",
+    j.member.total_steps,
+    f"python3 -m cbert_jax.main {member}",
+    f"python3 -m cbert_jax.main {member} --config.mode=eval",
+  )
   assert [k for k, _ in j.steps] == ["ssh"]
   assert backends.shell_join(j.steps[0][1]) == (
-      "gcloud compute tpus tpu-vm ssh cbert-bert-d384l6 --zone=us-east5-a --project=my-proj "
-      "--worker=all --command=" + shlex.quote(remote))
-  assert j.steps[0][1][-1] == "--command=" + remote          # one argv item, no shell needed
+    "gcloud compute tpus tpu-vm ssh cbert-bert-d384l6 --zone=us-east5-a --project=my-proj "
+    "--worker=all --command=" + shlex.quote(remote)
+  )
+  assert j.steps[0][1][-1] == "--command=" + remote  # one argv item, no shell needed
   assert j.info["create"] == (
-      "gcloud compute tpus tpu-vm create cbert-bert-d384l6 --zone=us-east5-a --project=my-proj "
-      "--accelerator-type=v5p-16 --version=v2-alpha-tpuv5")
+    "gcloud compute tpus tpu-vm create cbert-bert-d384l6 --zone=us-east5-a --project=my-proj "
+    "--accelerator-type=v5p-16 --version=v2-alpha-tpuv5"
+  )
   big = job(launch, "crossbert_d2304L32")
   assert big.info == {**big.info, "tpu_name": "cbert-crossbert-d2304l32", "tpu_type": "v5p-128"}
-  v6e = build(root, "--config", EXP, "--backend", "tpu-vm", "--zone", "z", "--project", "p",
-              "--tpu_generation", "v6e", "--create_tpus", "--code_dir", "~/cbert_jax",
-              "--tpu_prefix", "run7-", "--members", "bert_d1024L16",
-              "--setup", "source ~/venv/bin/activate")
-  create, ssh = v6e.jobs[0].steps                             # --create_tpus: created, then run
-  assert create[0] == "create" and create[1][-2:] == ["--accelerator-type=v6e-16",
-                                                      "--version=v2-alpha-tpuv6e"]
+  v6e = build(
+    root,
+    "--config",
+    EXP,
+    "--backend",
+    "tpu-vm",
+    "--zone",
+    "z",
+    "--project",
+    "p",
+    "--tpu_generation",
+    "v6e",
+    "--create_tpus",
+    "--code_dir",
+    "~/cbert_jax",
+    "--tpu_prefix",
+    "run7-",
+    "--members",
+    "bert_d1024L16",
+    "--setup",
+    "source ~/venv/bin/activate",
+  )
+  create, ssh = v6e.jobs[0].steps  # --create_tpus: created, then run
+  assert create[0] == "create" and create[1][-2:] == [
+    "--accelerator-type=v6e-16",
+    "--version=v2-alpha-tpuv6e",
+  ]
   assert ssh[1][5] == "run7-bert-d1024l16" and ssh[1][-1].startswith(
-      "--command=cd ~/cbert_jax && source ~/venv/bin/activate || exit 1; final=")
+    "--command=cd ~/cbert_jax && source ~/venv/bin/activate || exit 1; final="
+  )
 
 
 def test_tpu_vm_setup_workers_installs_the_snapshot_on_every_worker(tmp_path, capsys):
   root = tmp_path / "sweep"
-  args = ("--config", EXP, "--backend", "tpu-vm", "--zone", "z", "--project", "p",
-          "--members", "bert_d384L6", "--setup_workers", "--create_tpus", "--workdir_root", root)
+  args = (
+    "--config",
+    EXP,
+    "--backend",
+    "tpu-vm",
+    "--zone",
+    "z",
+    "--project",
+    "p",
+    "--members",
+    "bert_d384L6",
+    "--setup_workers",
+    "--create_tpus",
+    "--workdir_root",
+    root,
+  )
   launch, _ = sweep.build([str(a) for a in args])
   code = f"{root}/code/{snapshot.snapshot_id()}"
   kinds = [k for k, _ in launch.jobs[0].steps]
-  assert kinds == ["create", "setup", "ssh"]                  # created, set up, then run
+  assert kinds == ["create", "setup", "ssh"]  # created, set up, then run
   setup = launch.jobs[0].steps[1][1]
-  assert setup[:9] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "cbert-bert-d384l6", "--zone=z",
-                       "--project=p", "--worker=all"]
+  assert setup[:9] == [
+    "gcloud",
+    "compute",
+    "tpus",
+    "tpu-vm",
+    "ssh",
+    "cbert-bert-d384l6",
+    "--zone=z",
+    "--project=p",
+    "--worker=all",
+  ]
   copy = f"/tmp/cbert_jax-{snapshot.snapshot_id()}"
-  assert setup[9] == (f"--command=rm -rf {copy} && cp -r {code} {copy} && "
-                      f"python3 -m pip install --quiet '{copy}[tpu]'")
-  rc, out, err = run_main(capsys, *args)                       # the dry run shows all three
+  assert setup[9] == (
+    f"--command=rm -rf {copy} && cp -r {code} {copy} && "
+    f"python3 -m pip install --quiet '{copy}[tpu]'"
+  )
+  rc, out, err = run_main(capsys, *args)  # the dry run shows all three
   assert rc == 0, err
   assert f"--worker=all --command='rm -rf {copy} && cp -r {code} {copy} && python3 -m pip " in out
   assert "  gcloud compute tpus tpu-vm create cbert-bert-d384l6 " in out
@@ -244,30 +338,51 @@ def test_tpu_type_mapping():
 
 def test_xpk_command_golden_and_names(tmp_path):
   root = tmp_path / "sweep"
-  launch = build(root, "--config", EXP, "--backend", "xpk", "--cluster", "pod1",
-                 "--docker_image", "gcr.io/p/cbert:1", "--tpu_generation", "v5e",
-                 "--max_restarts", "3")
+  launch = build(
+    root,
+    "--config",
+    EXP,
+    "--backend",
+    "xpk",
+    "--cluster",
+    "pod1",
+    "--docker_image",
+    "gcr.io/p/cbert:1",
+    "--tpu_generation",
+    "v5e",
+    "--max_restarts",
+    "3",
+  )
   assert len(launch.jobs) == 17
   j = job(launch, "bert_d384L6")
-  member = (f"--config=experiments/sweep.py:{FIRST} --workdir={root}/bert_d384L6 --multiprocess "
-            "--config.sweep.chip=v5e")
-  remote = wrapper("bert_d384L6", f"{root}/bert_d384L6", j.member.total_steps,
-                   f"python -m cbert_jax.main {member}",
-                   f"python -m cbert_jax.main {member} --config.mode=eval")
+  member = (
+    f"--config=experiments/sweep.py:{FIRST} --workdir={root}/bert_d384L6 --multiprocess "
+    "--config.sweep.chip=v5e"
+  )
+  remote = wrapper(
+    "bert_d384L6",
+    f"{root}/bert_d384L6",
+    j.member.total_steps,
+    f"python -m cbert_jax.main {member}",
+    f"python -m cbert_jax.main {member} --config.mode=eval",
+  )
   assert backends.shell_join(j.steps[0][1]) == (
-      "xpk workload create --cluster=pod1 --workload=cbert-bert-d384l6 --tpu-type=v5litepod-8 "
-      "--num-slices=1 --docker-image=gcr.io/p/cbert:1 --max-restarts=3 "
-      "--termination-grace-period-seconds=300 --command='" + remote + "'")
-  assert "\n" not in remote and "$(" not in remote           # one YAML line; no k8s $(VAR) expansion
+    "xpk workload create --cluster=pod1 --workload=cbert-bert-d384l6 --tpu-type=v5litepod-8 "
+    "--num-slices=1 --docker-image=gcr.io/p/cbert:1 --max-restarts=3 "
+    "--termination-grace-period-seconds=300 --command='" + remote + "'"
+  )
+  assert "\n" not in remote and "$(" not in remote  # one YAML line; no k8s $(VAR) expansion
   assert job(launch, "crossbert_d2304L32").info["tpu_type"] == "v5litepod-64"
   names = [jb.info["workload"] for jb in launch.jobs]
   assert len(set(names)) == 17
   assert all(len(n) <= 40 and re.fullmatch(r"[a-z][a-z0-9-]*[a-z0-9]", n) for n in names)
-  long = backends.xpk_names("a-very-long-team-prefix-for-runs-", ["crossbert_d2304L32", "bert_d384L6"])
+  long = backends.xpk_names(
+    "a-very-long-team-prefix-for-runs-", ["crossbert_d2304L32", "bert_d384L6"]
+  )
   assert all(len(n) <= 40 for n in long.values()) and len(set(long.values())) == 2
   assert long["crossbert_d2304L32"].startswith("a-very-long-team-prefix-for-runs-")
-  assert re.fullmatch(r".*-[0-9a-f]{6}", long["crossbert_d2304L32"])   # the hash suffix
-  same = backends.xpk_names("x-", ["Bert_A", "bert-a"])            # equal once lowercased: suffixed
+  assert re.fullmatch(r".*-[0-9a-f]{6}", long["crossbert_d2304L32"])  # the hash suffix
+  same = backends.xpk_names("x-", ["Bert_A", "bert-a"])  # equal once lowercased: suffixed
   assert len(set(same.values())) == 2
 
 
@@ -276,29 +391,50 @@ def test_xpk_command_golden_and_names(tmp_path):
 
 def test_shared_root_holds_workdirs_snapshot_and_data_cache(tmp_path, capsys):
   shared = tmp_path / "shared"
-  launch = build_shared(shared, "--backend", "slurm", "--members", "bert_d384L6,crossbert_d384L6",
-                        "--override=--config.data.sources=/data/c.jsonl")
+  launch = build_shared(
+    shared,
+    "--backend",
+    "slurm",
+    "--members",
+    "bert_d384L6,crossbert_d384L6",
+    "--override=--config.data.sources=/data/c.jsonl",
+  )
   assert launch.root == f"{shared}/sweep_paper" and launch.shared_root == str(shared)
-  assert launch.code_dir == f"{shared}/code/{snapshot.snapshot_id()}"   # shared by every sweep
+  assert launch.code_dir == f"{shared}/code/{snapshot.snapshot_id()}"  # shared by every sweep
   for j in launch.jobs:
     assert j.member.workdir == f"{shared}/sweep_paper/{j.member.name}"
-    assert j.member.config.data.cache_dir == f"{shared}/cache"        # what the trainer gets
+    assert j.member.config.data.cache_dir == f"{shared}/cache"  # what the trainer gets
     assert f" --config.data.cache_dir={shared}/cache " in f" {backends.shell_join(j.train)} "
-    assert f"--config.data.cache_dir={shared}/cache" in j.script       # prepare, train, probe
-  assert launch.overrides == [f"--config.data.cache_dir={shared}/cache",
-                              "--override=--config.data.sources=/data/c.jsonl"[11:],
-                              "--config.sweep.chip=h100"]
+    assert f"--config.data.cache_dir={shared}/cache" in j.script  # prepare, train, probe
+  assert launch.overrides == [
+    f"--config.data.cache_dir={shared}/cache",
+    "--override=--config.data.sources=/data/c.jsonl"[11:],
+    "--config.sweep.chip=h100",
+  ]
   # An explicit --workdir_root and data.cache_dir win.
-  mine = build_shared(shared, "--backend", "tpu-vm", "--zone", "z", "--project", "p",
-                      "--workdir_root", str(tmp_path / "runs"), "--members", "bert_d384L6",
-                      "--override=--config.data.cache_dir=/fast/cache")
+  mine = build_shared(
+    shared,
+    "--backend",
+    "tpu-vm",
+    "--zone",
+    "z",
+    "--project",
+    "p",
+    "--workdir_root",
+    str(tmp_path / "runs"),
+    "--members",
+    "bert_d384L6",
+    "--override=--config.data.cache_dir=/fast/cache",
+  )
   assert mine.root == str(tmp_path / "runs") and mine.overrides == [
-      "--config.data.cache_dir=/fast/cache", "--config.sweep.chip=v5p"]
+    "--config.data.cache_dir=/fast/cache",
+    "--config.sweep.chip=v5p",
+  ]
   assert mine.code_dir == f"{shared}/code/{snapshot.snapshot_id()}"
   rc, out, err = run_main(capsys, "--config", EXP, "--backend", "local", "--shared_root", shared)
   assert rc == 0, err
   assert f"shared root: {shared} (workdirs {shared}/sweep_paper, data cache {shared}/cache)" in out
-  assert not shared.exists()                                  # a dry run writes nothing
+  assert not shared.exists()  # a dry run writes nothing
 
 
 def build_shared(shared, *argv):
@@ -308,16 +444,45 @@ def build_shared(shared, *argv):
 
 def test_xpk_storage_restarts_and_grace_period(tmp_path, capsys):
   shared = tmp_path / "gcs"
-  launch = build_shared(shared, "--backend", "xpk", "--cluster", "c", "--docker_image", "i",
-                        "--members", "bert_d384L6", "--xpk_storage", "sweep-fuse",
-                        "--xpk_storage", "data-fs", "--termination_grace_seconds", "900")
+  launch = build_shared(
+    shared,
+    "--backend",
+    "xpk",
+    "--cluster",
+    "c",
+    "--docker_image",
+    "i",
+    "--members",
+    "bert_d384L6",
+    "--xpk_storage",
+    "sweep-fuse",
+    "--xpk_storage",
+    "data-fs",
+    "--termination_grace_seconds",
+    "900",
+  )
   cmd = launch.jobs[0].steps[0][1]
-  assert cmd[8:12] == ["--max-restarts=10", "--termination-grace-period-seconds=900",
-                       "--storage=sweep-fuse", "--storage=data-fs"]   # xpk's defaults: 0 and 30
+  assert cmd[8:12] == [
+    "--max-restarts=10",
+    "--termination-grace-period-seconds=900",
+    "--storage=sweep-fuse",
+    "--storage=data-fs",
+  ]  # xpk's defaults: 0 and 30
   assert cmd[-1].startswith(f"--command=final={shared}/sweep_paper/bert_d384L6/checkpoints/")
-  rc, out, err = run_main(capsys, "--config", EXP, "--backend", "xpk", "--cluster", "c",
-                          "--docker_image", "i", "--shared_root", shared,
-                          "--override=--config.data.sources=/gcs/c/*.zst")
+  rc, out, err = run_main(
+    capsys,
+    "--config",
+    EXP,
+    "--backend",
+    "xpk",
+    "--cluster",
+    "c",
+    "--docker_image",
+    "i",
+    "--shared_root",
+    shared,
+    "--override=--config.data.sources=/gcs/c/*.zst",
+  )
   assert rc == 0 and err.startswith(f"warning: --shared_root={shared} without --xpk_storage: ")
   assert "--auto-mount=true" in err and err.count("\n") == 1
 
@@ -353,29 +518,46 @@ def sbatch_words(line: str) -> list[str]:
     words.append(word)
 
 
-@pytest.mark.parametrize("flag, value", [
-    ("--partition", "gpu a100#1"), ("--account", 'lab "x" \\y'), ("--account", "it's"),
+@pytest.mark.parametrize(
+  "flag, value",
+  [
+    ("--partition", "gpu a100#1"),
+    ("--account", 'lab "x" \\y'),
+    ("--account", "it's"),
     ("--partition", "gpu,gpu-long"),
-])
+  ],
+)
 def test_sbatch_values_are_read_back_as_given(tmp_path, flag, value):
-  root = tmp_path / "my runs #2"                               # a space and a # in the path
-  launch = build(root, "--config", EXP, "--backend", "slurm", "--members", "bert_d384L6", flag,
-                 value)
-  lines = {sbatch_words(l)[0].split("=", 1)[0]: sbatch_words(l)[0].split("=", 1)[1]
-           for l in launch.jobs[0].script.splitlines() if l.startswith("#SBATCH ")
-           and "=" in l}
+  root = tmp_path / "my runs #2"  # a space and a # in the path
+  launch = build(
+    root, "--config", EXP, "--backend", "slurm", "--members", "bert_d384L6", flag, value
+  )
+  lines = {
+    sbatch_words(l)[0].split("=", 1)[0]: sbatch_words(l)[0].split("=", 1)[1]
+    for l in launch.jobs[0].script.splitlines()
+    if l.startswith("#SBATCH ") and "=" in l
+  }
   assert lines[flag] == value
   assert lines["--output"] == f"{root}/logs/bert_d384L6.log"
   assert lines["--job-name"] == "bert_d384L6"
-  if value == "gpu,gpu-long":                                  # plain values stay unquoted
+  if value == "gpu,gpu-long":  # plain values stay unquoted
     assert f"#SBATCH {flag}=gpu,gpu-long\n" in launch.jobs[0].script
 
 
 def test_snapshot_holds_an_experiment_file_outside_experiments(tmp_path):
-  launch = build(tmp_path / "r", "--config", "tests/data/launch_member.py:sim2", "--backend",
-                 "slurm", "--gpus_per_node", "2")
+  launch = build(
+    tmp_path / "r",
+    "--config",
+    "tests/data/launch_member.py:sim2",
+    "--backend",
+    "slurm",
+    "--gpus_per_node",
+    "2",
+  )
   assert launch.snapshot_extra == ("tests/data/launch_member.py",)
-  assert "tests/data/launch_member.py" in snapshot.snapshot_files(members.REPO, launch.snapshot_extra)
+  assert "tests/data/launch_member.py" in snapshot.snapshot_files(
+    members.REPO, launch.snapshot_extra
+  )
   assert launch.code_dir.endswith(snapshot.snapshot_id(members.REPO, launch.snapshot_extra))
   assert snapshot.snapshot_id(members.REPO, launch.snapshot_extra) != snapshot.snapshot_id()
   snapshot.write_snapshot(str(tmp_path / "snap"), members.REPO, launch.snapshot_extra)
@@ -411,24 +593,51 @@ def wrapper_run(tmp_path, shell: list[str], naive: bool = False, **env_extra):
   """The tpu-vm/xpk member command (or the old `cd X && train && probe`) under `shell`, with the
   fake trainer; -> (process, events file, member)."""
   (tmp_path / "fake.sh").write_text(FAKE_MEMBER)
-  launch = build(tmp_path / "sweep", "--config", EXP, "--backend", "xpk", "--cluster", "c",
-                 "--docker_image", "i", "--members", "bert_d384L6", "--code_dir", str(tmp_path),
-                 "--python", f"bash {tmp_path / 'fake.sh'}")
+  launch = build(
+    tmp_path / "sweep",
+    "--config",
+    EXP,
+    "--backend",
+    "xpk",
+    "--cluster",
+    "c",
+    "--docker_image",
+    "i",
+    "--members",
+    "bert_d384L6",
+    "--code_dir",
+    str(tmp_path),
+    "--python",
+    f"bash {tmp_path / 'fake.sh'}",
+  )
   j = launch.jobs[0]
-  command = j.steps[0][1][-1][len("--command="):]
-  if naive:                                              # what the launcher rendered before
+  command = j.steps[0][1][-1][len("--command=") :]
+  if naive:  # what the launcher rendered before
     command = f"cd {tmp_path} && {backends.shell_join(j.train)} && {backends.shell_join(j.probe)}"
   events = tmp_path / "events"
-  env = dict(os.environ, EVENTS=str(events),
-             FINAL=f"{j.member.workdir}/checkpoints/{j.member.total_steps}", **env_extra)
+  env = dict(
+    os.environ,
+    EVENTS=str(events),
+    FINAL=f"{j.member.workdir}/checkpoints/{j.member.total_steps}",
+    **env_extra,
+  )
   script = shell[-1].format(command=command, poll=0.1) if "{command}" in shell[-1] else command
-  proc = subprocess.Popen([*shell[:-1], script], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  proc = subprocess.Popen(
+    [*shell[:-1], script],
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    start_new_session=True,
+  )
   return proc, events, j.member
 
 
-SHELLS = {"bash": ["bash", "-c", "{command}"], "sh": ["sh", "-c", "{command}"],
-          "xpk pod": ["bash", "-c", simlib.XPK_CONTAINER]}
+SHELLS = {
+  "bash": ["bash", "-c", "{command}"],
+  "sh": ["sh", "-c", "{command}"],
+  "xpk pod": ["bash", "-c", simlib.XPK_CONTAINER],
+}
 
 
 def wait_events(proc, events, what: str) -> list[str]:
@@ -444,12 +653,14 @@ def wait_events(proc, events, what: str) -> list[str]:
 def test_member_wrapper_forwards_sigterm_and_does_not_probe_an_unfinished_run(tmp_path, shell):
   proc, events, member = wrapper_run(tmp_path, SHELLS[shell])
   wait_events(proc, events, "train")
-  proc.send_signal(signal.SIGTERM)                       # Kubernetes / a preemption: the pod's PID 1
+  proc.send_signal(signal.SIGTERM)  # Kubernetes / a preemption: the pod's PID 1
   out, _ = proc.communicate(timeout=20)
-  assert proc.returncode == backends.STOPPED_EXIT == 143, out      # xpk restarts on 42 and 127-255
-  assert [e.split()[0] for e in read_events(events)] == ["train", "checkpoint"]   # no probe
-  assert (f"bert_d384L6: train stopped before its final step {member.total_steps} (SIGTERM); "
-          "exit 143: the next attempt resumes from its checkpoint") in out
+  assert proc.returncode == backends.STOPPED_EXIT == 143, out  # xpk restarts on 42 and 127-255
+  assert [e.split()[0] for e in read_events(events)] == ["train", "checkpoint"]  # no probe
+  assert (
+    f"bert_d384L6: train stopped before its final step {member.total_steps} (SIGTERM); "
+    "exit 143: the next attempt resumes from its checkpoint"
+  ) in out
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -457,11 +668,15 @@ def test_member_wrapper_forwards_sigterm_and_does_not_probe_an_unfinished_run(tm
 def test_a_missed_sigterm_is_sent_again(tmp_path, shell):
   proc, events, _ = wrapper_run(tmp_path, SHELLS[shell], IGNORE_TERM="2")
   wait_events(proc, events, "train")
-  proc.send_signal(signal.SIGTERM)                      # once, as Kubernetes does
+  proc.send_signal(signal.SIGTERM)  # once, as Kubernetes does
   out, _ = proc.communicate(timeout=20)
-  assert proc.returncode == 143, out                    # missed twice, caught the third: stopped
-  assert [e.split()[0] for e in read_events(events)] == ["train", "ignored", "ignored",
-                                                         "checkpoint"]
+  assert proc.returncode == 143, out  # missed twice, caught the third: stopped
+  assert [e.split()[0] for e in read_events(events)] == [
+    "train",
+    "ignored",
+    "ignored",
+    "checkpoint",
+  ]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -469,13 +684,13 @@ def test_a_sigterm_the_trainer_never_heeds_still_skips_the_probe(tmp_path):
   proc, events, _ = wrapper_run(tmp_path, SHELLS["xpk pod"], IGNORE_TERM="1000", RUN_FOR="15")
   wait_events(proc, events, "train")
   proc.send_signal(signal.SIGTERM)
-  out, _ = proc.communicate(timeout=20)                 # the train finished all the same:
-  assert proc.returncode == 143, out                    # no probe in a pod being stopped
+  out, _ = proc.communicate(timeout=20)  # the train finished all the same:
+  assert proc.returncode == 143, out  # no probe in a pod being stopped
   assert [e.split()[0] for e in read_events(events)][:2] == ["train", "ignored"]
   assert "probe" not in read_events(events)
   assert "bert_d384L6: SIGTERM; exit 143 before the probe: the next attempt runs it" in out
   events.unlink()
-  proc, events, _ = wrapper_run(tmp_path, SHELLS["xpk pod"], RUN_FOR="15")   # the restart
+  proc, events, _ = wrapper_run(tmp_path, SHELLS["xpk pod"], RUN_FOR="15")  # the restart
   assert proc.wait(timeout=20) == 0 and read_events(events) == ["probe"]
 
 
@@ -485,27 +700,30 @@ def test_the_old_pod_command_never_told_the_trainer(tmp_path):
   pid = int(wait_events(proc, events, "train")[0].split()[1])
   proc.send_signal(signal.SIGTERM)
   try:
-    assert proc.wait(timeout=20) == 143                  # the pod ends (its output pipe stays
+    assert proc.wait(timeout=20) == 143  # the pod ends (its output pipe stays
     # open: the trainer still holds it) ...
     time.sleep(0.5)
-    assert read_events(events) == [f"train {pid}"]       # ... but the trainer never got SIGTERM:
-    os.kill(pid, 0)                                      # still running, to be SIGKILLed unsaved
+    assert read_events(events) == [f"train {pid}"]  # ... but the trainer never got SIGTERM:
+    os.kill(pid, 0)  # still running, to be SIGKILLed unsaved
   finally:
     os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-@pytest.mark.parametrize("env, rc, expected", [
-    ({"FINISH": "1"}, 0, ["train", "probe"]),            # finished: probed
-    ({"TRAIN_RC": "2"}, 2, ["train"]),                   # a config error: its status, no restart
-])
+@pytest.mark.parametrize(
+  "env, rc, expected",
+  [
+    ({"FINISH": "1"}, 0, ["train", "probe"]),  # finished: probed
+    ({"TRAIN_RC": "2"}, 2, ["train"]),  # a config error: its status, no restart
+  ],
+)
 def test_member_wrapper_outcomes(tmp_path, env, rc, expected):
   proc, events, member = wrapper_run(tmp_path, SHELLS["sh"], **env)
   out, _ = proc.communicate(timeout=20)
   assert proc.returncode == rc, out
   assert [e.split()[0] for e in read_events(events)] == expected
-  if rc == 0:                                           # run again (a restart during the probe):
-    events.unlink()                                     # the finished train is not run again
+  if rc == 0:  # run again (a restart during the probe):
+    events.unlink()  # the finished train is not run again
     proc, events, _ = wrapper_run(tmp_path, SHELLS["sh"], **env)
     assert proc.wait(timeout=20) == 0 and read_events(events) == ["probe"]
 
@@ -514,10 +732,10 @@ def test_member_wrapper_outcomes(tmp_path, env, rc, expected):
 
 
 BACKEND_ARGS = {
-    "local": [],
-    "slurm": [],
-    "tpu-vm": ["--zone", "z", "--project", "p"],
-    "xpk": ["--cluster", "c", "--docker_image", "img"],
+  "local": [],
+  "slurm": [],
+  "tpu-vm": ["--zone", "z", "--project", "p"],
+  "xpk": ["--cluster", "c", "--docker_image", "img"],
 }
 
 
@@ -525,19 +743,32 @@ BACKEND_ARGS = {
 def test_dry_run_starts_no_process_and_writes_nothing(tmp_path, monkeypatch, capsys, backend):
   def refuse(*a, **k):
     raise AssertionError(f"the dry run started a process: {a}")
-  for mod, name in ((subprocess, "Popen"), (subprocess, "run"), (subprocess, "call"),
-                    (subprocess, "check_call"), (subprocess, "check_output"), (os, "system"),
-                    (os, "posix_spawn"), (os, "fork")):
+
+  for mod, name in (
+    (subprocess, "Popen"),
+    (subprocess, "run"),
+    (subprocess, "call"),
+    (subprocess, "check_call"),
+    (subprocess, "check_output"),
+    (os, "system"),
+    (os, "posix_spawn"),
+    (os, "fork"),
+  ):
     monkeypatch.setattr(mod, name, refuse)
   root = tmp_path / "sweep"
-  rc, out, err = run_main(capsys, "--config", EXP, "--backend", backend, "--workdir_root", root,
-                          *BACKEND_ARGS[backend])
+  rc, out, err = run_main(
+    capsys, "--config", EXP, "--backend", backend, "--workdir_root", root, *BACKEND_ARGS[backend]
+  )
   assert rc == 0, err
-  assert not root.exists()                                   # nothing written
+  assert not root.exists()  # nothing written
   assert "dry run: nothing is started or written" in out and f"{root}/launch_manifest.json" in out
   assert out.count("\n[") == 17 and "[17/17] crossbert_d2304L32 (pending; " in out
-  assert {"local": "--config.mode=eval", "slurm": "#SBATCH --requeue", "tpu-vm": "--worker=all",
-          "xpk": "--tpu-type=v5p-16"}[backend] in out
+  assert {
+    "local": "--config.mode=eval",
+    "slurm": "#SBATCH --requeue",
+    "tpu-vm": "--worker=all",
+    "xpk": "--tpu-type=v5p-16",
+  }[backend] in out
 
 
 # --------------------------------------------------------- local --execute ---
@@ -574,10 +805,23 @@ TRIO = "bert_d32L2,crossbert_d32L2,bert_d64L2"
 
 
 def local_sweep(capsys, tmp_path, root):
-  return run_main(capsys, "--config", f"{EXP}:quick", "--backend", "local", "--workdir_root", root,
-                  "--members", TRIO, "--parallel", "2", "--execute",
-                  "--python", f"{sys.executable} {tmp_path / 'fake.py'}",
-                  "--override=--config.log_every=5")
+  return run_main(
+    capsys,
+    "--config",
+    f"{EXP}:quick",
+    "--backend",
+    "local",
+    "--workdir_root",
+    root,
+    "--members",
+    TRIO,
+    "--parallel",
+    "2",
+    "--execute",
+    "--python",
+    f"{sys.executable} {tmp_path / 'fake.py'}",
+    "--override=--config.log_every=5",
+  )
 
 
 def calls(tmp_path) -> list[str]:
@@ -590,13 +834,18 @@ def test_local_execute_runs_members_in_parallel_marks_failures_and_skips_done(tm
   root = tmp_path / "sweep"
   rc, out, err = local_sweep(capsys, tmp_path, root)
   assert rc == 1 and "1 of 3 members failed: bert_d64L2" in err
-  assert calls(tmp_path) == ["bert_d32L2 eval", "bert_d32L2 train", "bert_d64L2 train",
-                             "crossbert_d32L2 eval", "crossbert_d32L2 train"]
+  assert calls(tmp_path) == [
+    "bert_d32L2 eval",
+    "bert_d32L2 train",
+    "bert_d64L2 train",
+    "crossbert_d32L2 eval",
+    "crossbert_d32L2 train",
+  ]
   states = {n: status_lib.member_state(n, str(root / n)).state for n in TRIO.split(",")}
   assert states == {"bert_d32L2": "done", "crossbert_d32L2": "done", "bert_d64L2": "failed"}
   assert (root / "bert_d64L2" / "FAILED").read_text() == "train: config error: planted failure\n"
   log = (root / "logs" / "bert_d32L2.log").read_text()
-  assert "bert_d32L2: step 4/4" in log and log.count("==== ") == 2   # train and probe, headed
+  assert "bert_d32L2: step 4/4" in log and log.count("==== ") == 2  # train and probe, headed
   assert "train: " in log and "--config.log_every=5 --config.mode=eval" in log
   assert "W0101 a warning after it" in (root / "logs" / "bert_d64L2.log").read_text()
   manifest = json.loads((root / "launch_manifest.json").read_text())
@@ -618,14 +867,17 @@ def test_local_execute_runs_members_in_parallel_marks_failures_and_skips_done(tm
   manifest = json.loads((root / "launch_manifest.json").read_text())
   c = {m["name"]: m["compute"] for m in manifest["members"]}
   share = 100 * (c["bert_d32L2"] + c["crossbert_d32L2"]) / sum(c.values())
-  assert out.splitlines()[-1] == f"now: {share:.1f}% of the sweep's {sum(c.values()):.3g} training FLOPs done"
+  assert (
+    out.splitlines()[-1]
+    == f"now: {share:.1f}% of the sweep's {sum(c.values()):.3g} training FLOPs done"
+  )
 
-  (tmp_path / "calls.txt").unlink()                         # a rerun: only the failed member runs
+  (tmp_path / "calls.txt").unlink()  # a rerun: only the failed member runs
   rc, out, err = local_sweep(capsys, tmp_path, root)
   assert rc == 1 and calls(tmp_path) == ["bert_d64L2 train"]
   assert "bert_d32L2: done, skipped" in out and "crossbert_d32L2: done, skipped" in out
 
-  (tmp_path / "fail_bert_d64L2").unlink()                   # fixed: the rerun finishes it
+  (tmp_path / "fail_bert_d64L2").unlink()  # fixed: the rerun finishes it
   (tmp_path / "calls.txt").unlink()
   rc, out, err = local_sweep(capsys, tmp_path, root)
   assert rc == 0, err
@@ -639,9 +891,20 @@ def test_a_member_that_looks_running_is_skipped_unless_asked(tmp_path, capsys):
   (tmp_path / "fake.py").write_text(FAKE)
   root = tmp_path / "sweep"
   (root / "bert_d32L2").mkdir(parents=True)
-  (root / "bert_d32L2" / "metrics.jsonl").write_text("{}\n")   # just written: another trainer?
-  args = ("--config", f"{EXP}:quick", "--backend", "local", "--workdir_root", root, "--members",
-          "bert_d32L2", "--execute", "--python", f"{sys.executable} {tmp_path / 'fake.py'}")
+  (root / "bert_d32L2" / "metrics.jsonl").write_text("{}\n")  # just written: another trainer?
+  args = (
+    "--config",
+    f"{EXP}:quick",
+    "--backend",
+    "local",
+    "--workdir_root",
+    root,
+    "--members",
+    "bert_d32L2",
+    "--execute",
+    "--python",
+    f"{sys.executable} {tmp_path / 'fake.py'}",
+  )
   rc, out, _ = run_main(capsys, *args)
   assert rc == 0
   assert "bert_d32L2: running (metrics.jsonl written in the last 10 min), skipped" in out
@@ -652,11 +915,24 @@ def test_a_member_that_looks_running_is_skipped_unless_asked(tmp_path, capsys):
 
 def test_slurm_execute_writes_snapshot_scripts_configs_and_submits(tmp_path, capsys):
   root = tmp_path / "sweep"
-  fake_sbatch = (f"{sys.executable} -c "                       # prints what sbatch prints
-                 "'import sys; print(\"Submitted batch job 7 for\", sys.argv[1])'")
-  args = ("--config", EXP, "--backend", "slurm", "--workdir_root", root,
-          "--members", "bert_d384L6,crossbert_d384L6", "--sbatch", fake_sbatch, "--execute")
-  rc, out, err = run_main(capsys, *args)                        # no corpus given: refused
+  fake_sbatch = (
+    f"{sys.executable} -c "  # prints what sbatch prints
+    "'import sys; print(\"Submitted batch job 7 for\", sys.argv[1])'"
+  )
+  args = (
+    "--config",
+    EXP,
+    "--backend",
+    "slurm",
+    "--workdir_root",
+    root,
+    "--members",
+    "bert_d384L6,crossbert_d384L6",
+    "--sbatch",
+    fake_sbatch,
+    "--execute",
+  )
+  rc, out, err = run_main(capsys, *args)  # no corpus given: refused
   assert rc == 2 and "data.sources is empty for 2 member(s)" in err and not root.exists()
   rc, out, err = run_main(capsys, *args, "--override=--config.data.sources=/data/dclm/*.jsonl.zst")
   assert rc == 0, err
@@ -671,19 +947,34 @@ def test_slurm_execute_writes_snapshot_scripts_configs_and_submits(tmp_path, cap
   assert not list(code.rglob("__pycache__"))
   manifest = json.loads((root / "launch_manifest.json").read_text())
   assert manifest["code_dir"] == str(code) and manifest["members"][0]["script"] == str(script)
-  assert manifest["members"][0]["launch"][0].endswith(f" {script}")   # the sbatch command
+  assert manifest["members"][0]["launch"][0].endswith(f" {script}")  # the sbatch command
   # A later launch of other members keeps these in the manifest; another scale is refused.
-  rc, out, err = run_main(capsys, "--config", EXP, "--backend", "slurm", "--workdir_root", root,
-                          "--members", "bert_d512L8", "--sbatch", fake_sbatch, "--execute",
-                          "--override=--config.data.sources=/data/dclm/*.jsonl.zst")
+  rc, out, err = run_main(
+    capsys,
+    "--config",
+    EXP,
+    "--backend",
+    "slurm",
+    "--workdir_root",
+    root,
+    "--members",
+    "bert_d512L8",
+    "--sbatch",
+    fake_sbatch,
+    "--execute",
+    "--override=--config.data.sources=/data/dclm/*.jsonl.zst",
+  )
   assert rc == 0 and "(exists: same code)" in out
   names = [m["name"] for m in json.loads((root / "launch_manifest.json").read_text())["members"]]
   assert names == ["bert_d384L6", "crossbert_d384L6", "bert_d512L8"]
-  rc, out, err = run_main(capsys, "--config", f"{EXP}:cpu", "--backend", "local",
-                          "--workdir_root", root)
-  assert rc == 2 and err == (f"error: --workdir_root={root} holds a paper sweep "
-                             "(launch_manifest.json); this is the cpu sweep: use another "
-                             "--workdir_root\n")
+  rc, out, err = run_main(
+    capsys, "--config", f"{EXP}:cpu", "--backend", "local", "--workdir_root", root
+  )
+  assert rc == 2 and err == (
+    f"error: --workdir_root={root} holds a paper sweep "
+    "(launch_manifest.json); this is the cpu sweep: use another "
+    "--workdir_root\n"
+  )
 
 
 # -------------------------------------------------------- the sbatch trap ---
@@ -716,18 +1007,35 @@ def sbatch_run(tmp_path, **env_extra):
   (tmp_path / "train.sh").write_text(FAKE_TRAIN)
   for f in ("srun", "scontrol"):
     os.chmod(bindir / f, 0o755)
-  launch = build(tmp_path / "sweep", "--config", EXP, "--backend", "slurm", "--members",
-                 "bert_d384L6", "--code_dir", str(tmp_path), "--python",
-                 f"bash {tmp_path / 'train.sh'}")
+  launch = build(
+    tmp_path / "sweep",
+    "--config",
+    EXP,
+    "--backend",
+    "slurm",
+    "--members",
+    "bert_d384L6",
+    "--code_dir",
+    str(tmp_path),
+    "--python",
+    f"bash {tmp_path / 'train.sh'}",
+  )
   member = launch.jobs[0].member
   script = tmp_path / "job.sbatch"
   script.write_text(launch.jobs[0].script)
   events = tmp_path / "events"
-  env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", EVENTS=str(events),
-             SLURM_JOB_ID="42", SLURM_JOB_NODELIST="node1",
-             FINAL=f"{member.workdir}/checkpoints/{member.total_steps}", **env_extra)
-  proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+  env = dict(
+    os.environ,
+    PATH=f"{bindir}:{os.environ['PATH']}",
+    EVENTS=str(events),
+    SLURM_JOB_ID="42",
+    SLURM_JOB_NODELIST="node1",
+    FINAL=f"{member.workdir}/checkpoints/{member.total_steps}",
+    **env_extra,
+  )
+  proc = subprocess.Popen(
+    ["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
   return proc, events, member.workdir
 
 
@@ -742,7 +1050,7 @@ def test_sbatch_usr1_stops_the_step_and_requeues(tmp_path):
   while "started" not in read_events(events):
     assert time.time() < deadline and proc.poll() is None, proc.communicate()[0]
     time.sleep(0.05)
-  proc.send_signal(signal.SIGUSR1)                         # what --signal=B:USR1@600 sends
+  proc.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@600 sends
   out, _ = proc.communicate(timeout=20)
   assert proc.returncode == 0, out
   # the data once (a sources corpus), then train; stopped and requeued; no probe
@@ -755,17 +1063,20 @@ def test_sbatch_failing_step_writes_the_failed_marker(tmp_path):
   proc, events, workdir = sbatch_run(tmp_path, TRAIN_FAILS="1")
   out, _ = proc.communicate(timeout=20)
   assert proc.returncode == 3, out
-  assert read_events(events) == ["prepare"]                # no probe, no requeue
+  assert read_events(events) == ["prepare"]  # no probe, no requeue
   marker = open(os.path.join(workdir, "FAILED")).read()
   assert marker.startswith("slurm job 42: train exited with status 3; log: ")
   assert status_lib.member_state("bert_d384L6", workdir).state == "failed"
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-@pytest.mark.parametrize("ends, expected", [
-    ("final", ["prepare", "train final", "probe"]),         # finished: probed
-    ("early", ["prepare", "train early"]),                  # stopped by someone else's SIGTERM
-])
+@pytest.mark.parametrize(
+  "ends, expected",
+  [
+    ("final", ["prepare", "train final", "probe"]),  # finished: probed
+    ("early", ["prepare", "train early"]),  # stopped by someone else's SIGTERM
+  ],
+)
 def test_sbatch_probes_only_a_finished_train(tmp_path, ends, expected):
   proc, events, workdir = sbatch_run(tmp_path, TRAIN_ENDS=ends)
   out, _ = proc.communicate(timeout=20)
@@ -786,8 +1097,9 @@ def test_status_reads_the_runner_manifest_or_member_directories(tmp_path, capsys
   rc, out, _ = run_main(capsys, "status", "--workdir_root", root)
   assert rc == 0 and "(member directories): 2 members, 0 done, 0 running, 2 pending" in out
   assert "bert_d32L2       pending  2/4" in out
-  (root / "sweep.json").write_text(json.dumps({"scale": "cpu", "members": [
-      {"name": "bert_d32L2"}, {"name": "bert_d64L2"}]}))
+  (root / "sweep.json").write_text(
+    json.dumps({"scale": "cpu", "members": [{"name": "bert_d32L2"}, {"name": "bert_d64L2"}]})
+  )
   rc, out, _ = run_main(capsys, "status", "--workdir_root", root, "--no-probe")
   assert rc == 0 and "(sweep.json): 2 members" in out and "bert_d64L2  pending  0/?" in out
   rc, _, err = run_main(capsys, "status", "--workdir_root", tmp_path / "nope")
@@ -797,75 +1109,134 @@ def test_status_reads_the_runner_manifest_or_member_directories(tmp_path, capsys
 # --------------------------------------------------------------- bad input ---
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--backend", "slurm", "--gpus_per_node", "3"],
-     "error: --gpus_per_node=3 does not divide target_devices=8 of member bert_d384L6"),
-    (["--backend", "slurm", "--time", "2 days"],
-     "error: --time=2 days: expected a SLURM time (e.g. 48:00:00 or 2-00:00:00)"),
-    (["--backend", "slurm", "--time", "5:00"],
-     "error: --signal_seconds=300 must be in 1..65535 and below --time=5:00 (300 s)"),
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (
+      ["--backend", "slurm", "--gpus_per_node", "3"],
+      "error: --gpus_per_node=3 does not divide target_devices=8 of member bert_d384L6",
+    ),
+    (
+      ["--backend", "slurm", "--time", "2 days"],
+      "error: --time=2 days: expected a SLURM time (e.g. 48:00:00 or 2-00:00:00)",
+    ),
+    (
+      ["--backend", "slurm", "--time", "5:00"],
+      "error: --signal_seconds=300 must be in 1..65535 and below --time=5:00 (300 s)",
+    ),
     (["--backend", "tpu-vm", "--project", "p"], "error: --backend tpu-vm needs --zone"),
     (["--backend", "tpu-vm"], "error: --backend tpu-vm needs --zone and --project"),
-    (["--backend", "tpu-vm", "--zone", "z", "--project", "p", "--tpu_prefix", "Big_"],
-     "error: --tpu_prefix='Big_': must start with a lowercase letter and hold only [a-z0-9-]"),
+    (
+      ["--backend", "tpu-vm", "--zone", "z", "--project", "p", "--tpu_prefix", "Big_"],
+      "error: --tpu_prefix='Big_': must start with a lowercase letter and hold only [a-z0-9-]",
+    ),
     (["--backend", "xpk", "--docker_image", "i"], "error: --backend xpk needs --cluster"),
     (["--backend", "xpk", "--cluster", "c"], "error: --backend xpk needs --docker_image"),
-    (["--backend", "local", "--members", "bert_d384L6,gpt_d1"],
-     "error: --members: gpt_d1 not in the paper sweep; its members: bert_d384L6, "),
+    (
+      ["--backend", "local", "--members", "bert_d384L6,gpt_d1"],
+      "error: --members: gpt_d1 not in the paper sweep; its members: bert_d384L6, ",
+    ),
     (["--backend", "local", "--parallel", "0"], "error: --parallel=0 must be >= 1"),
-    (["--backend", "local", "--override=--config.batchsize=3"],
-     "error: --override=--config.batchsize=3: unknown config field 'batchsize'"),
-    (["--backend", "local", "--override=--config.total_steps=many"],
-     "error: --override=--config.total_steps=many: expected int, got 'many'"),
-    (["--backend", "local", "--override=--workdir=/x"],
-     "error: --override=--workdir=/x: the launcher sets --config, --workdir"),
-    (["--backend", "local", "--override=config.seed=1"],
-     "error: --override=config.seed=1: expected a trainer flag"),
+    (
+      ["--backend", "local", "--override=--config.batchsize=3"],
+      "error: --override=--config.batchsize=3: unknown config field 'batchsize'",
+    ),
+    (
+      ["--backend", "local", "--override=--config.total_steps=many"],
+      "error: --override=--config.total_steps=many: expected int, got 'many'",
+    ),
+    (
+      ["--backend", "local", "--override=--workdir=/x"],
+      "error: --override=--workdir=/x: the launcher sets --config, --workdir",
+    ),
+    (
+      ["--backend", "local", "--override=config.seed=1"],
+      "error: --override=config.seed=1: expected a trainer flag",
+    ),
     # A line break would end the #SBATCH line, the script comment or the pod's one-line command.
-    (["--backend", "slurm", "--partition", "gpu\n#SBATCH --qos=high"],
-     "error: --partition='gpu\\n#SBATCH --qos=high': holds a line break or control character;"),
+    (
+      ["--backend", "slurm", "--partition", "gpu\n#SBATCH --qos=high"],
+      "error: --partition='gpu\\n#SBATCH --qos=high': holds a line break or control character;",
+    ),
     (["--backend", "slurm", "--account", "lab\r"], "error: --account='lab\\r': holds a line break"),
-    (["--backend", "slurm", "--setup", "module load cuda\nrm -rf /"],
-     "error: --setup='module load cuda\\nrm -rf /': holds a line break"),
+    (
+      ["--backend", "slurm", "--setup", "module load cuda\nrm -rf /"],
+      "error: --setup='module load cuda\\nrm -rf /': holds a line break",
+    ),
     (["--backend", "slurm", "--shared_root", "/shared\nx"], "error: --shared_root='/shared\\nx'"),
-    (["--backend", "xpk", "--cluster", "c", "--docker_image", "i\n"],
-     "error: --docker_image='i\\n': holds a line break"),
-    (["--backend", "tpu-vm", "--zone", "z", "--project", "p", "--python", "python3\nid"],
-     "error: --python='python3\\nid': holds a line break"),
-    (["--backend", "local", "--override=--config.name=a\nb"],
-     "error: --override='--config.name=a\\nb': holds a line break"),
-    (["--backend", "xpk", "--cluster", "c", "--docker_image", "i", "--xpk_storage", "My_Fs"],
-     "error: --xpk_storage='My_Fs': expected an xpk storage name"),
-    (["--backend", "xpk", "--cluster", "c", "--docker_image", "i", "--max_restarts", "-1"],
-     "error: --max_restarts=-1 must be >= 0"),
-    (["--backend", "xpk", "--cluster", "c", "--docker_image", "i", "--termination_grace_seconds",
-      "0"], "error: --termination_grace_seconds=0 must be >= 1"),
-])
+    (
+      ["--backend", "xpk", "--cluster", "c", "--docker_image", "i\n"],
+      "error: --docker_image='i\\n': holds a line break",
+    ),
+    (
+      ["--backend", "tpu-vm", "--zone", "z", "--project", "p", "--python", "python3\nid"],
+      "error: --python='python3\\nid': holds a line break",
+    ),
+    (
+      ["--backend", "local", "--override=--config.name=a\nb"],
+      "error: --override='--config.name=a\\nb': holds a line break",
+    ),
+    (
+      ["--backend", "xpk", "--cluster", "c", "--docker_image", "i", "--xpk_storage", "My_Fs"],
+      "error: --xpk_storage='My_Fs': expected an xpk storage name",
+    ),
+    (
+      ["--backend", "xpk", "--cluster", "c", "--docker_image", "i", "--max_restarts", "-1"],
+      "error: --max_restarts=-1 must be >= 0",
+    ),
+    (
+      [
+        "--backend",
+        "xpk",
+        "--cluster",
+        "c",
+        "--docker_image",
+        "i",
+        "--termination_grace_seconds",
+        "0",
+      ],
+      "error: --termination_grace_seconds=0 must be >= 1",
+    ),
+  ],
+)
 def test_bad_flags_are_one_error_line(tmp_path, capsys, argv, message):
   rc, out, err = run_main(capsys, "--config", EXP, "--workdir_root", tmp_path / "r", *argv)
   assert rc == 2 and err.startswith(message) and err.count("\n") == 1, err
-  assert out == "" and not (tmp_path / "r").exists()        # nothing rendered, nothing written
+  assert out == "" and not (tmp_path / "r").exists()  # nothing rendered, nothing written
 
 
-@pytest.mark.parametrize("config, message", [
+@pytest.mark.parametrize(
+  "config, message",
+  [
     (f"{EXP}:cpu", "error: member bert_d32L2 has target_devices=0 (planned for this machine)"),
-    (f"{EXP}:model=bert,size=d384L6", "error: --config=experiments/sweep.py:model=bert,size=d384L6:"
-                                      " 'model=bert,size=d384L6' is one member"),
+    (
+      f"{EXP}:model=bert,size=d384L6",
+      "error: --config=experiments/sweep.py:model=bert,size=d384L6:"
+      " 'model=bert,size=d384L6' is one member",
+    ),
     (f"{EXP}:auto", "error: --config=experiments/sweep.py:auto: the launcher needs a scale"),
     ("experiments/nope.py", "error: --config=experiments/nope.py: no such experiment file"),
     (f"{EXP}:scale=huge", "config error: experiments/sweep.py: scale must be one of"),
-])
+  ],
+)
 def test_bad_configs(tmp_path, capsys, config, message):
-  rc, out, err = run_main(capsys, "--config", config, "--backend", "slurm", "--workdir_root",
-                          tmp_path / "r")
+  rc, out, err = run_main(
+    capsys, "--config", config, "--backend", "slurm", "--workdir_root", tmp_path / "r"
+  )
   assert rc == 2 and err.startswith(message) and err.count("\n") == 1, err
 
 
 def test_a_workdir_root_or_shared_root_is_required(capsys):
   rc, out, err = run_main(capsys, "--config", EXP, "--backend", "slurm")
-  assert rc == 2 and out == "" and err == (
+  assert (
+    rc == 2
+    and out == ""
+    and err
+    == (
       "error: --workdir_root: required, or --shared_root (the workdirs then go to "
-      "<shared_root>/<experiment>_<scale>)\n")
+      "<shared_root>/<experiment>_<scale>)\n"
+    )
+  )
 
 
 def test_argparse_rejects_an_unknown_backend(tmp_path, capsys):
@@ -877,29 +1248,58 @@ def test_argparse_rejects_an_unknown_backend(tmp_path, capsys):
 def test_slurm_time_formats():
   assert backends.slurm_seconds("48:00:00") == 48 * 3600 and backends.slurm_seconds("90") == 5400
   assert backends.slurm_seconds("1:30") == 90 and backends.slurm_seconds("2-00:00:00") == 2 * 86400
-  assert backends.slurm_seconds("1-12") == 36 * 3600 and backends.slurm_seconds("1-0:30") == 86400 + 1800
+  assert (
+    backends.slurm_seconds("1-12") == 36 * 3600 and backends.slurm_seconds("1-0:30") == 86400 + 1800
+  )
   with pytest.raises(ValueError):
     backends.slurm_seconds("1:2:3:4")
 
 
 def test_members_are_planned_for_the_backends_chip_and_too_big_ones_are_refused(
-    tmp_path, capsys, monkeypatch):
+  tmp_path, capsys, monkeypatch
+):
   # slurm plans for --gpu_type, tpu-vm / xpk for --tpu_generation; the summary shows the plan.
-  launch = build(tmp_path / "a", "--config", EXP, "--backend", "slurm", "--gpu_type", "h200",
-                 "--override=--config.data.sources=/data/c.jsonl")
+  launch = build(
+    tmp_path / "a",
+    "--config",
+    EXP,
+    "--backend",
+    "slurm",
+    "--gpu_type",
+    "h200",
+    "--override=--config.data.sources=/data/c.jsonl",
+  )
   c = job(launch, "crossbert_d2304L32").member.config
   assert c.sweep.chip == "h200" and c.sweep.memory_verdict == "fits"
   assert "memory on h200: remat=" in job(launch, "crossbert_d2304L32").member.summary()
   assert "--config.sweep.chip=h200" in job(launch, "bert_d384L6").train
   # A chip too small for any setting: a warning in the dry run, --execute refuses (exit 2).
-  from cbert_jax.scaling import memory  # pylint: disable=import-outside-toplevel
   import dataclasses  # pylint: disable=import-outside-toplevel
+
+  from cbert_jax.scaling import memory  # pylint: disable=import-outside-toplevel
+
   monkeypatch.setitem(memory.CHIPS, "v5e", dataclasses.replace(memory.CHIPS["v5e"], hbm=2**30))
-  args = ("--config", EXP, "--backend", "xpk", "--cluster", "c", "--docker_image", "i",
-          "--tpu_generation", "v5e", "--workdir_root", tmp_path / "b",
-          "--override=--config.data.sources=/data/c.jsonl")
+  args = (
+    "--config",
+    EXP,
+    "--backend",
+    "xpk",
+    "--cluster",
+    "c",
+    "--docker_image",
+    "i",
+    "--tpu_generation",
+    "v5e",
+    "--workdir_root",
+    tmp_path / "b",
+    "--override=--config.data.sources=/data/c.jsonl",
+  )
   rc, out, err = run_main(capsys, *args)
-  assert rc == 0 and "do not fit their chips at any memory setting (" in err and "crossbert_d2304L32" in err
+  assert (
+    rc == 0
+    and "do not fit their chips at any memory setting (" in err
+    and "crossbert_d2304L32" in err
+  )
   rc, out, err = run_main(capsys, *args, "--execute")
   assert rc == 2 and err.startswith("error: ") and "give them more chips" in err
-  assert not (tmp_path / "b").exists()                                  # nothing written
+  assert not (tmp_path / "b").exists()  # nothing written

@@ -12,26 +12,57 @@ test needs no imports of the package. Layers, bottom to top:
      5 backends; 6 snapshot; 7 jobs; 8 sweep (the CLI)
 A module may import its own layer or lower ones. A new module must be given a layer here.
 """
+
 import ast
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("cbert_jax", "launch")
 
-LAYER_OF_PREFIX = {   # longest matching prefix wins
-    "cbert_jax": 0, "cbert_jax.models": 0, "cbert_jax.data": 0, "cbert_jax.scaling": 0,
-    "cbert_jax.steps": 1, "cbert_jax.state": 1, "cbert_jax.evaluators": 1,
-    "cbert_jax.config_lib": 1, "cbert_jax.report": 1,
-    "cbert_jax.scaling.members": 1,   # a sweep's members, resolved: it sits with config_lib
-    "cbert_jax.train": 2, "cbert_jax.evaluate": 2, "cbert_jax.sweep": 2,
-    "cbert_jax.trained": 2,           # a run read back from its workdir (beside evaluate)
-    "cbert_jax.main": 3, "cbert_jax.embed": 3, "cbert_jax.export": 3,   # the entry points
-    "launch": 4, "launch.members": 4, "launch.compile_check": 4, "launch.backends": 5,
-    "launch.snapshot": 6, "launch.jobs": 7, "launch.sweep": 8,
+LAYER_OF_PREFIX = {  # longest matching prefix wins
+  "cbert_jax": 0,
+  "cbert_jax.models": 0,
+  "cbert_jax.data": 0,
+  "cbert_jax.scaling": 0,
+  "cbert_jax.steps": 1,
+  "cbert_jax.state": 1,
+  "cbert_jax.evaluators": 1,
+  "cbert_jax.config_lib": 1,
+  "cbert_jax.report": 1,
+  "cbert_jax.scaling.members": 1,  # a sweep's members, resolved: it sits with config_lib
+  "cbert_jax.train": 2,
+  "cbert_jax.evaluate": 2,
+  "cbert_jax.sweep": 2,
+  "cbert_jax.trained": 2,  # a run read back from its workdir (beside evaluate)
+  "cbert_jax.main": 3,
+  "cbert_jax.embed": 3,
+  "cbert_jax.export": 3,  # the entry points
+  "launch": 4,
+  "launch.members": 4,
+  "launch.compile_check": 4,
+  "launch.backends": 5,
+  "launch.snapshot": 6,
+  "launch.jobs": 7,
+  "launch.sweep": 8,
 }
-LAYER_ZERO = ("sharding", "checkpoint", "optim", "metrics", "masking", "errors", "progress",
-              "provenance", "plotting", "hardware", "guard", "distributed", "workdir",
-              "workdir_lock", "planned_devices", "mesh_shape")
+LAYER_ZERO = (
+  "sharding",
+  "checkpoint",
+  "optim",
+  "metrics",
+  "masking",
+  "errors",
+  "progress",
+  "provenance",
+  "plotting",
+  "hardware",
+  "guard",
+  "distributed",
+  "workdir",
+  "workdir_lock",
+  "planned_devices",
+  "mesh_shape",
+)
 for _name in LAYER_ZERO:
   LAYER_OF_PREFIX[f"cbert_jax.{_name}"] = 0
 
@@ -59,7 +90,7 @@ def imports(name: str, path: str, known: dict[str, str]) -> set[str]:
       base = node.module or ""
       if node.level:
         parts = name.split(".")
-        parts = parts[:len(parts) - node.level + (1 if is_package else 0)]
+        parts = parts[: len(parts) - node.level + (1 if is_package else 0)]
         base = ".".join(parts + ([node.module] if node.module else []))
       for a in node.names:
         out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
@@ -116,7 +147,7 @@ def test_the_import_graph_sees_known_arrows():
   assert "cbert_jax.models.model_config" in g["cbert_jax.scaling.plan"]
   assert "cbert_jax.mesh_shape" in g["cbert_jax.scaling.plan"]
   assert "launch.jobs" in g["launch.sweep"] and "launch.members" in g["launch.backends"]
-  assert "cbert_jax.config_lib" in g["launch.members"]          # imported inside a function
+  assert "cbert_jax.config_lib" in g["launch.members"]  # imported inside a function
 
 
 def test_no_import_circle():
@@ -125,8 +156,12 @@ def test_no_import_circle():
 
 def test_no_module_imports_a_higher_layer():
   g = graph()
-  upward = [f"{m} (layer {layer(m)}) -> {d} (layer {layer(d)})"
-            for m in sorted(g) for d in sorted(g[m]) if layer(d) > layer(m)]
+  upward = [
+    f"{m} (layer {layer(m)}) -> {d} (layer {layer(d)})"
+    for m in sorted(g)
+    for d in sorted(g[m])
+    if layer(d) > layer(m)
+  ]
   assert upward == []
 
 

@@ -4,6 +4,7 @@ Each check runs in a fresh interpreter where `import jax` raises ImportError
 (`sys.modules["jax"] = None`), so a module-level JAX import anywhere on the import chain fails the
 test instead of going unnoticed in a process where JAX is already loaded.
 """
+
 import json
 import os
 import subprocess
@@ -23,11 +24,19 @@ def run_without_jax(code: str, *args: str) -> subprocess.CompletedProcess:
   prints the heavy packages that got imported anyway as the last line: `heavy: [...]`."""
   prologue = "import sys\nsys.modules['jax'] = None\n"
   # The blocked `jax` entry is None: only modules that were really imported count.
-  epilogue = ("\nprint('heavy:', sorted({name.split('.')[0] for name, module in sys.modules.items()"
-              f" if module is not None}} & set({HEAVY!r})))\n")
+  epilogue = (
+    "\nprint('heavy:', sorted({name.split('.')[0] for name, module in sys.modules.items()"
+    f" if module is not None}} & set({HEAVY!r})))\n"
+  )
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  return subprocess.run([sys.executable, "-c", prologue + code + epilogue, *args], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=120)
+  return subprocess.run(
+    [sys.executable, "-c", prologue + code + epilogue, *args],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
 
 
 def test_jax_is_blocked_in_the_subprocess():
@@ -37,21 +46,30 @@ def test_jax_is_blocked_in_the_subprocess():
 
 
 def test_launch_modules_import_without_jax():
-  r = run_without_jax("import launch.sweep, launch.members, launch.backends, launch.snapshot, "
-                      "launch.jobs\n"
-                      "from cbert_jax.progress import Progress, Timers, format_duration\n"
-                      "print(format_duration(602))\n")
+  r = run_without_jax(
+    "import launch.sweep, launch.members, launch.backends, launch.snapshot, "
+    "launch.jobs\n"
+    "from cbert_jax.progress import Progress, Timers, format_duration\n"
+    "print(format_duration(602))\n"
+  )
   assert r.returncode == 0, r.stderr
   assert r.stdout.splitlines() == ["10m02s", "heavy: []"]
 
 
 def test_args_dry_run_without_jax(tmp_path):
   root = tmp_path / "pair"
-  r = run_without_jax("from launch import sweep\n"
-                      "rc = sweep.main(sys.argv[1:])\n"
-                      "assert rc == 0, rc\n",
-                      "--config", "experiments/smoke.py", "--backend", "local", "--args", "model=bert",
-                      "model=crossbert", "--workdir_root", str(root))
+  r = run_without_jax(
+    "from launch import sweep\nrc = sweep.main(sys.argv[1:])\nassert rc == 0, rc\n",
+    "--config",
+    "experiments/smoke.py",
+    "--backend",
+    "local",
+    "--args",
+    "model=bert",
+    "model=crossbert",
+    "--workdir_root",
+    str(root),
+  )
   assert r.returncode == 0, r.stderr
   lines = r.stdout.splitlines()
   first = lines.index("[1/2] model-bert (pending; config arg 'model=bert')")
@@ -67,15 +85,20 @@ def test_sweep_dry_run_without_jax(tmp_path, backend):
   """The paper sweep's members are planned (configs resolved, memory plans on the backend's chip)
   and rendered for every backend without JAX."""
   root = tmp_path / "sweep"
-  r = run_without_jax("from launch import sweep\n"
-                      "rc = sweep.main(sys.argv[1:])\n"
-                      "assert rc == 0, rc\n",
-                      "--config", "experiments/sweep.py", "--backend", backend, "--workdir_root",
-                      str(root), *BACKEND_ARGS[backend])
+  r = run_without_jax(
+    "from launch import sweep\nrc = sweep.main(sys.argv[1:])\nassert rc == 0, rc\n",
+    "--config",
+    "experiments/sweep.py",
+    "--backend",
+    backend,
+    "--workdir_root",
+    str(root),
+    *BACKEND_ARGS[backend],
+  )
   assert r.returncode == 0, r.stderr
   assert "dry run: nothing is started or written" in r.stdout
   assert "[17/17] crossbert_d2304L32 (pending; " in r.stdout
-  assert not root.exists()                                   # nothing written
+  assert not root.exists()  # nothing written
   assert r.stdout.splitlines()[-1] == "heavy: []"
 
 
@@ -83,9 +106,12 @@ def test_sweep_status_without_jax(tmp_path):
   root = tmp_path / "sweep"
   (root / "bert_d32L2" / "checkpoints" / "2").mkdir(parents=True)
   (root / "bert_d32L2" / "config.json").write_text(json.dumps({"config": {"total_steps": 4}}))
-  r = run_without_jax("from launch import sweep\n"
-                      "rc = sweep.main(['status', '--workdir_root', sys.argv[1], '--no-probe'])\n"
-                      "assert rc == 0, rc\n", str(root))
+  r = run_without_jax(
+    "from launch import sweep\n"
+    "rc = sweep.main(['status', '--workdir_root', sys.argv[1], '--no-probe'])\n"
+    "assert rc == 0, rc\n",
+    str(root),
+  )
   assert r.returncode == 0, r.stderr
   assert "(member directories): 1 members, 0 done, 0 running, 1 pending" in r.stdout
   assert r.stdout.splitlines()[-1] == "heavy: []"

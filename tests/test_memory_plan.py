@@ -6,6 +6,7 @@ CPU devices and XLA:CPU's remat barriers kept) for one member under each remat p
 `ce_chunk`; the model must land within [0.9, 1.45] of XLA's figure (it was built to err high), and
 the compiled bytes must fall with each policy: XLA:CPU honours remat in the compile check.
 """
+
 import dataclasses
 import importlib.util
 import json
@@ -16,13 +17,14 @@ import sys
 import pytest
 
 from cbert_jax import config_lib
-from cbert_jax.scaling import memory, plan as plan_lib
+from cbert_jax.scaling import memory
+from cbert_jax.scaling import plan as plan_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = os.path.join(ROOT, "experiments", "sweep.py")
 
 # One member (CrossBERT+CMS d64L2 by default, FSDP over 4 devices, 512-token rows) per setting.
-EXPERIMENT = '''
+EXPERIMENT = """
 import importlib.util
 
 _spec = importlib.util.spec_from_file_location("sweep", {sweep!r})
@@ -56,7 +58,7 @@ def get_config(arg=None):
   c.data.seq_len = 512
   c.model.remat, c.model.ce_chunk = remat, ce
   return c
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +71,19 @@ def compiled(tmp_path_factory):
   # third less compile time; the memory figures are of the optimised HLO's buffer assignment,
   # byte for byte the same either way.
   flags = os.environ.get("XLA_FLAGS", "")
-  env = dict(os.environ, XLA_FLAGS=f"{flags} --xla_backend_optimization_level=0 "
-                                   "--xla_llvm_disable_expensive_passes=true".strip())
-  proc = subprocess.run([sys.executable, "-m", "launch.compile_check", "--config", str(exp),
-                         "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=600)
+  env = dict(
+    os.environ,
+    XLA_FLAGS=f"{flags} --xla_backend_optimization_level=0 "
+    "--xla_llvm_disable_expensive_passes=true".strip(),
+  )
+  proc = subprocess.run(
+    [sys.executable, "-m", "launch.compile_check", "--config", str(exp), "--out", str(out)],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
   return proc.stdout, {r["member"]: r for r in json.loads(out.read_text())["members"]}
 
@@ -84,9 +94,11 @@ def test_analytic_memory_matches_xla_and_remat_is_honoured(compiled):
   for name, r in rows.items():
     assert r["error"] is None, r
     ratios[name] = r["plan"]["predicted"]["total"] / r["memory"]["total"]
-  assert all(0.9 <= x <= 1.45 for x in ratios.values()), str({k: round(v, 3) for k, v in ratios.items()})
+  assert all(0.9 <= x <= 1.45 for x in ratios.values()), str(
+    {k: round(v, 3) for k, v in ratios.items()}
+  )
   total = {n: r["memory"]["total"] for n, r in rows.items()}
-  assert total["full"] < total["dots"] < total["none"], total          # remat is not a no-op
+  assert total["full"] < total["dots"] < total["none"], total  # remat is not a no-op
   assert total["full_ce"] < total["full"] and total["bert_full"] < total["bert_none"], total
   # The table shows the prediction next to XLA's figure, and the verdict, per member.
   line = next(l for l in stdout.splitlines() if l.startswith("dots "))
@@ -120,7 +132,7 @@ def test_estimate_falls_with_every_memory_lever():
 def test_planner_picks_the_least_costly_setting_that_fits(monkeypatch):
   s = shape()
   roomy = memory.plan(s, "h200")
-  assert roomy.verdict == "fits" and roomy.setting == memory.Setting()      # nothing to trade
+  assert roomy.verdict == "fits" and roomy.setting == memory.Setting()  # nothing to trade
   need = memory.estimate(s, memory.Setting())["total"]
   # A chip with 60% of what the plain step needs: some lever is chosen, and it fits.
   tight = dataclasses.replace(memory.CHIPS["h200"], hbm=0.6 * need * memory.MARGIN / 0.88)
@@ -128,8 +140,11 @@ def test_planner_picks_the_least_costly_setting_that_fits(monkeypatch):
   p = memory.plan(s, "tight")
   assert p.verdict == "fits" and p.setting != memory.Setting()
   assert p.predicted["total"] * memory.MARGIN <= p.budget
-  cheaper = [st for st in memory.candidates()
-             if memory.step_cost(s, st, tight) < p.cost_s and 256 // 16 % st.microbatches == 0]
+  cheaper = [
+    st
+    for st in memory.candidates()
+    if memory.step_cost(s, st, tight) < p.cost_s and 256 // 16 % st.microbatches == 0
+  ]
   assert all(memory.estimate(s, st)["total"] * memory.MARGIN > p.budget for st in cheaper)
   # "check" judges the given setting: it would need micro-batches; nothing fits a tiny chip.
   judged = memory.plan(s, "tight", fixed=memory.Setting())
@@ -159,6 +174,7 @@ def test_every_paper_member_has_a_plan_that_fits_its_chips():
 
 def test_bad_memory_plan_input_is_one_clear_error():
   from cbert_jax.errors import ConfigError
+
   spec = importlib.util.spec_from_file_location("paper_sweep2", SWEEP)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

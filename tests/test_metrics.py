@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cbert_jax import metrics, plotting, progress as progress_lib, provenance as provenance_lib
-
+from cbert_jax import metrics, plotting
+from cbert_jax import progress as progress_lib
+from cbert_jax import provenance as provenance_lib
 
 # ---------------------------------------------------------------------------------------------
 # Helpers.
@@ -43,6 +44,7 @@ def _strict_json(line: str) -> dict:
 
 def _masked_crc32c(data: bytes) -> int:
   from tensorboardX.crc32c import crc32c  # pylint: disable=g-import-not-at-top
+
   crc = crc32c(data) & 0xFFFFFFFF
   # The TFRecord masking: rotate right by 15 and add a constant.
   return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
@@ -51,15 +53,16 @@ def _masked_crc32c(data: bytes) -> int:
 def _read_events(path: pathlib.Path) -> list:
   """Parses a TFRecord event file by hand (length, crc, payload, crc) into Event protos."""
   from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+
   data = path.read_bytes()
   events, pos = [], 0
   while pos < len(data):
-    header = data[pos:pos + 8]
+    header = data[pos : pos + 8]
     (length,) = struct.unpack("<Q", header)
-    (header_crc,) = struct.unpack("<I", data[pos + 8:pos + 12])
+    (header_crc,) = struct.unpack("<I", data[pos + 8 : pos + 12])
     assert header_crc == _masked_crc32c(header)
-    body = data[pos + 12:pos + 12 + length]
-    (body_crc,) = struct.unpack("<I", data[pos + 12 + length:pos + 16 + length])
+    body = data[pos + 12 : pos + 12 + length]
+    (body_crc,) = struct.unpack("<I", data[pos + 12 + length : pos + 16 + length])
     assert body_crc == _masked_crc32c(body)
     events.append(event_pb2.Event.FromString(body))
     pos += 16 + length
@@ -92,7 +95,9 @@ def _tensorboard_scalars(tb_dir: pathlib.Path) -> dict[str, list[tuple[int, floa
 
 def test_jsonl_round_trip_including_non_finite(tmp_path):
   with metrics.MetricWriter(tmp_path, is_primary=True, tensorboard=False) as writer:
-    writer.write(1, {
+    writer.write(
+      1,
+      {
         "train/loss": jnp.float32(2.5),
         "train/lr": 1e-4,
         "tokens_seen": np.int64(4096),
@@ -100,7 +105,8 @@ def test_jsonl_round_trip_including_non_finite(tmp_path):
         "inf_metric": np.float32(np.inf),
         "neg_inf_metric": -math.inf,
         "finite": True,
-    })
+      },
+    )
     writer.write(2, {"train/loss": jnp.asarray(0.1, jnp.float32)})
 
   lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -215,14 +221,19 @@ def test_tensorboard_scalars_and_text_read_back(tmp_path, caplog):
   # A NaN metric is recorded on purpose; tensorboardX's per-write warning about it is dropped.
   assert "NaN or Inf" not in caplog.text
 
-  texts = [v for e in _read_events(event_files[0]) for v in e.summary.value
-           if v.tag.startswith("parameter_overview")]
+  texts = [
+    v
+    for e in _read_events(event_files[0])
+    for v in e.summary.value
+    if v.tag.startswith("parameter_overview")
+  ]
   assert texts and b"| a |" in texts[0].tensor.string_val[0]
   assert (tmp_path / "parameter_overview.txt").read_text() == "+---+\n| a |\n+---+\n"
 
 
 def test_resumed_tensorboard_purges_steps_past_resume(tmp_path):
   from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+
   with metrics.MetricWriter(tmp_path, is_primary=True) as writer:
     for step in range(1, 6):
       writer.write(step, {"train/loss": float(step)})
@@ -231,12 +242,18 @@ def test_resumed_tensorboard_purges_steps_past_resume(tmp_path):
 
   files = sorted((tmp_path / "tb").glob("*tfevents*"))
   assert len(files) == 2  # A restart in the same second must not overwrite the old file.
-  new_file = [f for f in files if any(
-      e.summary.value and e.summary.value[0].simple_value == 40.0 for e in _read_events(f))]
+  new_file = [
+    f
+    for f in files
+    if any(e.summary.value and e.summary.value[0].simple_value == 40.0 for e in _read_events(f))
+  ]
   assert len(new_file) == 1
   # TensorBoard purges events with step >= the step of a SessionLog.START event.
-  starts = [e.step for e in _read_events(new_file[0])
-            if e.HasField("session_log") and e.session_log.status == event_pb2.SessionLog.START]
+  starts = [
+    e.step
+    for e in _read_events(new_file[0])
+    if e.HasField("session_log") and e.session_log.status == event_pb2.SessionLog.START
+  ]
   assert starts == [4]
 
 
@@ -266,10 +283,12 @@ def test_progress_rate_and_eta_exclude_compile_and_handle_resume():
   assert progress.eta_seconds == pytest.approx((1100 - 115) / 0.5)
   assert progress.elapsed_seconds == pytest.approx(60 + 9 * 0.5 + 5 * 2.0)
 
-  line = progress.line({"train/loss": jnp.float32(5.21376), "perf/tokens_per_sec": 12800.0,
-                        "perf/mfu": 0.312})
-  assert line == ("step 115/1100 (10.5%) | loss 5.214 | 0.5 steps/s | 12.8k tok/s | MFU 31.2% | "
-                  "ETA 32m50s")
+  line = progress.line(
+    {"train/loss": jnp.float32(5.21376), "perf/tokens_per_sec": 12800.0, "perf/mfu": 0.312}
+  )
+  assert line == (
+    "step 115/1100 (10.5%) | loss 5.214 | 0.5 steps/s | 12.8k tok/s | MFU 31.2% | ETA 32m50s"
+  )
 
 
 def test_progress_format_before_rate_is_known():
@@ -307,12 +326,14 @@ def test_timers_sum_spans_and_fractions():
   assert timers.counts() == {"data_wait": 2, "checkpoint": 1, "eval": 1, "compile": 1}
   assert timers.elapsed() == pytest.approx(20.0)
   assert timers.fractions() == pytest.approx(
-      {"data_wait": 0.1, "checkpoint": 0.2, "eval": 0.1, "compile": 0.6})
+    {"data_wait": 0.1, "checkpoint": 0.2, "eval": 0.1, "compile": 0.6}
+  )
   assert timers.fractions(of_total=40.0)["checkpoint"] == pytest.approx(0.1)
   m = timers.as_metrics(of_total=40.0)
   assert m["time/data_wait_s"] == 2.0 and m["time/data_wait_frac"] == pytest.approx(0.05)
-  assert set(m) == {f"time/{n}_{k}" for n in ("data_wait", "checkpoint", "eval", "compile")
-                    for k in ("s", "frac")}
+  assert set(m) == {
+    f"time/{n}_{k}" for n in ("data_wait", "checkpoint", "eval", "compile") for k in ("s", "frac")
+  }
   with pytest.raises(ValueError):
     timers.fractions(of_total=0.0)
   timers.reset()
@@ -324,7 +345,6 @@ def test_timers_sum_spans_and_fractions():
 
 
 class _TinyModel(nnx.Module):
-
   def __init__(self, rngs: nnx.Rngs) -> None:
     self.encoder = nnx.Linear(3, 4, rngs=rngs)  # 12 + 4
     self.layers = nnx.List([nnx.Linear(4, 4, rngs=rngs) for _ in range(2)])  # 2 * (16 + 4)
@@ -345,8 +365,21 @@ def test_parameter_overview_counts_parameters():
 
 def _git(repo: pathlib.Path, *args: str) -> str:
   return subprocess.run(
-      ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false",
-       *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+    [
+      "git",
+      "-c",
+      "user.name=t",
+      "-c",
+      "user.email=t@example.com",
+      "-c",
+      "commit.gpgsign=false",
+      *args,
+    ],
+    cwd=repo,
+    check=True,
+    capture_output=True,
+    text=True,
+  ).stdout.strip()
 
 
 def test_provenance_in_a_git_repo(tmp_path):
@@ -363,11 +396,28 @@ def test_provenance_in_a_git_repo(tmp_path):
   assert info["git_commit"] == head
   assert info["git_dirty"] is False
   assert info["data_manifest_hash"] == "abc123"
-  assert {"python", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "numpy",
-          "sentencepiece"} <= set(info["versions"])
+  assert {
+    "python",
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "orbax-checkpoint",
+    "grain",
+    "numpy",
+    "sentencepiece",
+  } <= set(info["versions"])
   assert info["versions"]["jax"] == __import__("jax").__version__
-  for key in ("jax_backend", "device_kind", "process_count", "device_count",
-              "local_device_count", "hostname", "time_utc", "command"):
+  for key in (
+    "jax_backend",
+    "device_kind",
+    "process_count",
+    "device_count",
+    "local_device_count",
+    "hostname",
+    "time_utc",
+    "command",
+  ):
     assert key in info, key
   assert info["device_count"] >= info["local_device_count"] >= 1
   assert info["time_utc"].endswith("+00:00")
@@ -388,8 +438,15 @@ def test_provenance_outside_git(tmp_path):
 def test_plot_metrics_writes_png(tmp_path):
   with metrics.MetricWriter(tmp_path, is_primary=True, tensorboard=False) as writer:
     for step in range(1, 21):
-      writer.write(step, {"train/loss": 5.0 / step, "train/lr": 1e-3 * min(1, step / 5),
-                          "perf/mfu": 0.3, "tokens_seen": 512 * step})
+      writer.write(
+        step,
+        {
+          "train/loss": 5.0 / step,
+          "train/lr": 1e-3 * min(1, step / 5),
+          "perf/mfu": 0.3,
+          "tokens_seen": 512 * step,
+        },
+      )
       if step % 10 == 0:
         writer.write(step, {"eval/loss": 6.0 / step, "tokens_seen": 512 * step})
 
@@ -407,14 +464,21 @@ def test_plot_metrics_writes_png(tmp_path):
 
 def test_matplotlib_classes_set_mplconfigdir_only_around_the_first_import(tmp_path):
   # A fresh interpreter: matplotlib must not be imported yet for MPLCONFIGDIR to matter.
-  code = ("import os, sys\n"
-          "from cbert_jax import plotting\n"
-          "Figure, Canvas = plotting.matplotlib_classes(sys.argv[1])\n"
-          "import matplotlib\n"
-          "assert Figure.__name__ == 'Figure' and Canvas.__name__ == 'FigureCanvasAgg'\n"
-          "assert 'MPLCONFIGDIR' not in os.environ\n"
-          "print(matplotlib.get_configdir())\n")
+  code = (
+    "import os, sys\n"
+    "from cbert_jax import plotting\n"
+    "Figure, Canvas = plotting.matplotlib_classes(sys.argv[1])\n"
+    "import matplotlib\n"
+    "assert Figure.__name__ == 'Figure' and Canvas.__name__ == 'FigureCanvasAgg'\n"
+    "assert 'MPLCONFIGDIR' not in os.environ\n"
+    "print(matplotlib.get_configdir())\n"
+  )
   env = {k: v for k, v in os.environ.items() if k != "MPLCONFIGDIR"}
-  out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "mpl")], env=env, check=True,
-                       capture_output=True, text=True).stdout
+  out = subprocess.run(
+    [sys.executable, "-c", code, str(tmp_path / "mpl")],
+    env=env,
+    check=True,
+    capture_output=True,
+    text=True,
+  ).stdout
   assert out.strip() == str(tmp_path / "mpl")

@@ -8,6 +8,7 @@ the final parameters, to rtol 1e-5 / atol 1e-6. (A small LR: AdamW's g / sqrt(v)
 last-bit differences of summation order in near-zero gradients; at 3e-3 the worst difference
 measured is about a third of the tolerance.) Models: d 32, 2 layers (ELECTRA 1), T = 16, B = 32.
 """
+
 import functools
 
 import jax
@@ -24,8 +25,11 @@ from tests import helpers
 
 B, T, STEPS = 32, 16, 3
 RULES = config_lib.DEFAULT_RULES
-MODELS = {"bert": ("bert", {}), "crossbert_cms": ("crossbert", {"cms": True}),
-          "electra": ("electra", {})}
+MODELS = {
+  "bert": ("bert", {}),
+  "crossbert_cms": ("crossbert", {"cms": True}),
+  "electra": ("electra", {}),
+}
 MESHES = {"data": {"data": 8, "fsdp": 1, "tensor": 1}, "fsdp": {"data": 1, "fsdp": 8, "tensor": 1}}
 GUARD = guard.GuardConfig(spike="warn", warmup=0)
 # LLVM at -O0 halves the CPU compile time of these tiny steps; every comparison is between runs
@@ -56,7 +60,7 @@ def run(model: str, mesh_name: str | None, k: int, guarded: bool = True):
   return _run(model, mesh_name, k, guarded)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _run(model: str, mesh_name: str | None, k: int, guarded: bool):
   """STEPS steps of `model` with k micro-batches -> (host metrics per step, final params, traced
   step, compiled step). mesh_name None: plain jit of the guarded step (as the trainer has it) or,
@@ -70,8 +74,9 @@ def _run(model: str, mesh_name: str | None, k: int, guarded: bool):
   if mesh_name is None:
     opt_state, guard_state = tx.init(params), guard.init_state()
     state = (params, opt_state, guard_state) if guarded else (params, opt_state)
-    step = jax.jit(steps.make_train_step(graphdef, tx, lr, guard_cfg=GUARD if guarded else None,
-                                         microbatches=k))
+    step = jax.jit(
+      steps.make_train_step(graphdef, tx, lr, guard_cfg=GUARD if guarded else None, microbatches=k)
+    )
     traced = step.trace(*state, batch, jnp.int32(0), key)
     compiled = traced.lower().compile(compiler_options=FAST_COMPILE)
     for i in range(STEPS):
@@ -88,14 +93,18 @@ def _run(model: str, mesh_name: str | None, k: int, guarded: bool):
     opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
     guard_state = guard.init_state()
     batch = jax.device_put(batch, batch_sh)
-    step = jax.jit(steps.make_train_step(graphdef, tx, lr, guard_cfg=GUARD, microbatches=k),
-                   in_shardings=(p_sh, o_sh, rep, batch_sh, rep, rep),
-                   out_shardings=(p_sh, o_sh, rep, rep), donate_argnums=(0, 1, 2))
+    step = jax.jit(
+      steps.make_train_step(graphdef, tx, lr, guard_cfg=GUARD, microbatches=k),
+      in_shardings=(p_sh, o_sh, rep, batch_sh, rep, rep),
+      out_shardings=(p_sh, o_sh, rep, rep),
+      donate_argnums=(0, 1, 2),
+    )
     traced = step.trace(params, opt_state, guard_state, batch, jnp.int32(0), key)
     compiled = traced.lower().compile(compiler_options=FAST_COMPILE)
     for i in range(STEPS):
-      params, opt_state, guard_state, m = compiled(params, opt_state, guard_state, batch,
-                                                   jnp.int32(i), key)
+      params, opt_state, guard_state, m = compiled(
+        params, opt_state, guard_state, batch, jnp.int32(i), key
+      )
       metrics.append(jax.device_get(m))
     assert isinstance(jax.tree.leaves(params)[0].sharding, NamedSharding)
     return metrics, jax.device_get(params), traced, compiled
@@ -109,7 +118,7 @@ def _flops(compiled) -> float:
 def assert_same_run(got, want):
   (m_got, p_got, *_), (m_want, p_want, *_) = got, want
   for step, (a, b) in enumerate(zip(m_got, m_want, strict=True)):
-    for key in a.keys() & b.keys():    # an unguarded run has no guard metrics (grad_sq, ...)
+    for key in a.keys() & b.keys():  # an unguarded run has no guard metrics (grad_sq, ...)
       for x, y in zip(jax.tree.leaves(a[key]), jax.tree.leaves(b[key]), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=f"{key} @ {step}")
   for a, b in zip(jax.tree.leaves(p_got), jax.tree.leaves(p_want), strict=True):
@@ -117,21 +126,21 @@ def assert_same_run(got, want):
 
 
 def test_the_batch_has_different_counts_per_microbatch():
-  real = (padded_batch()["segment_ids"] != 0).sum(1)                      # [B]
+  real = (padded_batch()["segment_ids"] != 0).sum(1)  # [B]
   for k in (2, 4):
-    per_micro = real.reshape(B // k, k).sum(0)                            # micro-batch i: rows i, i+k, ...
+    per_micro = real.reshape(B // k, k).sum(0)  # micro-batch i: rows i, i+k, ...
     assert len(set(per_micro.tolist())) > 1, per_micro
-  assert (real < 3).any()                                                 # BERT rows with < K targets
+  assert (real < 3).any()  # BERT rows with < K targets
 
 
 @pytest.mark.parametrize("mesh_name", [None, "data", "fsdp"])
 @pytest.mark.parametrize("model", ["bert", "crossbert_cms"])
 def test_microbatches_train_like_the_full_batch(model, mesh_name):
   ref = run(model, None, 1)
-  assert ref[0][-1]["loss"] < ref[0][0]["loss"]                           # it trains
+  assert ref[0][-1]["loss"] < ref[0][0]["loss"]  # it trains
   # Sharded: k = 4, the extreme case on 8 devices (one row per device per micro-batch), against
   # the unsharded full-batch run. (More sharded runs add compile time, not coverage.)
-  for k in ((2, 4) if mesh_name is None else (4,)):
+  for k in (2, 4) if mesh_name is None else (4,):
     # CrossBERT's k = 2: the plain step (no guard), which the trainer does not use.
     assert_same_run(run(model, mesh_name, k, guarded=(model, k) != ("crossbert_cms", 2)), ref)
 
@@ -167,15 +176,18 @@ def test_the_split_moves_no_rows(model):
 def test_bad_microbatches_are_one_line_config_errors():
   c = config_lib.resolve(config_lib.base_config())
   c.batch_size, c.optim.microbatches = 32, 3
-  with pytest.raises(ConfigError, match=r"batch_size=32 is not divisible by optim.microbatches=3 "
-                                        r"x the data-parallel size 8 \(= 24\)") as e:
+  with pytest.raises(
+    ConfigError,
+    match=r"batch_size=32 is not divisible by optim.microbatches=3 "
+    r"x the data-parallel size 8 \(= 24\)",
+  ) as e:
     config_lib.validate(c, 8)
   assert "\n" not in str(e.value)
   c.optim.microbatches = 0
   with pytest.raises(ConfigError, match="optim.microbatches must be >= 1"):
     config_lib.validate(c, 8)
   c.optim.microbatches = 4
-  config_lib.validate(c, 8)                                               # 32 = 4 x 8
+  config_lib.validate(c, 8)  # 32 = 4 x 8
   # The step itself refuses a batch it cannot split (e.g. called outside the trainer).
   graphdef, params = nnx.split(helpers.build("bert"), nnx.Param)
   tx, lr = _optimizer()

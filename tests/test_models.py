@@ -1,4 +1,5 @@
 """Model behaviour: information flow, CMS forms, RoPE, parameter counts, masking invariants."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,10 +32,10 @@ def test_crossbert_masked_ids_reach_neither_encoder_nor_predictor():
   np.put_along_axis(masked, np.asarray(out["query_idx"]), True, axis=1)
   changed = _replace(batch, masked & (batch["segment_ids"] != 0))
   out2 = model.forward(changed, RNG)
-  np.testing.assert_array_equal(out["query_idx"], out2["query_idx"])          # same split
+  np.testing.assert_array_equal(out["query_idx"], out2["query_idx"])  # same split
   np.testing.assert_array_equal(out["encoder_out"], out2["encoder_out"])
   np.testing.assert_array_equal(out["logits"], out2["logits"])
-  assert not np.array_equal(out["targets"], out2["targets"])                   # the targets did change
+  assert not np.array_equal(out["targets"], out2["targets"])  # the targets did change
   # ...while changing a visible token does change the predictions (the test can fail).
   visible_changed = _replace(batch, ~masked & (batch["segment_ids"] != 0))
   assert not np.allclose(model.forward(visible_changed, RNG)["logits"], out["logits"])
@@ -51,17 +52,28 @@ def test_cms_inplace_prediction_ignores_own_half():
     changed = _replace(batch, own & (batch["segment_ids"] != 0), seed=half + 3)
     out2 = model.forward(changed, RNG)
     # Predictions for tokens of this half: identical; for the other half: changed.
-    np.testing.assert_allclose(np.asarray(out2["logits"])[own], np.asarray(out["logits"])[own],
-                               rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+      np.asarray(out2["logits"])[own], np.asarray(out["logits"])[own], rtol=0, atol=1e-6
+    )
     real_other = (~own) & (batch["segment_ids"] != 0)
-    assert not np.allclose(np.asarray(out2["logits"])[real_other], np.asarray(out["logits"])[real_other])
+    assert not np.allclose(
+      np.asarray(out2["logits"])[real_other], np.asarray(out["logits"])[real_other]
+    )
 
 
-@pytest.mark.parametrize("predictor", [
-    {}, {"predictor_positions": "learned", "max_positions": 32},      # SPEC §2's predictor options
-    {"predictor_self_attn": True}, {"predictor_d_model": 16}])
+@pytest.mark.parametrize(
+  "predictor",
+  [
+    {},
+    {"predictor_positions": "learned", "max_positions": 32},  # SPEC §2's predictor options
+    {"predictor_self_attn": True},
+    {"predictor_d_model": 16},
+  ],
+)
 def test_cms_gather_and_inplace_agree_on_loss_and_grads(predictor):
-  model = helpers.build("crossbert", cfg=helpers.model_cfg(**predictor), cms=True, cms_form="gather")
+  model = helpers.build(
+    "crossbert", cfg=helpers.model_cfg(**predictor), cms=True, cms_form="gather"
+  )
   graphdef, params = nnx.split(model, nnx.Param)
   batch = helpers.packed_batch(b=4, t=32)
 
@@ -86,9 +98,15 @@ def test_cms_split_covers_every_token_once():
   np.testing.assert_array_equal(np.take_along_axis(np.asarray(view), np.asarray(idx_b), 1), 1)
 
 
-@pytest.mark.parametrize("model_name,kw", [("bert", {}), ("crossbert", {"cms": False}),
-                                           ("crossbert", {"cms": True, "cms_form": "gather"}),
-                                           ("crossbert", {"cms": True, "cms_form": "inplace"})])
+@pytest.mark.parametrize(
+  "model_name,kw",
+  [
+    ("bert", {}),
+    ("crossbert", {"cms": False}),
+    ("crossbert", {"cms": True, "cms_form": "gather"}),
+    ("crossbert", {"cms": True, "cms_form": "inplace"}),
+  ],
+)
 def test_packed_documents_do_not_see_each_other(model_name, kw):
   model = helpers.build(model_name, **kw)
   batch = helpers.packed_batch()
@@ -104,8 +122,12 @@ def test_packed_documents_do_not_see_each_other(model_name, kw):
   q_idx = np.asarray(out.get("query_idx", out.get("masked_idx")))
   q_seg = seg[rows, q_idx]
   doc1 = q_seg == 1
-  np.testing.assert_allclose(np.asarray(out2["logits"])[doc1], np.asarray(out["logits"])[doc1], atol=1e-6)
-  assert not np.allclose(np.asarray(out2["logits"])[q_seg == 2], np.asarray(out["logits"])[q_seg == 2])
+  np.testing.assert_allclose(
+    np.asarray(out2["logits"])[doc1], np.asarray(out["logits"])[doc1], atol=1e-6
+  )
+  assert not np.allclose(
+    np.asarray(out2["logits"])[q_seg == 2], np.asarray(out["logits"])[q_seg == 2]
+  )
   f1, f2 = (model.features(b["tokens"], b["positions"], seg)["hidden"] for b in (batch, changed))
   np.testing.assert_allclose(np.asarray(f2)[:, seg == 1], np.asarray(f1)[:, seg == 1], atol=1e-6)
 
@@ -124,10 +146,18 @@ def test_bert_corruption_and_targets():
   # 80/10/10 over many rows: the share of [MASK] among targets is near 0.8
   big = helpers.packed_batch(b=64, t=64, seed=3)
   big["segment_ids"][:] = 1
-  can = masking.maskable(jnp.asarray(big["tokens"]), jnp.asarray(big["segment_ids"]), helpers.SPECIAL)
+  can = masking.maskable(
+    jnp.asarray(big["tokens"]), jnp.asarray(big["segment_ids"]), helpers.SPECIAL
+  )
   midx, _ = masking.random_split(RNG, can, k)
-  cor = masking.bert_corrupt(RNG, jnp.asarray(big["tokens"]), midx, mask_id=helpers.MASK_ID,
-                             vocab_size=96, special_ids=helpers.SPECIAL)
+  cor = masking.bert_corrupt(
+    RNG,
+    jnp.asarray(big["tokens"]),
+    midx,
+    mask_id=helpers.MASK_ID,
+    vocab_size=96,
+    special_ids=helpers.SPECIAL,
+  )
   new, orig = (np.take_along_axis(np.asarray(x), np.asarray(midx), 1) for x in (cor, big["tokens"]))
   frac_mask, frac_same = (new == helpers.MASK_ID).mean(), (new == orig).mean()
   assert abs(frac_mask - 0.8) < 0.03 and 0.08 < frac_same < 0.13
@@ -140,7 +170,7 @@ def test_bert_corruption_and_targets():
 
 def test_masking_never_picks_padding_or_special_when_avoidable():
   tokens = np.full((2, 20), 50, np.int32)
-  tokens[:, :3] = (2, 4, 3)                 # bos, [MASK], eos
+  tokens[:, :3] = (2, 4, 3)  # bos, [MASK], eos
   seg = np.ones((2, 20), np.int32)
   seg[1, 15:] = 0
   can = masking.maskable(jnp.asarray(tokens), jnp.asarray(seg), helpers.SPECIAL)
@@ -171,13 +201,20 @@ def test_attention_mask_rules():
   np.testing.assert_array_equal(pred, [[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]])
 
 
-@pytest.mark.parametrize("model_name,kw", [
-    ("bert", {}), ("bert", {"tie_embeddings": True}), ("crossbert", {}),
+@pytest.mark.parametrize(
+  "model_name,kw",
+  [
+    ("bert", {}),
+    ("bert", {"tie_embeddings": True}),
+    ("crossbert", {}),
     ("crossbert", {"predictor_d_model": 16, "predictor_layers": 2}),
     ("crossbert", {"predictor_self_attn": True, "ffn_dim": 64}),
     ("crossbert", {"predictor_positions": "learned", "max_positions": 40}),
-    ("electra", {}), ("electra", {"generator_shared_embeddings": False}),
-    ("electra", {"generator_width": 1.0, "generator_depth": 0.5})])
+    ("electra", {}),
+    ("electra", {"generator_shared_embeddings": False}),
+    ("electra", {"generator_width": 1.0, "generator_depth": 0.5}),
+  ],
+)
 def test_param_counts_match_analytic(model_name, kw):
   cfg = helpers.model_cfg(**kw)
   model = helpers.build(model_name, cfg=cfg)
@@ -193,19 +230,22 @@ def test_param_counts_match_analytic(model_name, kw):
 @pytest.mark.parametrize("depth_init", ["none", "global", "current"])
 def test_init_std_and_depth_factor(depth_init, model_name):
   # The init-std reduction that stabilised the largest CrossBERT applies to every family's encoder.
-  cfg = helpers.model_cfg(d_model=256, num_layers=4, num_heads=4, depth_init=depth_init, init_scale=0.5)
+  cfg = helpers.model_cfg(
+    d_model=256, num_layers=4, num_heads=4, depth_init=depth_init, init_scale=0.5
+  )
   model = helpers.build(model_name, cfg=cfg)
   wq = np.asarray(model.encoder.blocks[3].attn.wq[...])
   wo = np.asarray(model.encoder.blocks[3].attn.wo[...])
-  assert abs(wq.std() / (0.5 * 256 ** -0.5) - 1) < 0.05
+  assert abs(wq.std() / (0.5 * 256**-0.5) - 1) < 0.05
   div = {"none": 1.0, "global": np.sqrt(2 * 5), "current": np.sqrt(2 * 4)}[depth_init]
-  assert abs(wo.std() / (0.5 * 256 ** -0.5 / div) - 1) < 0.05
-  assert np.abs(wq).max() <= 3 * 0.5 * 256 ** -0.5 + 1e-7  # truncated at 3 std
+  assert abs(wo.std() / (0.5 * 256**-0.5 / div) - 1) < 0.05
+  assert np.abs(wq).max() <= 3 * 0.5 * 256**-0.5 + 1e-7  # truncated at 3 std
 
 
 @pytest.mark.parametrize("d_in,d_out", [(8, 24), (24, 8)])
 def test_dense_matches_matmul_in_value_and_gradient(d_in, d_out):
   from cbert_jax.models.dense import dense
+
   rs = np.random.RandomState(0)
   x = jnp.asarray(rs.randn(3, 5, d_in), jnp.float32)
   w = jnp.asarray(rs.randn(d_in, d_out), jnp.float32)
@@ -222,6 +262,7 @@ def test_dense_matches_matmul_in_value_and_gradient(d_in, d_out):
 @pytest.mark.parametrize("model_name", ["bert", "crossbert"])
 def test_remat_keeps_loss_and_gradients_and_saves_memory(model_name):
   from cbert_jax.models import encoder as encoder_lib
+
   batch = helpers.packed_batch(b=4, t=32)
   results, temps = {}, {}
   for remat in ("none", "full", "dots"):
@@ -234,20 +275,24 @@ def test_remat_keeps_loss_and_gradients_and_saves_memory(model_name):
     np.testing.assert_allclose(results[remat][0], results["none"][0], rtol=1e-6)
     for a, b in zip(jax.tree.leaves(results[remat][1]), jax.tree.leaves(results["none"][1])):
       np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-  assert temps["full"] < temps["none"], temps            # recomputation frees block activations
+  assert temps["full"] < temps["none"], temps  # recomputation frees block activations
   with pytest.raises(ValueError, match="model.remat must be none|full|dots"):
     encoder_lib.remat_block("some")
 
 
-@pytest.mark.parametrize("model_name,kw,chunk", [("bert", {}, 2), ("crossbert", {"cms": True}, 3),
-                                                 ("crossbert", {"cms": False}, 5)])
+@pytest.mark.parametrize(
+  "model_name,kw,chunk",
+  [("bert", {}, 2), ("crossbert", {"cms": True}, 3), ("crossbert", {"cms": False}, 5)],
+)
 def test_chunked_cross_entropy_equals_the_full_logits(model_name, kw, chunk):
   batch = helpers.packed_batch(b=3, t=16)
   vals = {}
-  for c in (0, chunk):                       # chunk sizes that do not divide K: padded chunks
+  for c in (0, chunk):  # chunk sizes that do not divide K: padded chunks
     model = helpers.build(model_name, cfg=helpers.model_cfg(ce_chunk=c), **kw)
     graphdef, params = nnx.split(model, nnx.Param)
-    vals[c] = jax.value_and_grad(lambda p, g=graphdef: nnx.merge(g, p).loss(batch, RNG), has_aux=True)(params)
+    vals[c] = jax.value_and_grad(
+      lambda p, g=graphdef: nnx.merge(g, p).loss(batch, RNG), has_aux=True
+    )(params)
   (l0, m0), g0 = vals[0]
   (l1, m1), g1 = vals[chunk]
   np.testing.assert_allclose(l1, l0, rtol=1e-6)
@@ -265,5 +310,5 @@ def test_chunked_cross_entropy_never_holds_all_logits():
     graphdef, params = nnx.split(helpers.build("crossbert", cfg=cfg, cms=True), nnx.Param)
     fn = jax.jit(jax.grad(lambda p, g=graphdef: nnx.merge(g, p).loss(batch, RNG)[0]))
     temps[c] = fn.lower(params).compile().memory_analysis().temp_size_in_bytes
-  logits_bytes = 8 * 64 * 8192 * 4                               # every token's fp32 logits (CMS)
+  logits_bytes = 8 * 64 * 8192 * 4  # every token's fp32 logits (CMS)
   assert temps[0] - temps[8] > logits_bytes // 2, temps

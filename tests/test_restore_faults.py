@@ -6,6 +6,7 @@ falls back to step 1 with step 2 moved to `checkpoints.unreadable/` (damage), or
 nothing (another model, I/O, an unknown error). The trainer-level replays are in
 tests/test_workdir_safety.py.
 """
+
 import errno
 import json
 import os
@@ -21,8 +22,10 @@ from cbert_jax.errors import CheckpointError, ConfigError
 
 
 def _state(step: int, rows: int = 4):
-  params = {"w": jnp.arange(rows * 3, dtype=jnp.float32).reshape(rows, 3) * step,
-            "b": jnp.full((3,), float(step))}
+  params = {
+    "w": jnp.arange(rows * 3, dtype=jnp.float32).reshape(rows, 3) * step,
+    "b": jnp.full((3,), float(step)),
+  }
   return params, {"mu": jax.tree.map(jnp.zeros_like, params), "count": jnp.int32(step)}
 
 
@@ -57,8 +60,11 @@ def _restore(directory, rows=4, **kw):
 
 
 def _listing(directory):
-  return sorted(os.path.relpath(os.path.join(d, f), directory)
-                for d, _, files in os.walk(directory) for f in files)
+  return sorted(
+    os.path.relpath(os.path.join(d, f), directory)
+    for d, _, files in os.walk(directory)
+    for f in files
+  )
 
 
 def _largest(step_dir):
@@ -74,14 +80,17 @@ def _flip(path):
 
 def _truncate(path):
   data = open(path, "rb").read()
-  open(path, "wb").write(data[:len(data) // 2])
+  open(path, "wb").write(data[: len(data) // 2])
 
 
 def test_every_complete_checkpoint_is_sealed_with_sizes_and_crcs(ckpt_dir):
   for step in ("1", "2"):
     seal = json.load(open(os.path.join(ckpt_dir, step, ckpt_lib.SEAL)))["files"]
-    on_disk = {rel: os.path.getsize(os.path.join(ckpt_dir, step, rel))
-               for rel in _listing(os.path.join(ckpt_dir, step)) if rel != ckpt_lib.SEAL}
+    on_disk = {
+      rel: os.path.getsize(os.path.join(ckpt_dir, step, rel))
+      for rel in _listing(os.path.join(ckpt_dir, step))
+      if rel != ckpt_lib.SEAL
+    }
     assert {rel: size for rel, (size, _) in seal.items()} == on_disk
     assert all(crc is not None for _, crc in seal.values())
 
@@ -94,14 +103,18 @@ def test_an_intact_checkpoint_restores_the_newest_state(ckpt_dir):
 
 
 DAMAGE = {
-    # orbax's zarr chunks carry no checksum: without the seal this restores wrong numbers silently
-    "bit-flip": (lambda s: _flip(_largest(s)), "does not match its CRC-32"),
-    "truncated": (lambda s: _truncate(_largest(s)), "bytes, "),
-    "files-missing": (lambda s: shutil.rmtree(os.path.join(s, "state")), "is missing"),
-    "commit-marker-missing": (lambda s: os.remove(os.path.join(s, "commit_success.txt")),
-                              "commit marker commit_success.txt is missing"),
-    "seal-unreadable": (lambda s: open(os.path.join(s, ckpt_lib.SEAL), "w").write("{"),
-                        "seal.json is unreadable"),
+  # orbax's zarr chunks carry no checksum: without the seal this restores wrong numbers silently
+  "bit-flip": (lambda s: _flip(_largest(s)), "does not match its CRC-32"),
+  "truncated": (lambda s: _truncate(_largest(s)), "bytes, "),
+  "files-missing": (lambda s: shutil.rmtree(os.path.join(s, "state")), "is missing"),
+  "commit-marker-missing": (
+    lambda s: os.remove(os.path.join(s, "commit_success.txt")),
+    "commit marker commit_success.txt is missing",
+  ),
+  "seal-unreadable": (
+    lambda s: open(os.path.join(s, ckpt_lib.SEAL), "w").write("{"),
+    "seal.json is unreadable",
+  ),
 }
 
 
@@ -113,7 +126,7 @@ def test_damaged_checkpoint_is_moved_aside_and_the_previous_restored(ckpt_dir, d
   assert step == 1 and data == {"next_index": 1}
   np.testing.assert_array_equal(params["w"], _state(1)[0]["w"])
   moved = os.listdir(ckpt_dir + ".unreadable")
-  assert len(moved) == 1 and moved[0].startswith("2-")          # kept for inspection
+  assert len(moved) == 1 and moved[0].startswith("2-")  # kept for inspection
   assert any(reason in r.getMessage() and "is damaged" in r.getMessage() for r in caplog.records)
 
 
@@ -127,21 +140,29 @@ def test_unsealed_checkpoint_with_short_data_is_damage_found_by_the_reader(ckpt_
 
 def test_another_models_checkpoint_is_a_config_error_and_nothing_moves(ckpt_dir):
   before = _listing(ckpt_dir)
-  with pytest.raises(ConfigError, match=r"checkpoint step 2 in .* was written by another model "
-                     r"than this config builds: params/w: stored \(4, 3\), this config \(8, 3\)"):
+  with pytest.raises(
+    ConfigError,
+    match=r"checkpoint step 2 in .* was written by another model "
+    r"than this config builds: params/w: stored \(4, 3\), this config \(8, 3\)",
+  ):
     _restore(ckpt_dir, rows=8)
   assert _listing(ckpt_dir) == before and not os.path.exists(ckpt_dir + ".unreadable")
 
 
 def test_io_errors_are_retried_then_reported_and_nothing_moves(ckpt_dir, monkeypatch):
   calls = []
+
   def denied(*a, **k):
     calls.append(1)
     raise PermissionError(errno.EACCES, "Permission denied", "state/d/0")
+
   monkeypatch.setattr(ckpt_lib.Checkpointer, "restore", denied)
   before = _listing(ckpt_dir)
-  with pytest.raises(CheckpointError, match=r"checkpoint step 2 in .* could not be read after 4 "
-                     r"attempts \(PermissionError.*not damage, so nothing was moved"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"checkpoint step 2 in .* could not be read after 4 "
+    r"attempts \(PermissionError.*not damage, so nothing was moved",
+  ):
     _restore(ckpt_dir)
   assert len(calls) == ckpt_lib.IO_ATTEMPTS
   assert _listing(ckpt_dir) == before and not os.path.exists(ckpt_dir + ".unreadable")
@@ -149,11 +170,13 @@ def test_io_errors_are_retried_then_reported_and_nothing_moves(ckpt_dir, monkeyp
 
 def test_a_transient_io_error_is_retried_and_the_newest_restored(ckpt_dir, monkeypatch):
   real, calls = ckpt_lib.Checkpointer.restore, []
+
   def flaky(self, *a, **k):
     calls.append(1)
     if len(calls) < 3:
       raise OSError(errno.EIO, "Input/output error")
     return real(self, *a, **k)
+
   monkeypatch.setattr(ckpt_lib.Checkpointer, "restore", flaky)
   assert _restore(ckpt_dir)[0] == 2 and len(calls) == 3
 
@@ -161,6 +184,7 @@ def test_a_transient_io_error_is_retried_and_the_newest_restored(ckpt_dir, monke
 def test_io_error_while_checking_the_seal_is_not_damage(ckpt_dir, monkeypatch):
   def denied(path, block=0):
     raise PermissionError(errno.EACCES, "Permission denied", path)
+
   monkeypatch.setattr(ckpt_lib, "_crc32", denied)
   with pytest.raises(CheckpointError, match="not damage, so nothing was moved"):
     _restore(ckpt_dir)
@@ -170,6 +194,7 @@ def test_io_error_while_checking_the_seal_is_not_damage(ckpt_dir, monkeypatch):
 def test_an_unknown_error_is_reported_and_nothing_moves(ckpt_dir, monkeypatch):
   def weird(*a, **k):
     raise RuntimeError("something orbax has never said")
+
   monkeypatch.setattr(ckpt_lib.Checkpointer, "restore", weird)
   with pytest.raises(CheckpointError, match="something orbax has never said.*neither damage"):
     _restore(ckpt_dir)
@@ -179,21 +204,24 @@ def test_an_unknown_error_is_reported_and_nothing_moves(ckpt_dir, monkeypatch):
 def test_no_checkpoint_left_after_moving_damage_is_refused_until_restart_from_scratch(ckpt_dir):
   for step in ("1", "2"):
     _flip(_largest(os.path.join(ckpt_dir, step)))
-  with pytest.raises(CheckpointError, match=r"no checkpoint in .* can be resumed from: damaged "
-                     r"checkpoints were moved aside .*mv .*checkpoints.unreadable/2-\d+ "
-                     r".*checkpoints/2\).*--config.restart_from_scratch=true"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"no checkpoint in .* can be resumed from: damaged "
+    r"checkpoints were moved aside .*mv .*checkpoints.unreadable/2-\d+ "
+    r".*checkpoints/2\).*--config.restart_from_scratch=true",
+  ):
     _restore(ckpt_dir)
   # A later run (nothing left to move) is refused the same way: never a silent step 0.
   with pytest.raises(CheckpointError, match="by an earlier run, now in .*checkpoints.unreadable"):
     _restore(ckpt_dir)
   assert _restore(ckpt_dir, restart_from_scratch=True) is None
-  assert len(os.listdir(ckpt_dir + ".unreadable")) == 2          # still kept
+  assert len(os.listdir(ckpt_dir + ".unreadable")) == 2  # still kept
 
 
 def test_restore_params_of_another_model_names_the_shapes(ckpt_dir):
   c = ckpt_lib.Checkpointer(ckpt_dir, keep=3)
   with pytest.raises(ConfigError, match=r"params/w: stored \(4, 3\), this config \(8, 3\)"):
     c.restore_params(2, _abstract(_state(1, rows=8)[0]))
-  only_w = _abstract({"w": _state(1)[0]["w"]})                     # a subset is fine
+  only_w = _abstract({"w": _state(1)[0]["w"]})  # a subset is fine
   np.testing.assert_array_equal(c.restore_params(2, only_w)["w"], _state(2)[0]["w"])
   c.close()

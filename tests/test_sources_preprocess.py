@@ -8,27 +8,26 @@ import filecmp
 import json
 import os
 
-from array_record.python import array_record_module
 import ml_collections
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from array_record.python import array_record_module
 
 from cbert_jax.data import corpus as corpus_lib
-from cbert_jax.data import packing
-from cbert_jax.data import pipeline
-from cbert_jax.data import prepare
-from cbert_jax.data import shards
-from cbert_jax.data import sources
+from cbert_jax.data import packing, pipeline, prepare, shards, sources
 from cbert_jax.data import text as text_lib
 from cbert_jax.data import tokenizer as tokenizer_lib
 from cbert_jax.errors import ConfigError
 
 TINY = os.path.join(os.path.dirname(__file__), "data", "tiny_corpus.txt")
-DOCS = [" ".join(p.split()) for p in open(TINY, encoding="utf-8").read().split("\n\n")
-        if len(" ".join(p.split())) >= 60]
+DOCS = [
+  " ".join(p.split())
+  for p in open(TINY, encoding="utf-8").read().split("\n\n")
+  if len(" ".join(p.split())) >= 60
+]
 
 
 def _jsonl(docs, field="text"):
@@ -51,11 +50,18 @@ def _docs(path, **opts):
 def tok(tmp_path_factory):
   """One small tokenizer for the module (trained on the tiny corpus, cached)."""
   cache = tmp_path_factory.mktemp("tok")
-  cfg = ml_collections.ConfigDict(dict(tokenizer_path="", vocab_size=400,
-                                       tokenizer_type="bpe", cache_dir=str(cache),
-                                       tokenizer_sample_chars=20_000_000))
-  corpus = corpus_lib.Corpus(train_docs=DOCS, val_docs=[],
-                             manifest=dict(content_hash=text_lib.content_hash([DOCS])))
+  cfg = ml_collections.ConfigDict(
+    dict(
+      tokenizer_path="",
+      vocab_size=400,
+      tokenizer_type="bpe",
+      cache_dir=str(cache),
+      tokenizer_sample_chars=20_000_000,
+    )
+  )
+  corpus = corpus_lib.Corpus(
+    train_docs=DOCS, val_docs=[], manifest=dict(content_hash=text_lib.content_hash([DOCS]))
+  )
   return tokenizer_lib.get_tokenizer(cfg, corpus)
 
 
@@ -65,18 +71,33 @@ def corpus_dir(tmp_path_factory):
   d = tmp_path_factory.mktemp("inputs")
   q = len(DOCS) // 4
   (d / "a.jsonl").write_bytes(_jsonl(DOCS[:q]))
-  (d / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(_jsonl(DOCS[q:2 * q])))
-  pq.write_table(pa.table({"text": DOCS[2 * q:3 * q]}), d / "c.parquet")
-  (d / "d.txt").write_text("\n\n".join(DOCS[3 * q:]))
+  (d / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(_jsonl(DOCS[q : 2 * q])))
+  pq.write_table(pa.table({"text": DOCS[2 * q : 3 * q]}), d / "c.parquet")
+  (d / "d.txt").write_text("\n\n".join(DOCS[3 * q :]))
   return d
 
 
 def _cfg(cache, **kw):
-  cfg = ml_collections.ConfigDict(dict(
-      corpus="sources", sources="", text_field="text", text_mode="paragraphs",
-      record_format="text", on_bad_record="error", preprocess_workers=1, shard_input_mb=1,
-      val_fraction=0.1, split_seed=0, max_docs=0, cache_dir=str(cache), tokenizer_path="",
-      vocab_size=400, tokenizer_type="bpe", tokenizer_sample_chars=20_000_000))
+  cfg = ml_collections.ConfigDict(
+    dict(
+      corpus="sources",
+      sources="",
+      text_field="text",
+      text_mode="paragraphs",
+      record_format="text",
+      on_bad_record="error",
+      preprocess_workers=1,
+      shard_input_mb=1,
+      val_fraction=0.1,
+      split_seed=0,
+      max_docs=0,
+      cache_dir=str(cache),
+      tokenizer_path="",
+      vocab_size=400,
+      tokenizer_type="bpe",
+      tokenizer_sample_chars=20_000_000,
+    )
+  )
   cfg.update(kw)
   return cfg
 
@@ -84,9 +105,17 @@ def _cfg(cache, **kw):
 def _build(corpus_dir, out, tok, workers=1, spec=None, **kw):
   cfg = _cfg(out, sources=spec or f"{corpus_dir}/*")
   return shards.build(
-      sources.expand_sources(cfg), sources.read_options(cfg), tokenizer=tok, seq_len=32,
-      out_dir=str(out), split_seed=0, val_fraction=0.1, shard_bytes=1, workers=workers,
-      **kw)
+    sources.expand_sources(cfg),
+    sources.read_options(cfg),
+    tokenizer=tok,
+    seq_len=32,
+    out_dir=str(out),
+    split_seed=0,
+    val_fraction=0.1,
+    shard_bytes=1,
+    workers=workers,
+    **kw,
+  )
 
 
 # --- sources -------------------------------------------------------------------------------
@@ -99,14 +128,17 @@ def test_every_format_reads_expected_docs(tmp_path):
   assert _docs(tmp_path / "x.jsonl", text_field="body") == want
   # Two zstd frames back to back (as concatenated shards are).
   z = zstandard.ZstdCompressor()
-  (tmp_path / "x.jsonl.zst").write_bytes(z.compress(_jsonl(docs[:2])) + z.compress(_jsonl(docs[2:])))
+  (tmp_path / "x.jsonl.zst").write_bytes(
+    z.compress(_jsonl(docs[:2])) + z.compress(_jsonl(docs[2:]))
+  )
   assert _docs(tmp_path / "x.jsonl.zst") == want
   pq.write_table(pa.table({"text": docs, "n": [1, 2, 3]}), tmp_path / "x.parquet")
   assert _docs(tmp_path / "x.parquet") == want
   _write_array_record(tmp_path / "t.array_record", [d.encode() for d in docs])
   assert _docs(tmp_path / "t.array_record") == want
-  _write_array_record(tmp_path / "j.array_record-00000-of-00001",
-                      [json.dumps({"text": d}).encode() for d in docs])
+  _write_array_record(
+    tmp_path / "j.array_record-00000-of-00001", [json.dumps({"text": d}).encode() for d in docs]
+  )
   assert _docs(tmp_path / "j.array_record-00000-of-00001", record_format="json") == want
   (tmp_path / "x.txt").write_text("\n\n".join(DOCS[:3]) + "\n\nshort\n")
   assert _docs(tmp_path / "x.txt") == DOCS[:3]  # paragraphs, short ones normalised away
@@ -115,7 +147,10 @@ def test_every_format_reads_expected_docs(tmp_path):
 
 def test_parse_sources_and_globs(tmp_path):
   assert sources.parse_sources("gs://b/x/*.jsonl.zst:0.7, /d/*.txt:0.3,/e.txt") == [
-      ("gs://b/x/*.jsonl.zst", 0.7), ("/d/*.txt", 0.3), ("/e.txt", 1.0)]
+    ("gs://b/x/*.jsonl.zst", 0.7),
+    ("/d/*.txt", 0.3),
+    ("/e.txt", 1.0),
+  ]
   assert sources.parse_sources("gs://b/x.jsonl") == [("gs://b/x.jsonl", 1.0)]
   with pytest.raises(ConfigError, match="data.sources is empty"):
     sources.parse_sources(" , ")
@@ -139,30 +174,54 @@ def test_parse_sources_and_globs(tmp_path):
 def test_bad_inputs_named_or_counted(tmp_path):
   good = json.dumps({"text": "fine"}).encode()
   cases = {  # file -> (bytes, error pattern, counted kind)
-      "empty.jsonl": (b"", r"empty\.jsonl: yields no document", "empty_file"),
-      "utf8.jsonl": (good + b'\n{"text": "\xff\xfe"}\n', r"utf8\.jsonl: line 2: is not valid UTF-8",
-                     "invalid_utf8"),
-      "json.jsonl": (good + b"\n{not json\n", r"json\.jsonl: line 2: is not valid JSON",
-                     "invalid_json"),
-      "field.jsonl": (good + b'\n{"txt": "x"}\n', r"field\.jsonl: line 2: field 'text' is missing",
-                      "missing_field"),
-      "null.jsonl": (good + b'\n{"text": null}\n', r"line 2: field 'text' is a NoneType",
-                     "missing_field"),
-      "blank.jsonl": (good + b'\n{"text": "  "}\n', r"line 2: the document text is empty",
-                      "empty_doc"),
-      "trunc.jsonl.zst": (zstandard.ZstdCompressor().compress(good + b"\n" + _jsonl(DOCS[:50]))[:-20],
-                          r"trunc\.jsonl\.zst: the zstd stream ends mid-frame", "truncated"),
-      "latin1.txt": (("Caf\u00e9 " * 20).encode("latin-1"),
-                     r"latin1\.txt: line 1 \(byte 3\): is not valid UTF-8", "invalid_utf8"),
-      "bad.parquet": (b"not parquet", r"bad\.parquet: is not a Parquet file", "unreadable"),
+    "empty.jsonl": (b"", r"empty\.jsonl: yields no document", "empty_file"),
+    "utf8.jsonl": (
+      good + b'\n{"text": "\xff\xfe"}\n',
+      r"utf8\.jsonl: line 2: is not valid UTF-8",
+      "invalid_utf8",
+    ),
+    "json.jsonl": (
+      good + b"\n{not json\n",
+      r"json\.jsonl: line 2: is not valid JSON",
+      "invalid_json",
+    ),
+    "field.jsonl": (
+      good + b'\n{"txt": "x"}\n',
+      r"field\.jsonl: line 2: field 'text' is missing",
+      "missing_field",
+    ),
+    "null.jsonl": (
+      good + b'\n{"text": null}\n',
+      r"line 2: field 'text' is a NoneType",
+      "missing_field",
+    ),
+    "blank.jsonl": (
+      good + b'\n{"text": "  "}\n',
+      r"line 2: the document text is empty",
+      "empty_doc",
+    ),
+    "trunc.jsonl.zst": (
+      zstandard.ZstdCompressor().compress(good + b"\n" + _jsonl(DOCS[:50]))[:-20],
+      r"trunc\.jsonl\.zst: the zstd stream ends mid-frame",
+      "truncated",
+    ),
+    "latin1.txt": (
+      ("Caf\u00e9 " * 20).encode("latin-1"),
+      r"latin1\.txt: line 1 \(byte 3\): is not valid UTF-8",
+      "invalid_utf8",
+    ),
+    "bad.parquet": (b"not parquet", r"bad\.parquet: is not a Parquet file", "unreadable"),
   }
   for name, (data, pattern, kind) in cases.items():
     (tmp_path / name).write_bytes(data)
     with pytest.raises(ConfigError, match=pattern):
       _docs(tmp_path / name)
     bad = sources.BadCounts()
-    docs = list(sources.iter_documents(sources._stat(str(tmp_path / name)),
-                                       sources.ReadOptions(on_bad_record="skip"), bad))
+    docs = list(
+      sources.iter_documents(
+        sources._stat(str(tmp_path / name)), sources.ReadOptions(on_bad_record="skip"), bad
+      )
+    )
     assert bad[kind] == 1, (name, bad)
     assert sum(bad.values()) == 1, (name, bad)
     if name.endswith(".jsonl") and name != "empty.jsonl":
@@ -198,8 +257,11 @@ def test_preprocess_preserves_tokens_and_boundaries(tmp_path, corpus_dir, tok, m
   opts = sources.ReadOptions()
   for split in ("train", "val"):
     for task, (name, rows) in zip(tasks, _read_shards(tmp_path / "out", index, split)):
-      docs = [d for d in sources.iter_documents(task.files[0], opts)
-              if text_lib.is_val(d, 0, 0.1) == (split == "val")]
+      docs = [
+        d
+        for d in sources.iter_documents(task.files[0], opts)
+        if text_lib.is_val(d, 0, 0.1) == (split == "val")
+      ]
       want = packing.pack(tok.encode_batch(docs), 32)  # the in-memory packer
       for j, k in enumerate(packing.KEYS):
         np.testing.assert_array_equal(rows[:, j], want[k], err_msg=f"{name} {split} {k}")
@@ -242,7 +304,7 @@ def test_workers_and_resume_give_identical_bytes(tmp_path, corpus_dir, tok):
 def test_mixture_weights(tmp_path, tok):
   d = tmp_path / "in"
   d.mkdir()
-  (d / "big.jsonl").write_bytes(_jsonl(DOCS))                  # ~4x the small source
+  (d / "big.jsonl").write_bytes(_jsonl(DOCS))  # ~4x the small source
   (d / "small.jsonl").write_bytes(_jsonl(DOCS[::4][::-1]))
   index = _build(d, tmp_path / "out", tok, spec=f"{d}/big.jsonl:1,{d}/small.jsonl:1")
   big, small = index["manifest"]["sources"]
@@ -285,8 +347,10 @@ def test_array_record_loader_matches_memory(tmp_path, corpus_dir, tok):
     assert mem[k].shape == (n, 32) and mem[k].dtype == np.int32
   gb, steps = 8, 2 * (n // 8)  # two epochs' worth of whole batches
   ref = pipeline.train_iterator(mem, global_batch=gb, seed=1, process_index=0, process_count=1)
-  its = [pipeline.train_iterator(rows, global_batch=gb, seed=1, process_index=p,
-                                 process_count=2) for p in range(2)]
+  its = [
+    pipeline.train_iterator(rows, global_batch=gb, seed=1, process_index=p, process_count=2)
+    for p in range(2)
+  ]
   ids = []
   for _ in range(steps):
     want = next(ref)
@@ -302,10 +366,14 @@ def test_array_record_loader_matches_memory(tmp_path, corpus_dir, tok):
   epoch0 = [r.tobytes() for r in np.concatenate(ids)[:n]]
   assert len(set(epoch0)) == n and set(epoch0) == keys
   assert its[0].get_state() == {"next_index": steps} == ref.get_state()
-  ev = [pipeline.eval_batches(rows, global_batch=4, num_batches=3, process_index=p,
-                              process_count=2) for p in range(2)]
-  ev_mem = pipeline.eval_batches(mem, global_batch=4, num_batches=3, process_index=0,
-                                 process_count=1)
+  ev = [
+    pipeline.eval_batches(rows, global_batch=4, num_batches=3, process_index=p, process_count=2)
+    for p in range(2)
+  ]
+  ev_mem = pipeline.eval_batches(
+    mem, global_batch=4, num_batches=3, process_index=0, process_count=1
+  )
   for s in range(3):
     np.testing.assert_array_equal(
-        np.concatenate([ev[p][s]["tokens"] for p in range(2)]), ev_mem[s]["tokens"])
+      np.concatenate([ev[p][s]["tokens"] for p in range(2)]), ev_mem[s]["tokens"]
+    )

@@ -1,5 +1,6 @@
 """experiments/sweep.py and the member plan: every member resolves and validates, budgets and
 hyperparameters follow the laws; the scaling report on a synthetic sweep with known trends."""
+
 import importlib.util
 import json
 import math
@@ -20,7 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def experiment():
-  spec = importlib.util.spec_from_file_location("sweep_exp", os.path.join(ROOT, "experiments", "sweep.py"))
+  spec = importlib.util.spec_from_file_location(
+    "sweep_exp", os.path.join(ROOT, "experiments", "sweep.py")
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -35,20 +38,24 @@ def test_every_member_of_every_scale_resolves_and_validates_on_its_target_device
     for arg in members:
       c = exp.get_config(arg)
       if scale == "paper":
-        c.data.sources = TINY                       # the pod corpus a user supplies
+        c.data.sources = TINY  # the pod corpus a user supplies
       c = config_lib.resolve(c)
       config_lib.validate(c, c.sweep.target_devices or 1)
       assert c.mode == "train" and c.sweep.scale == scale
-      assert c.total_steps * c.batch_size * c.data.seq_len == c.sweep.tokens >= c.sweep.target_tokens
+      assert (
+        c.total_steps * c.batch_size * c.data.seq_len == c.sweep.tokens >= c.sweep.target_tokens
+      )
       assert c.batch_size % max(c.sweep.batch_multiple, 1) == 0
   paper = counts["paper"]
   assert len(paper) == 17
-  assert sum("model=bert" in a for a in paper) == 8 and sum("model=crossbert" in a for a in paper) == 9
+  assert (
+    sum("model=bert" in a for a in paper) == 8 and sum("model=crossbert" in a for a in paper) == 9
+  )
   assert "scale=paper,model=crossbert,size=d2304L32" in paper
   assert "scale=paper,model=bert,size=d2304L32" not in paper
   cpu = counts["cpu"]
-  assert len({a.split("size=")[1].split(",")[0] for a in cpu}) >= 4      # >= 4 sizes x 2 models
-  assert "scale=cpu,model=crossbert,size=d96L3,cms=false" in cpu          # the CMS control
+  assert len({a.split("size=")[1].split(",")[0] for a in cpu}) >= 4  # >= 4 sizes x 2 models
+  assert "scale=cpu,model=crossbert,size=d96L3,cms=false" in cpu  # the CMS control
   # predictor depth = layers / 4 (at least 1) on every CrossBERT rung
   for arg in paper:
     c = config_lib.resolve(exp.get_config(arg))
@@ -57,7 +64,7 @@ def test_every_member_of_every_scale_resolves_and_validates_on_its_target_device
 
 def test_member_plan_arithmetic_follows_budget_and_laws():
   exp = experiment()
-  c = config_lib.resolve(exp.get_config("model=crossbert,size=d96L3"))   # scale from the size
+  c = config_lib.resolve(exp.get_config("model=crossbert,size=d96L3"))  # scale from the size
   assert c.sweep.scale == "cpu" and c.masking.cms
   model_cfg, mask_cfg = plan.model_config(c)
   n = flops.param_counts("crossbert", model_cfg).non_embedding
@@ -113,34 +120,82 @@ def _member(root, name, model, size, n, compute, tokens, probes, tps, curve, cms
   d = root / name
   (d / "eval").mkdir(parents=True)
   steps = len(curve) * 10
-  cfg = {"model_name": model, "model": {"size": size}, "masking": {"cms": cms},
-         "total_steps": steps, "batch_size": 4, "data": {"seq_len": 32}, "optim": {"lr": 1e-3},
-         "sweep": {"n_params": n, "compute": compute, "tokens": tokens}}
+  cfg = {
+    "model_name": model,
+    "model": {"size": size},
+    "masking": {"cms": cms},
+    "total_steps": steps,
+    "batch_size": 4,
+    "data": {"seq_len": 32},
+    "optim": {"lr": 1e-3},
+    "sweep": {"n_params": n, "compute": compute, "tokens": tokens},
+  }
   (d / "config.json").write_text(json.dumps({"config": cfg}))
-  rows = [{"step": 10 * (i + 1), "tokens_seen": t, "eval/loss": l} for i, (t, l) in enumerate(curve)]
+  rows = [
+    {"step": 10 * (i + 1), "tokens_seen": t, "eval/loss": l} for i, (t, l) in enumerate(curve)
+  ]
   rows += [{"step": s, "perf/tokens_per_sec": tps, "perf/mfu": 0.3} for s in (5, 15, 25)]
   (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-  results = {"cls": {"kind": "classification", "metric": "accuracy", "headline_split": "test",
-                     "ridge": {"test": probes[0]}, "knn": {"test": probes[1]}},
-             "retr": {"kind": "retrieval", "metric": "ndcg@10", "test": {"ndcg@10": probes[2]}}}
-  (d / "eval" / f"step_{steps}.json").write_text(json.dumps({"suite": "offline", "results": results}))
+  results = {
+    "cls": {
+      "kind": "classification",
+      "metric": "accuracy",
+      "headline_split": "test",
+      "ridge": {"test": probes[0]},
+      "knn": {"test": probes[1]},
+    },
+    "retr": {"kind": "retrieval", "metric": "ndcg@10", "test": {"ndcg@10": probes[2]}},
+  }
+  (d / "eval" / f"step_{steps}.json").write_text(
+    json.dumps({"suite": "offline", "results": results})
+  )
 
 
 def test_report_on_a_synthetic_sweep_states_the_four_claims_with_the_planted_numbers(tmp_path):
   root = tmp_path / "sweep"
   tokens = np.geomspace(1e5, 1e7, 12)
   for i, size in enumerate(("d32L2", "d64L2", "d96L3", "d128L3")):
-    c = 1e12 * 10 ** i                          # one decade of compute per size
-    loss = 2.0 + 50 * c ** -0.1                 # falls with compute
+    c = 1e12 * 10**i  # one decade of compute per size
+    loss = 2.0 + 50 * c**-0.1  # falls with compute
     # planted: BERT's ridge falls 0.02 per decade; CrossBERT's rises 0.03 per decade
-    _member(root, f"bert_{size}", "bert", size, 10 ** (5 + i), c, int(tokens[-1]),
-            (0.6 - 0.02 * i, 0.5 - 0.01 * i, 0.1), 2000.0, [(t, loss + 1 / np.log(t)) for t in tokens])
-    _member(root, f"crossbert_{size}", "crossbert", size, 10 ** (5 + i), c * 1.5, int(tokens[-1]),
-            (0.6 + 0.03 * i, 0.5 + 0.02 * i, 0.1 + 0.01 * i), 1000.0,
-            [(t, 2.0 + 30 * t ** -0.3) for t in tokens])
+    _member(
+      root,
+      f"bert_{size}",
+      "bert",
+      size,
+      10 ** (5 + i),
+      c,
+      int(tokens[-1]),
+      (0.6 - 0.02 * i, 0.5 - 0.01 * i, 0.1),
+      2000.0,
+      [(t, loss + 1 / np.log(t)) for t in tokens],
+    )
+    _member(
+      root,
+      f"crossbert_{size}",
+      "crossbert",
+      size,
+      10 ** (5 + i),
+      c * 1.5,
+      int(tokens[-1]),
+      (0.6 + 0.03 * i, 0.5 + 0.02 * i, 0.1 + 0.01 * i),
+      1000.0,
+      [(t, 2.0 + 30 * t**-0.3) for t in tokens],
+    )
   # the no-CMS control reaches each loss with exactly twice the tokens
-  _member(root, "crossbert-nocms_d96L3", "crossbert", "d96L3", 10 ** 7, 1e14, int(tokens[-1]),
-          (0.5, 0.4, 0.05), 1500.0, [(t, 2.0 + 30 * (t / 2) ** -0.3) for t in tokens], cms=False)
+  _member(
+    root,
+    "crossbert-nocms_d96L3",
+    "crossbert",
+    "d96L3",
+    10**7,
+    1e14,
+    int(tokens[-1]),
+    (0.5, 0.4, 0.05),
+    1500.0,
+    [(t, 2.0 + 30 * (t / 2) ** -0.3) for t in tokens],
+    cms=False,
+  )
   path = report.write(str(root))
   text = open(path).read()
   out = json.load(open(root / "report" / "report.json"))

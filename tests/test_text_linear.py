@@ -13,8 +13,7 @@ import time
 import ml_collections
 import pytest
 
-from cbert_jax.data import prepare
-from cbert_jax.data import sources
+from cbert_jax.data import prepare, sources
 from cbert_jax.data import text as text_lib
 from cbert_jax.data import tokenizer as tokenizer_lib
 from cbert_jax.data.offline import readers as offline_readers
@@ -42,15 +41,15 @@ def _words(n: int) -> str:
 
 
 CASES = {
-    "whitespace": lambda n: (" \n\t\n\u00a0\r\n \n" * n)[:n],
-    "newlines": lambda n: "\n" * n,
-    "crlf": lambda n: "\r\n" * (n // 2),
-    "spaces": lambda n: " " * n,
-    "no_newline": _words,
-    "one_char": lambda n: "a" * n,
-    "stars": lambda n: "*" * n,
-    "digits": lambda n: "1" * n,
-    "markers": lambda n: ("\n  *** \n\n" * n)[:n],  # Gutenberg marker prefixes, never complete
+  "whitespace": lambda n: (" \n\t\n\u00a0\r\n \n" * n)[:n],
+  "newlines": lambda n: "\n" * n,
+  "crlf": lambda n: "\r\n" * (n // 2),
+  "spaces": lambda n: " " * n,
+  "no_newline": _words,
+  "one_char": lambda n: "a" * n,
+  "stars": lambda n: "*" * n,
+  "digits": lambda n: "1" * n,
+  "markers": lambda n: ("\n  *** \n\n" * n)[:n],  # Gutenberg marker prefixes, never complete
 }
 
 
@@ -71,9 +70,13 @@ def test_normalise_is_linear(case):
 def test_offline_and_sources_helpers_are_linear():
   """The other readers of raw text: Brown de-tagging, paragraphs, chunking, sources docs."""
   for text in ("a" * MB, " " * MB, "\n" * MB, "a/" * (MB // 2), _words(MB)):
-    for fn in (offline_readers.detag_brown, offline_readers.paragraphs,
-               lambda t: offline_readers.chunk(t.strip() or "x"), sources.normalise_doc,
-               tokenizer_lib._pieces):
+    for fn in (
+      offline_readers.detag_brown,
+      offline_readers.paragraphs,
+      lambda t: offline_readers.chunk(t.strip() or "x"),
+      sources.normalise_doc,
+      tokenizer_lib._pieces,
+    ):
       seconds = _seconds(fn, text, repeat=1)
       assert seconds < MAX_SECONDS, (fn, text[:10], seconds)
 
@@ -85,37 +88,62 @@ P2 = "A second paragraph that is also long enough to survive the length filter."
 
 # (raw text, what normalise_text returned before the patterns were made linear)
 SNIPPETS = [
-    ("The Project Gutenberg EBook of Something, by Someone\r\n\r\nThis eBook is for the use "
-     "of anyone anywhere at no cost.\r\n\r\n  \r\n\t \r\n*** START OF THIS PROJECT GUTENBERG "
-     f"EBOOK SOMETHING ***\r\n\r\n{P1}\r\n\r\n{P2}\r\n\r\n \r\n\r\n   *** END OF THIS PROJECT "
-     "GUTENBERG EBOOK SOMETHING ***\r\n\r\nThe licence text that must go away, it is long "
-     "enough.\r\n",
-     [P1, P2]),
-    (f"[Some Book by Someone 1900]\n\n{P1}\n\nEnd of the Project Gutenberg EBook of Some "
-     f"Book\n\n{P2}",
-     [P1]),
-    (f"{P1} End of Project Gutenberg is mentioned mid-line here.\n\n{P2}",
-     [f"{P1} End of Project Gutenberg is mentioned mid-line here.", P2]),
-    (f"{P1}\n\n***\n\n\nEND OF THE PROJECT GUTENBERG EBOOK\n\n{P2}",
-     [P1]),
-    ("  " + P1.replace(" ", "\n", 3) + "\n \t\u00a0\n" + P2 + "\n\x0b\n" + P1 + "\x0c" + P2
-     + "\n\n\n\nShort one.\n\n" + P2.upper(),
-     [P1, P2, f"{P1} {P2}", P2.upper()]),
-    ("1:1 In the beginning God created the heaven and the earth.\n1:2 And the earth was "
-     "without form, and void.\n\nChapter 10:30 a.m. is not a verse when the paragraph starts "
-     "with words, long enough.\n\n12:3 And I will bless them that bless thee. 12:4 So Abram "
-     "departed.",
-     ["In the beginning God created the heaven and the earth. And the earth was without "
+  (
+    "The Project Gutenberg EBook of Something, by Someone\r\n\r\nThis eBook is for the use "
+    "of anyone anywhere at no cost.\r\n\r\n  \r\n\t \r\n*** START OF THIS PROJECT GUTENBERG "
+    f"EBOOK SOMETHING ***\r\n\r\n{P1}\r\n\r\n{P2}\r\n\r\n \r\n\r\n   *** END OF THIS PROJECT "
+    "GUTENBERG EBOOK SOMETHING ***\r\n\r\nThe licence text that must go away, it is long "
+    "enough.\r\n",
+    [P1, P2],
+  ),
+  (
+    f"[Some Book by Someone 1900]\n\n{P1}\n\nEnd of the Project Gutenberg EBook of Some "
+    f"Book\n\n{P2}",
+    [P1],
+  ),
+  (
+    f"{P1} End of Project Gutenberg is mentioned mid-line here.\n\n{P2}",
+    [f"{P1} End of Project Gutenberg is mentioned mid-line here.", P2],
+  ),
+  (f"{P1}\n\n***\n\n\nEND OF THE PROJECT GUTENBERG EBOOK\n\n{P2}", [P1]),
+  (
+    "  "
+    + P1.replace(" ", "\n", 3)
+    + "\n \t\u00a0\n"
+    + P2
+    + "\n\x0b\n"
+    + P1
+    + "\x0c"
+    + P2
+    + "\n\n\n\nShort one.\n\n"
+    + P2.upper(),
+    [P1, P2, f"{P1} {P2}", P2.upper()],
+  ),
+  (
+    "1:1 In the beginning God created the heaven and the earth.\n1:2 And the earth was "
+    "without form, and void.\n\nChapter 10:30 a.m. is not a verse when the paragraph starts "
+    "with words, long enough.\n\n12:3 And I will bless them that bless thee. 12:4 So Abram "
+    "departed.",
+    [
+      "In the beginning God created the heaven and the earth. And the earth was without "
       "form, and void.",
       "Chapter 10:30 a.m. is not a verse when the paragraph starts with words, long enough.",
-      "And I will bless them that bless thee. So Abram departed."]),
-    ("[Emma by Jane Austen 1816]\n\nVOLUME I\n\nCHAPTER I\n\n\nEmma Woodhouse, handsome, "
-     "clever, and rich, with a comfortable home\nand happy disposition, seemed to unite some "
-     "of the best blessings.",
-     ["Emma Woodhouse, handsome, clever, and rich, with a comfortable home and happy "
-      "disposition, seemed to unite some of the best blessings."]),
-    (f"{P1}\n\n[A bracketed line that is long enough to be a paragraph]",
-     [P1, "[A bracketed line that is long enough to be a paragraph]"]),
+      "And I will bless them that bless thee. So Abram departed.",
+    ],
+  ),
+  (
+    "[Emma by Jane Austen 1816]\n\nVOLUME I\n\nCHAPTER I\n\n\nEmma Woodhouse, handsome, "
+    "clever, and rich, with a comfortable home\nand happy disposition, seemed to unite some "
+    "of the best blessings.",
+    [
+      "Emma Woodhouse, handsome, clever, and rich, with a comfortable home and happy "
+      "disposition, seemed to unite some of the best blessings."
+    ],
+  ),
+  (
+    f"{P1}\n\n[A bracketed line that is long enough to be a paragraph]",
+    [P1, "[A bracketed line that is long enough to be a paragraph]"],
+  ),
 ]
 
 
@@ -126,21 +154,22 @@ def test_snippets_unchanged(raw, expected):
 
 # The patterns as they were (quadratic on long blank runs; fine on small text).
 _OLD_PG_END = re.compile(
-    r"^\s*(\*{3}\s*END OF TH(E|IS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)",
-    re.IGNORECASE | re.MULTILINE)
+  r"^\s*(\*{3}\s*END OF TH(E|IS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)",
+  re.IGNORECASE | re.MULTILINE,
+)
 _OLD_PG_START = re.compile(
-    r"^\s*\*{3}\s*START OF TH(E|IS) PROJECT GUTENBERG[^\n]*$", re.IGNORECASE | re.MULTILINE)
+  r"^\s*\*{3}\s*START OF TH(E|IS) PROJECT GUTENBERG[^\n]*$", re.IGNORECASE | re.MULTILINE
+)
 _OLD_BLANK_LINE = re.compile(r"\n[ \t\f\v\u00a0]*\n")
 
 
 def _old_normalise(text: str, min_chars: int) -> list[str]:
   """The normaliser before the fix: the old patterns, the rest unchanged."""
-  text = text_lib.unicodedata.normalize(
-      "NFC", text.replace("\r\n", "\n").replace("\r", "\n"))
+  text = text_lib.unicodedata.normalize("NFC", text.replace("\r\n", "\n").replace("\r", "\n"))
   if start := _OLD_PG_START.search(text):
-    text = text[start.end():]
+    text = text[start.end() :]
   if end := _OLD_PG_END.search(text):
-    text = text[:end.start()]
+    text = text[: end.start()]
   docs = []
   for i, para in enumerate(_OLD_BLANK_LINE.split(text)):
     para = " ".join(para.split())
@@ -155,10 +184,32 @@ def _old_normalise(text: str, min_chars: int) -> list[str]:
 
 def test_random_text_matches_old_patterns(monkeypatch):
   """Random mixes of markers, blank lines and odd whitespace: the same paragraphs."""
-  pieces = ["\n", "\n\n", " ", "\t", "\r", "\r\n", "\u00a0", "\x0b", "\x1c", "\x85",
-            "\u2028", "***", "*", "END OF THE PROJECT GUTENBERG", "End of Project Gutenberg",
-            "end of the project gutenberg", "*** START OF THIS PROJECT GUTENBERG EBOOK X ***",
-            "START OF THE PROJECT GUTENBERG", "1:1 ", "12:3", "[Title x]", "word", P1, "x"]
+  pieces = [
+    "\n",
+    "\n\n",
+    " ",
+    "\t",
+    "\r",
+    "\r\n",
+    "\u00a0",
+    "\x0b",
+    "\x1c",
+    "\x85",
+    "\u2028",
+    "***",
+    "*",
+    "END OF THE PROJECT GUTENBERG",
+    "End of Project Gutenberg",
+    "end of the project gutenberg",
+    "*** START OF THIS PROJECT GUTENBERG EBOOK X ***",
+    "START OF THE PROJECT GUTENBERG",
+    "1:1 ",
+    "12:3",
+    "[Title x]",
+    "word",
+    P1,
+    "x",
+  ]
   rng = random.Random(0)
   # min_chars 1 keeps every non-empty paragraph, so a cut in the wrong place shows. (Empty
   # ones, which MIN_DOC_CHARS always drops, now come from a run of blank lines once.)
@@ -176,10 +227,20 @@ def test_random_text_matches_old_patterns(monkeypatch):
 
 
 def _cfg(tmp_path, files, **kw):
-  cfg = ml_collections.ConfigDict(dict(
-      corpus="files", corpus_files=[str(f) for f in files], val_fraction=0.0, split_seed=0,
-      max_docs=0, cache_dir=str(tmp_path / "cache"), tokenizer_path="", vocab_size=400,
-      tokenizer_type="bpe", tokenizer_sample_chars=20_000_000))
+  cfg = ml_collections.ConfigDict(
+    dict(
+      corpus="files",
+      corpus_files=[str(f) for f in files],
+      val_fraction=0.0,
+      split_seed=0,
+      max_docs=0,
+      cache_dir=str(tmp_path / "cache"),
+      tokenizer_path="",
+      vocab_size=400,
+      tokenizer_type="bpe",
+      tokenizer_sample_chars=20_000_000,
+    )
+  )
   cfg.update(kw)
   return cfg
 
@@ -193,8 +254,11 @@ def test_files_without_usable_text_give_one_line(tmp_path):
   short.write_text("Title\n\nChapter 1\n\nA short line.\n\n" * 100)
   empty = tmp_path / "empty.txt"
   empty.write_bytes(b"")
-  for bad, why in ((blank, "all whitespace"), (short, "reaches 40 characters"),
-                   (empty, "it is empty")):
+  for bad, why in (
+    (blank, "all whitespace"),
+    (short, "reaches 40 characters"),
+    (empty, "it is empty"),
+  ):
     start = time.perf_counter()
     with pytest.raises(ConfigError) as e:
       prepare.prepare(_cfg(tmp_path, [good, bad]), 16)
@@ -226,8 +290,9 @@ def test_single_line_corpus_trains(tmp_path):
   the trainer used to skip the only document and stop at `!sentences_.empty()`."""
   rng = random.Random(0)
   words = "river stone lantern harbor meadow violin copper garden pilot orchard".split()
-  text = " ".join(" ".join(rng.choice(words) for _ in range(12)).capitalize() + "."
-                  for _ in range(4000))
+  text = " ".join(
+    " ".join(rng.choice(words) for _ in range(12)).capitalize() + "." for _ in range(4000)
+  )
   assert len(text) > 2 * tokenizer_lib._MAX_SENTENCE_BYTES and "\n" not in text
   path = tmp_path / "one_line.txt"
   path.write_text(text)

@@ -88,8 +88,9 @@ def check_mode(mode: Any) -> str:
   """
   if mode not in VERIFY_MODES:
     raise ConfigError(
-        f"data.verify_cache must be one of {', '.join(map(repr, VERIFY_MODES))} (size + "
-        f"sha256 of a 3 MiB sample, or of the whole file), got {mode!r}.")
+      f"data.verify_cache must be one of {', '.join(map(repr, VERIFY_MODES))} (size + "
+      f"sha256 of a 3 MiB sample, or of the whole file), got {mode!r}."
+    )
   return mode
 
 
@@ -106,8 +107,12 @@ def _create_temp(directory: str, name: str) -> tuple[int, str]:
       continue
 
 
-def atomic_write(path: str, write: bytes | Callable[[BinaryIO], None], *,
-                 before_rename: Callable[[str], None] | None = None) -> None:
+def atomic_write(
+  path: str,
+  write: bytes | Callable[[BinaryIO], None],
+  *,
+  before_rename: Callable[[str], None] | None = None,
+) -> None:
   """Writes `path` via a temp file in the same directory and `os.replace`.
 
   Several processes (or hosts sharing a filesystem) may build the same cache entry at
@@ -182,8 +187,12 @@ def digest(path: str, sample_bytes: int | None = None) -> dict[str, Any]:
   """{"size", "sha256", "sample_bytes", "sample_sha256"} of the file at `path`."""
   sample_bytes = SAMPLE_BYTES if sample_bytes is None else int(sample_bytes)
   size = os.path.getsize(path)
-  return dict(size=size, sha256=full_sha256(path), sample_bytes=sample_bytes,
-              sample_sha256=sample_sha256(path, size, sample_bytes))
+  return dict(
+    size=size,
+    sha256=full_sha256(path),
+    sample_bytes=sample_bytes,
+    sample_sha256=sample_sha256(path, size, sample_bytes),
+  )
 
 
 def check(path: str, expected: Mapping[str, Any], mode: str = "sample") -> str | None:
@@ -307,8 +316,9 @@ def write_dir_sidecar(directory: str, names: list[str], sidecar: str, **extra: A
   """Records the digest of each file `names` (relative to `directory`) in one sidecar file."""
   files = {name: digest(os.path.join(directory, name)) for name in sorted(names)}
   body = dict(format=FORMAT, files=files, **extra)
-  atomic_write(os.path.join(directory, sidecar),
-               json.dumps(body, indent=1, sort_keys=True).encode("utf-8"))
+  atomic_write(
+    os.path.join(directory, sidecar), json.dumps(body, indent=1, sort_keys=True).encode("utf-8")
+  )
 
 
 def verify_dir(directory: str, sidecar: str, mode: str = "sample") -> str | None:
@@ -343,8 +353,9 @@ def verify_dir(directory: str, sidecar: str, mode: str = "sample") -> str | None
 # --- Damaged entries --------------------------------------------------------------------------
 
 
-def move_aside(path: str, cache_root: str, reason: str, what: str = "cache entry",
-               name: str | None = None) -> str | None:
+def move_aside(
+  path: str, cache_root: str, reason: str, what: str = "cache entry", name: str | None = None
+) -> str | None:
   """Moves a damaged entry (file or directory, with its sidecar) to `<cache>/damaged/`.
 
   Logs one warning naming the entry, the reason and where it went. Nothing is deleted, so
@@ -389,8 +400,9 @@ def move_aside(path: str, cache_root: str, reason: str, what: str = "cache entry
   return dest
 
 
-def load_verified(path: str, mode: str, load: Callable[[str], T], *, cache_root: str,
-                  what: str) -> T | None:
+def load_verified(
+  path: str, mode: str, load: Callable[[str], T], *, cache_root: str, what: str
+) -> T | None:
   """Reads a cache file through its digest check and a structural `load`.
 
   Args:
@@ -420,8 +432,9 @@ def load_verified(path: str, mode: str, load: Callable[[str], T], *, cache_root:
   except PermissionError as e:
     # Not damage: moving a good entry aside would only hide the real problem.
     raise ConfigError(
-        f"data.cache_dir: the cached {what} {path} cannot be read ({e.strerror}); fix its "
-        "permissions, or set data.cache_dir to a directory of your own.") from e
+      f"data.cache_dir: the cached {what} {path} cannot be read ({e.strerror}); fix its "
+      "permissions, or set data.cache_dir to a directory of your own."
+    ) from e
   except OSError as e:  # EIO and the like: the bytes cannot be had, so rebuild them
     reason = f"cannot be read ({e})"
   if reason is not None:

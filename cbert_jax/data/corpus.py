@@ -25,9 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cbert_jax.data import cache_entry
-from cbert_jax.data import fetch
-from cbert_jax.data import plain_text
+from cbert_jax.data import cache_entry, fetch, plain_text
 from cbert_jax.data import text as text_lib
 from cbert_jax.errors import ConfigError
 
@@ -47,6 +45,7 @@ class Corpus:
       sha256 per source), `content_hash` (sha256 over train then val documents, so it
       also pins the split), `counts` ({split: {docs, chars}}) and the split settings.
   """
+
   train_docs: list[str]
   val_docs: list[str]
   manifest: dict[str, Any]
@@ -66,15 +65,17 @@ def check_corpus_config(cfg: Any) -> None:
   kind = _get(cfg, "corpus", "gutenberg")
   if kind not in CORPUS_KINDS:
     raise ConfigError(
-        f"data.corpus must be one of {', '.join(repr(k) for k in CORPUS_KINDS)}, got "
-        f"{kind!r}.")
+      f"data.corpus must be one of {', '.join(repr(k) for k in CORPUS_KINDS)}, got {kind!r}."
+    )
   if kind == "files":
     plain_text.expand_corpus_files(_get(cfg, "corpus_files", []))
   val_fraction = _get(cfg, "val_fraction", 0.02)
-  if (isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float))
-      or not 0.0 <= val_fraction < 1.0):
-    raise ConfigError(
-        f"data.val_fraction must be a float in [0, 1), got {val_fraction!r}.")
+  if (
+    isinstance(val_fraction, bool)
+    or not isinstance(val_fraction, (int, float))
+    or not 0.0 <= val_fraction < 1.0
+  ):
+    raise ConfigError(f"data.val_fraction must be a float in [0, 1), got {val_fraction!r}.")
   seed = _get(cfg, "split_seed", 0)
   if isinstance(seed, bool) or not isinstance(seed, int):
     raise ConfigError(f"data.split_seed must be an int, got {seed!r}.")
@@ -109,8 +110,14 @@ def load_corpus(cfg: Any) -> Corpus:
   max_docs = int(_get(cfg, "max_docs", 0))
 
   if kind in OFFLINE_CORPORA:
-    return _load_offline(kind, fetch.resolve_cache_dir(cfg), val_fraction, seed, max_docs,
-                         _get(cfg, "verify_cache", "sample"))
+    return _load_offline(
+      kind,
+      fetch.resolve_cache_dir(cfg),
+      val_fraction,
+      seed,
+      max_docs,
+      _get(cfg, "verify_cache", "sample"),
+    )
   if kind == "gutenberg":
     texts, sources = plain_text.gutenberg_texts(fetch.resolve_cache_dir(cfg))
   else:
@@ -122,8 +129,10 @@ def load_corpus(cfg: Any) -> Corpus:
   for name, text in texts:
     file_docs = text_lib.book_paragraphs(text)
     if not file_docs and kind == "files":
-      raise ConfigError(f"data.corpus_files: {name} yields no usable text ({text_lib.why_empty(text)}); "
-                        "fix the file or leave it out of data.corpus_files.")
+      raise ConfigError(
+        f"data.corpus_files: {name} yields no usable text ({text_lib.why_empty(text)}); "
+        "fix the file or leave it out of data.corpus_files."
+      )
     for doc in file_docs:
       unique.setdefault(doc, None)
   docs = list(unique)
@@ -134,33 +143,41 @@ def load_corpus(cfg: Any) -> Corpus:
   for doc in docs:
     (val_docs if text_lib.is_val(doc, seed, val_fraction) else train_docs).append(doc)
   where = f"data.corpus={kind!r}" + (
-      f" (data.corpus_files={list(_get(cfg, 'corpus_files', []))})"
-      if kind == "files" else "")
+    f" (data.corpus_files={list(_get(cfg, 'corpus_files', []))})" if kind == "files" else ""
+  )
   if not train_docs:
     raise ConfigError(
-        f"{where} gave no training documents (paragraphs of >= {text_lib.MIN_DOC_CHARS} chars "
-        "separated by blank lines); check the files or data.max_docs.")
+      f"{where} gave no training documents (paragraphs of >= {text_lib.MIN_DOC_CHARS} chars "
+      "separated by blank lines); check the files or data.max_docs."
+    )
   if val_fraction > 0 and not val_docs:
     raise ConfigError(
-        f"{where}: data.val_fraction={val_fraction} put none of {len(docs)} documents in "
-        "validation; raise data.val_fraction or data.max_docs, or set it to 0.")
+      f"{where}: data.val_fraction={val_fraction} put none of {len(docs)} documents in "
+      "validation; raise data.val_fraction or data.max_docs, or set it to 0."
+    )
 
   manifest = dict(
-      corpus=kind,
-      sources=sources,
-      normaliser=dict(version=text_lib.NORMALISER_VERSION,
-                      min_doc_chars=text_lib.MIN_DOC_CHARS),
-      split=dict(val_fraction=val_fraction, split_seed=seed, max_docs=max_docs),
-      content_hash=text_lib.content_hash([train_docs, val_docs]),
-      counts=dict(
-          train=dict(docs=len(train_docs), chars=sum(map(len, train_docs))),
-          val=dict(docs=len(val_docs), chars=sum(map(len, val_docs)))),
+    corpus=kind,
+    sources=sources,
+    normaliser=dict(version=text_lib.NORMALISER_VERSION, min_doc_chars=text_lib.MIN_DOC_CHARS),
+    split=dict(val_fraction=val_fraction, split_seed=seed, max_docs=max_docs),
+    content_hash=text_lib.content_hash([train_docs, val_docs]),
+    counts=dict(
+      train=dict(docs=len(train_docs), chars=sum(map(len, train_docs))),
+      val=dict(docs=len(val_docs), chars=sum(map(len, val_docs))),
+    ),
   )
   return Corpus(train_docs=train_docs, val_docs=val_docs, manifest=manifest)
 
 
-def _load_offline(kind: str, cache_dir: str, val_fraction: float, seed: int,
-                  max_docs: int, verify_mode: str = "sample") -> Corpus:
+def _load_offline(
+  kind: str,
+  cache_dir: str,
+  val_fraction: float,
+  seed: int,
+  max_docs: int,
+  verify_mode: str = "sample",
+) -> Corpus:
   """`offline_small` / `offline_full`: build-or-load the TFDS dataset (offline/tfds.py).
 
   The dataset is split with the default seed and fraction (offline/build.py's SPLIT_SEED,
@@ -172,16 +189,16 @@ def _load_offline(kind: str, cache_dir: str, val_fraction: float, seed: int,
   from cbert_jax.data.offline import build as offline_build  # pylint: disable=import-outside-toplevel
   from cbert_jax.data.offline import tfds as offline_tfds  # pylint: disable=import-outside-toplevel
 
-  config = kind[len("offline_"):]
+  config = kind[len("offline_") :]
   records, manifest = offline_tfds.load_records(config, cache_dir, verify_mode)
-  same_split = (seed == offline_build.SPLIT_SEED
-                and val_fraction == offline_build.VAL_FRACTION)
+  same_split = seed == offline_build.SPLIT_SEED and val_fraction == offline_build.VAL_FRACTION
   if same_split and not max_docs:
     train_docs = [r["text"] for r in records["train"]]
     val_docs = [r["text"] for r in records["validation"]]
   else:
-    docs = [r["text"] for r in sorted(records["train"] + records["validation"],
-                                      key=lambda r: r["id"])]
+    docs = [
+      r["text"] for r in sorted(records["train"] + records["validation"], key=lambda r: r["id"])
+    ]
     if max_docs:
       docs = docs[:max_docs]
     train_docs, val_docs = [], []
@@ -189,18 +206,26 @@ def _load_offline(kind: str, cache_dir: str, val_fraction: float, seed: int,
       (val_docs if text_lib.is_val(doc, seed, val_fraction) else train_docs).append(doc)
   if not train_docs or (val_fraction > 0 and not val_docs):
     raise ConfigError(
-        f"data.corpus={kind!r}: data.val_fraction={val_fraction}, data.max_docs={max_docs} "
-        f"left {len(train_docs)} training and {len(val_docs)} validation documents; raise "
-        "data.max_docs or change data.val_fraction.")
+      f"data.corpus={kind!r}: data.val_fraction={val_fraction}, data.max_docs={max_docs} "
+      f"left {len(train_docs)} training and {len(val_docs)} validation documents; raise "
+      "data.max_docs or change data.val_fraction."
+    )
   built_counts = manifest.get("counts")
   manifest = dict(manifest)
   manifest.update(
-      corpus=kind,
-      split=dict(val_fraction=val_fraction, split_seed=seed, max_docs=max_docs,
-                 resplit=not (same_split and not max_docs), built=manifest.get("split")),
-      content_hash=text_lib.content_hash([train_docs, val_docs]),
-      built_counts=built_counts,
-      counts=dict(
-          train=dict(docs=len(train_docs), chars=sum(map(len, train_docs))),
-          val=dict(docs=len(val_docs), chars=sum(map(len, val_docs)))))
+    corpus=kind,
+    split=dict(
+      val_fraction=val_fraction,
+      split_seed=seed,
+      max_docs=max_docs,
+      resplit=not (same_split and not max_docs),
+      built=manifest.get("split"),
+    ),
+    content_hash=text_lib.content_hash([train_docs, val_docs]),
+    built_counts=built_counts,
+    counts=dict(
+      train=dict(docs=len(train_docs), chars=sum(map(len, train_docs))),
+      val=dict(docs=len(val_docs), chars=sum(map(len, val_docs))),
+    ),
+  )
   return Corpus(train_docs=train_docs, val_docs=val_docs, manifest=manifest)

@@ -49,6 +49,7 @@ class PackedData:
     timings: seconds per stage ({"corpus", "tokenizer", "encode_pack" or "cache_load"});
       not part of the manifest because it is not reproducible.
   """
+
   train: dict[str, np.ndarray] | Any  # or pipeline.ArrayRecordRows (corpus="sources")
   val: dict[str, np.ndarray] | Any
   tokenizer: tokenizer_lib.Tokenizer
@@ -72,12 +73,12 @@ def pack(token_lists: Sequence[Sequence[int]], seq_len: int) -> dict[str, np.nda
     {"tokens", "segment_ids", "positions"}, each int32 [N, T] with N = ceil(total / T);
     see the module docstring. Only the last row has padding.
   """
-  lengths = np.fromiter((len(x) for x in token_lists), dtype=np.int64,
-                        count=len(token_lists))  # [D]
+  lengths = np.fromiter(
+    (len(x) for x in token_lists), dtype=np.int64, count=len(token_lists)
+  )  # [D]
   total = int(lengths.sum())
   # One C-level pass over all ids: much faster than concatenating 100k small arrays.
-  flat = np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int32,
-                     count=total)  # [L]
+  flat = np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int32, count=total)  # [L]
   return pack_stream(flat, lengths, seq_len)
 
 
@@ -119,13 +120,16 @@ def pack_stream(flat: np.ndarray, lengths: np.ndarray, seq_len: int) -> dict[str
   seg_start = np.maximum.accumulate(np.where(is_start, idx, 0))  # [N*T]
   positions = (idx - seg_start).astype(np.int32)  # [N*T]
   positions[~valid] = 0
-  return dict(tokens=tokens.reshape(n_rows, t), segment_ids=segment_ids,
-              positions=positions.reshape(n_rows, t))
+  return dict(
+    tokens=tokens.reshape(n_rows, t),
+    segment_ids=segment_ids,
+    positions=positions.reshape(n_rows, t),
+  )
 
 
 def encode_docs(tokenizer: tokenizer_lib.Tokenizer, docs: Sequence[str]) -> list[list[int]]:
   """Tokenises documents in chunks (plain ids, no BOS/EOS)."""
   ids: list[list[int]] = []
   for start in range(0, len(docs), _ENCODE_CHUNK):
-    ids.extend(tokenizer.encode_batch(docs[start:start + _ENCODE_CHUNK]))
+    ids.extend(tokenizer.encode_batch(docs[start : start + _ENCODE_CHUNK]))
   return ids

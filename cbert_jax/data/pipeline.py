@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any
 
 import grain
 import numpy as np
@@ -54,8 +54,7 @@ class ArrayRecordRows:
   def __init__(self, paths: Sequence[str], rows_per_file: Sequence[int], seq_len: int):
     """Args: shard paths, their row counts (from the index), and the row length T."""
     if len(paths) != len(rows_per_file):
-      raise ConfigError(f"ArrayRecordRows: {len(paths)} paths but {len(rows_per_file)} "
-                        "row counts.")
+      raise ConfigError(f"ArrayRecordRows: {len(paths)} paths but {len(rows_per_file)} row counts.")
     self._paths = [str(p) for p in paths]
     self._counts = [int(n) for n in rows_per_file]
     self._offsets = np.cumsum([0] + self._counts)  # [F+1]: first row of each shard
@@ -90,16 +89,19 @@ class ArrayRecordRows:
       with self._lock:  # grain's reader threads may race to open the same shard
         if self._readers[f] is None:
           from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+
           try:
-            reader = array_record_module.ArrayRecordReader(
-                self._paths[f], self._READER_OPTIONS)
+            reader = array_record_module.ArrayRecordReader(self._paths[f], self._READER_OPTIONS)
           except Exception as e:  # the C++ reader raises RuntimeError/ValueError.
-            raise ConfigError(f"ArrayRecordRows: cannot open {self._paths[f]} ({e}); "
-                              "was the packed cache deleted or moved?") from e
+            raise ConfigError(
+              f"ArrayRecordRows: cannot open {self._paths[f]} ({e}); "
+              "was the packed cache deleted or moved?"
+            ) from e
           if reader.num_records() != self._counts[f]:
             raise ConfigError(
-                f"ArrayRecordRows: {self._paths[f]} has {reader.num_records()} rows, "
-                f"the index says {self._counts[f]}; delete the packed directory.")
+              f"ArrayRecordRows: {self._paths[f]} has {reader.num_records()} rows, "
+              f"the index says {self._counts[f]}; delete the packed directory."
+            )
           self._readers[f] = reader
     return self._readers[f]
 
@@ -118,9 +120,10 @@ class ArrayRecordRows:
     buf = b"".join(records)
     if len(buf) != idx.size * 3 * self._t * 4:
       raise ConfigError(
-          f"ArrayRecordRows: records of {self._paths[0]}... are not int32 [3, {self._t}] "
-          f"rows ({len(buf)} bytes for {idx.size} rows); was it built for another "
-          "seq_len or layout?")
+        f"ArrayRecordRows: records of {self._paths[0]}... are not int32 [3, {self._t}] "
+        f"rows ({len(buf)} bytes for {idx.size} rows); was it built for another "
+        "seq_len or layout?"
+      )
     arr = np.frombuffer(buf, "<i4").reshape(idx.size, 3, self._t)  # [B, 3, T]
     return {k: np.ascontiguousarray(arr[:, j], dtype=np.int32) for j, k in enumerate(KEYS)}
 
@@ -131,7 +134,7 @@ class ArrayRecordRows:
     return f"ArrayRecordRows({self._n} rows x {self._t} in {len(self._paths)} shards)"
 
 
-Rows = Union[dict[str, np.ndarray], ArrayRecordRows]
+Rows = dict[str, np.ndarray] | ArrayRecordRows
 
 
 def num_rows(rows: Rows) -> int:
@@ -158,13 +161,13 @@ class _Gather:
     return _gather(self._rows, np.asarray(idx, np.int64))
 
 
-def _check(rows: Rows, global_batch: int, process_index: int,
-           process_count: int) -> int:
+def _check(rows: Rows, global_batch: int, process_index: int, process_count: int) -> int:
   """Validates the arguments and returns the local batch size."""
   if isinstance(rows, ArrayRecordRows):
     if not len(rows):
       raise ConfigError(
-          "data pipeline: there are no rows (an empty split; is data.val_fraction 0?).")
+        "data pipeline: there are no rows (an empty split; is data.val_fraction 0?)."
+      )
     rows = {"tokens": np.zeros((1, 1))}  # the remaining checks are on the batch args
   if not rows:
     raise ConfigError("data pipeline: no arrays given (expected tokens/segment_ids/...).")
@@ -173,23 +176,30 @@ def _check(rows: Rows, global_batch: int, process_index: int,
     raise ConfigError(f"data pipeline: arrays have different row counts {lengths}.")
   if next(iter(lengths.values())) == 0:
     raise ConfigError(
-        "data pipeline: there are no rows (an empty split; is data.val_fraction 0 or "
-        "data.max_docs too small?).")
+      "data pipeline: there are no rows (an empty split; is data.val_fraction 0 or "
+      "data.max_docs too small?)."
+    )
   if process_count < 1 or not 0 <= process_index < process_count:
     raise ConfigError(
-        f"data pipeline: process_index {process_index} is not in [0, {process_count}).")
-  if isinstance(global_batch, bool) or not isinstance(global_batch, (int, np.integer)) or (
-      global_batch < 1):
+      f"data pipeline: process_index {process_index} is not in [0, {process_count})."
+    )
+  if (
+    isinstance(global_batch, bool)
+    or not isinstance(global_batch, (int, np.integer))
+    or (global_batch < 1)
+  ):
     raise ConfigError(f"batch_size must be a positive int, got {global_batch!r}.")
   if global_batch % process_count:
     raise ConfigError(
-        f"batch_size={global_batch} is not divisible by the process count "
-        f"{process_count}; each process loads batch_size // process_count rows.")
+      f"batch_size={global_batch} is not divisible by the process count "
+      f"{process_count}; each process loads batch_size // process_count rows."
+    )
   return int(global_batch) // process_count
 
 
-def train_iterator(rows: Rows, *, global_batch: int, seed: int,
-                   process_index: int, process_count: int) -> grain.DatasetIterator:
+def train_iterator(
+  rows: Rows, *, global_batch: int, seed: int, process_index: int, process_count: int
+) -> grain.DatasetIterator:
   """Infinite shuffled iterator of this process's slice of each global batch.
 
   Args:
@@ -216,26 +226,32 @@ def train_iterator(rows: Rows, *, global_batch: int, seed: int,
       empty or inconsistent.
   """
   local_batch = _check(rows, global_batch, process_index, process_count)
-  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (
-      0 <= seed < 2**32):
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not (0 <= seed < 2**32):
     raise ConfigError(f"data seed must be an int in [0, 2**32) (grain's shuffle), got {seed!r}.")
   # The stream holds row *indices*; shuffling a range permutes exactly as shuffling the
   # rows would (grain's permutation depends only on length, seed and epoch).
-  stream = (grain.MapDataset.range(num_rows(rows))
-            .seed(int(seed))
-            .shuffle()        # a new permutation per epoch (seed + epoch) ...
-            .repeat(None))    # ... because repeat passes the global index to shuffle.
+  stream = (
+    grain.MapDataset.range(num_rows(rows))
+    .seed(int(seed))
+    .shuffle()  # a new permutation per epoch (seed + epoch) ...
+    .repeat(None)
+  )  # ... because repeat passes the global index to shuffle.
   # Local batch b of the stream is rows [b*LB, (b+1)*LB); this process owns every P-th
   # one starting at p. Slicing is lazy index arithmetic, and the gather runs after it,
   # so only our own rows are read (one vectorised gather / batched read per batch).
-  local = (stream.batch(local_batch, drop_remainder=True)[process_index::process_count]
-           .map(_Gather(rows)))
-  return iter(local.to_iter_dataset(
-      grain.ReadOptions(num_threads=_NUM_THREADS, prefetch_buffer_size=_PREFETCH)))
+  local = stream.batch(local_batch, drop_remainder=True)[process_index::process_count].map(
+    _Gather(rows)
+  )
+  return iter(
+    local.to_iter_dataset(
+      grain.ReadOptions(num_threads=_NUM_THREADS, prefetch_buffer_size=_PREFETCH)
+    )
+  )
 
 
-def eval_batches(rows: Rows, *, global_batch: int, num_batches: int,
-                 process_index: int, process_count: int) -> list[dict[str, np.ndarray]]:
+def eval_batches(
+  rows: Rows, *, global_batch: int, num_batches: int, process_index: int, process_count: int
+) -> list[dict[str, np.ndarray]]:
   """The first `num_batches * global_batch` rows, unshuffled, as local batches.
 
   Rows are reused cyclically if there are fewer, so every eval has static shapes and the

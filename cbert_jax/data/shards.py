@@ -65,12 +65,11 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from absl import logging
 import numpy as np
 import sentencepiece as spm
+from absl import logging
 
-from cbert_jax.data import cache_entry
-from cbert_jax.data import packing
+from cbert_jax.data import cache_entry, packing
 from cbert_jax.data import sources as sources_lib
 from cbert_jax.data import text as text_lib
 from cbert_jax.data import tokenizer as tokenizer_lib
@@ -94,6 +93,7 @@ _SPLITS = ("train", "val")
 @dataclasses.dataclass(frozen=True)
 class Task:
   """One unit of work: input files of one source -> output shard `shard`."""
+
   shard: int
   source: int
   files: tuple[sources_lib.FileInfo, ...]
@@ -106,6 +106,7 @@ class Task:
 @dataclasses.dataclass(frozen=True)
 class _Context:
   """Everything a worker needs besides its task (picklable, small)."""
+
   opts: sources_lib.ReadOptions
   split_seed: int
   val_fraction: float
@@ -137,8 +138,7 @@ def plan_tasks(srcs: Sequence[sources_lib.Source], shard_bytes: int) -> list[Tas
 
 
 def _u64(data: str) -> int:
-  return int.from_bytes(
-      hashlib.blake2b(data.encode("utf-8"), digest_size=8).digest(), "big")
+  return int.from_bytes(hashlib.blake2b(data.encode("utf-8"), digest_size=8).digest(), "big")
 
 
 def _keep(text: str, seed: int, source: int, rate: float) -> bool:
@@ -172,6 +172,7 @@ class _ShardWriter:
 
   def __init__(self, path: str, seq_len: int):
     from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+
     self.path = path
     self._t = seq_len
     self._writer = array_record_module.ArrayRecordWriter(path, WRITER_OPTIONS)
@@ -208,7 +209,7 @@ class _ShardWriter:
     self.rows += len(rows)
     # Carry the rest of the stream with its document boundaries: the tail of the
     # document cut in two (if any), then the untouched documents.
-    tail = flat[cut:int(ends[n_in - 1])]
+    tail = flat[cut : int(ends[n_in - 1])]
     self._docs = ([tail] if tail.size else []) + self._docs[n_in:]
     self._pending = flat.size - cut
 
@@ -230,8 +231,7 @@ def _processor(proto: bytes) -> spm.SentencePieceProcessor:
   return _WORKER_SPM[key]
 
 
-def _task_docs(task: Task, ctx: _Context,
-               bad: sources_lib.BadCounts) -> Iterator[tuple[str, str]]:
+def _task_docs(task: Task, ctx: _Context, bad: sources_lib.BadCounts) -> Iterator[tuple[str, str]]:
   """Yields (split, text) for the documents of a task that the mixture keeps."""
   rate = 1.0 if ctx.rates is None else ctx.rates[task.source]
   for info in task.files:
@@ -258,8 +258,9 @@ def _pack_task(task: Task, ctx: _Context) -> dict[str, Any]:
   sp = _processor(ctx.model_proto)
   bad = sources_lib.BadCounts()
   writers = {
-      s: _ShardWriter(os.path.join(ctx.out_dir, f".tmp-{os.getpid()}-{s}-{task.name}"),
-                      ctx.seq_len) for s in _SPLITS}
+    s: _ShardWriter(os.path.join(ctx.out_dir, f".tmp-{os.getpid()}-{s}-{task.name}"), ctx.seq_len)
+    for s in _SPLITS
+  }
   docs = {s: 0 for s in _SPLITS}
   chars = {s: 0 for s in _SPLITS}
   batch: dict[str, list[str]] = {s: [] for s in _SPLITS}
@@ -276,16 +277,22 @@ def _pack_task(task: Task, ctx: _Context) -> dict[str, Any]:
       chars[split] += len(text)
       if len(batch[split]) >= _ENCODE_DOCS:
         encode(split)
-    out: dict[str, Any] = dict(source=task.source, bad=bad.as_dict(),
-                               mixture_dropped=int(bad["_mixture_dropped"]))
+    out: dict[str, Any] = dict(
+      source=task.source, bad=bad.as_dict(), mixture_dropped=int(bad["_mixture_dropped"])
+    )
     for s in _SPLITS:
       encode(s)
       writers[s].close()
       final = os.path.join(ctx.out_dir, f"{s}-{task.name}.array_record")
       os.replace(writers[s].path, final)
-      out[s] = dict(file=os.path.basename(final), rows=writers[s].rows,
-                    tokens=writers[s].tokens, docs=docs[s], chars=chars[s],
-                    **cache_entry.digest(final, SHARD_SAMPLE_BYTES))
+      out[s] = dict(
+        file=os.path.basename(final),
+        rows=writers[s].rows,
+        tokens=writers[s].tokens,
+        docs=docs[s],
+        chars=chars[s],
+        **cache_entry.digest(final, SHARD_SAMPLE_BYTES),
+      )
     return out
   finally:
     for w in writers.values():
@@ -309,8 +316,9 @@ def read_index(out_dir: str) -> dict[str, Any] | None:
 
 
 def _write_index(out_dir: str, index: dict[str, Any]) -> None:
-  cache_entry.atomic_write(os.path.join(out_dir, INDEX_FILE),
-                          json.dumps(index, sort_keys=True, indent=1).encode())
+  cache_entry.atomic_write(
+    os.path.join(out_dir, INDEX_FILE), json.dumps(index, sort_keys=True, indent=1).encode()
+  )
 
 
 def _shard_problem(path: str, entry: dict[str, Any], mode: str) -> str | None:
@@ -327,6 +335,7 @@ def _shard_problem(path: str, entry: dict[str, Any], mode: str) -> str | None:
   if mode == "full" and cache_entry.full_sha256(path) != entry["sha256"]:
     return "sha256 does not match its index record"
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+
   try:
     reader = array_record_module.ArrayRecordReader(path)
     try:
@@ -355,16 +364,22 @@ def _drop_damaged(out_dir: str, index: dict[str, Any], mode: str, cache_root: st
         reason = _shard_problem(path, entry[s], mode)
       except PermissionError as e:
         raise ConfigError(
-            f"data.cache_dir: the packed shard {path} cannot be read ({e.strerror}); fix its "
-            "permissions, or set data.cache_dir to a directory of your own.") from e
+          f"data.cache_dir: the packed shard {path} cannot be read ({e.strerror}); fix its "
+          "permissions, or set data.cache_dir to a directory of your own."
+        ) from e
       except OSError as e:
         reason = f"cannot be read ({e})"
       if reason is not None:
         problems[path] = reason
     if problems:
       for path, reason in problems.items():
-        cache_entry.move_aside(path, cache_root, reason, what="packed shard",
-                               name=f"{os.path.basename(out_dir)}-{os.path.basename(path)}")
+        cache_entry.move_aside(
+          path,
+          cache_root,
+          reason,
+          what="packed shard",
+          name=f"{os.path.basename(out_dir)}-{os.path.basename(path)}",
+        )
       del index["shards"][name]
       changed = True
     elif any("sample_sha256" not in entry[s] for s in _SPLITS):
@@ -372,16 +387,22 @@ def _drop_damaged(out_dir: str, index: dict[str, Any], mode: str, cache_root: st
         path = os.path.join(out_dir, entry[s]["file"])
         if os.path.exists(path) and "sample_sha256" not in entry[s]:
           size = os.path.getsize(path)
-          entry[s].update(size=size, sample_bytes=SHARD_SAMPLE_BYTES,
-                          sample_sha256=cache_entry.sample_sha256(path, size,
-                                                                  SHARD_SAMPLE_BYTES))
+          entry[s].update(
+            size=size,
+            sample_bytes=SHARD_SAMPLE_BYTES,
+            sample_sha256=cache_entry.sample_sha256(path, size, SHARD_SAMPLE_BYTES),
+          )
           changed = True
   return changed
 
 
-def _run_tasks(fn: Callable[[Task, _Context], dict[str, Any]], tasks: Sequence[Task],
-               ctx: _Context, workers: int,
-               on_done: Callable[[Task, dict[str, Any]], None]) -> None:
+def _run_tasks(
+  fn: Callable[[Task, _Context], dict[str, Any]],
+  tasks: Sequence[Task],
+  ctx: _Context,
+  workers: int,
+  on_done: Callable[[Task, dict[str, Any]], None],
+) -> None:
   """Runs `fn` on every task (in-process or in a spawn pool); `on_done` in the parent."""
   if not tasks:
     return
@@ -390,7 +411,8 @@ def _run_tasks(fn: Callable[[Task, _Context], dict[str, Any]], tasks: Sequence[T
       on_done(task, fn(task, ctx))
     return
   pool = concurrent.futures.ProcessPoolExecutor(
-      max_workers=min(workers, len(tasks)), mp_context=multiprocessing.get_context("spawn"))
+    max_workers=min(workers, len(tasks)), mp_context=multiprocessing.get_context("spawn")
+  )
   try:
     futures = {pool.submit(fn, task, ctx): task for task in tasks}
     for future in concurrent.futures.as_completed(futures):
@@ -401,11 +423,21 @@ def _run_tasks(fn: Callable[[Task, _Context], dict[str, Any]], tasks: Sequence[T
     pool.shutdown(wait=True, cancel_futures=True)
 
 
-def build(srcs: Sequence[sources_lib.Source], opts: sources_lib.ReadOptions, *,
-          tokenizer: tokenizer_lib.Tokenizer, seq_len: int, out_dir: str, split_seed: int,
-          val_fraction: float, shard_bytes: int, workers: int,
-          on_shard_done: Callable[[int], None] | None = None, verify_mode: str = "sample",
-          cache_root: str | None = None) -> dict[str, Any]:
+def build(
+  srcs: Sequence[sources_lib.Source],
+  opts: sources_lib.ReadOptions,
+  *,
+  tokenizer: tokenizer_lib.Tokenizer,
+  seq_len: int,
+  out_dir: str,
+  split_seed: int,
+  val_fraction: float,
+  shard_bytes: int,
+  workers: int,
+  on_shard_done: Callable[[int], None] | None = None,
+  verify_mode: str = "sample",
+  cache_root: str | None = None,
+) -> dict[str, Any]:
   """Builds (or finishes) the packed shards in `out_dir` and returns the final index.
 
   Args:
@@ -433,22 +465,33 @@ def build(srcs: Sequence[sources_lib.Source], opts: sources_lib.ReadOptions, *,
   with open(tokenizer.model_path, "rb") as f:
     proto = f.read()
   spec = dict(
-      version=PREPROCESS_VERSION, pack_version=packing.PACK_VERSION,
-      record_layout=RECORD_LAYOUT, writer_options=WRITER_OPTIONS, seq_len=seq_len,
-      read_options=dataclasses.asdict(opts), split_seed=split_seed,
-      val_fraction=val_fraction, shard_bytes=shard_bytes,
-      tokenizer=dict(sha256=tokenizer.sha256, vocab_size=tokenizer.vocab_size,
-                     mask_id=tokenizer.mask_id, special_ids=list(tokenizer.special_ids),
-                     file=os.path.basename(tokenizer.model_path)),
-      sources=[dict(pattern=s.pattern, weight=s.weight,
-                    files=[[f.path, f.size, f.mtime] for f in s.files]) for s in srcs])
+    version=PREPROCESS_VERSION,
+    pack_version=packing.PACK_VERSION,
+    record_layout=RECORD_LAYOUT,
+    writer_options=WRITER_OPTIONS,
+    seq_len=seq_len,
+    read_options=dataclasses.asdict(opts),
+    split_seed=split_seed,
+    val_fraction=val_fraction,
+    shard_bytes=shard_bytes,
+    tokenizer=dict(
+      sha256=tokenizer.sha256,
+      vocab_size=tokenizer.vocab_size,
+      mask_id=tokenizer.mask_id,
+      special_ids=list(tokenizer.special_ids),
+      file=os.path.basename(tokenizer.model_path),
+    ),
+    sources=[
+      dict(pattern=s.pattern, weight=s.weight, files=[[f.path, f.size, f.mtime] for f in s.files])
+      for s in srcs
+    ],
+  )
   spec_hash = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
   index = read_index(out_dir)
   if index is None or index.get("spec_hash") != spec_hash:
     if index is not None:
       logging.warning("%s was built from other inputs; rebuilding it.", out_dir)
-    index = dict(spec=spec, spec_hash=spec_hash, count_pass={}, rates=None, shards={},
-                 done=False)
+    index = dict(spec=spec, spec_hash=spec_hash, count_pass={}, rates=None, shards={}, done=False)
   cache_root = cache_root or os.path.dirname(os.path.dirname(os.path.abspath(out_dir)))
   if _drop_damaged(out_dir, index, verify_mode, cache_root):
     if len(index["shards"]) < len(tasks):
@@ -456,40 +499,56 @@ def build(srcs: Sequence[sources_lib.Source], opts: sources_lib.ReadOptions, *,
       index.pop("manifest", None)
     _write_index(out_dir, index)
   if index.get("done"):
-    missing = [e[s]["file"] for e in index["shards"].values() for s in _SPLITS
-               if not os.path.exists(os.path.join(out_dir, e[s]["file"]))]
+    missing = [
+      e[s]["file"]
+      for e in index["shards"].values()
+      for s in _SPLITS
+      if not os.path.exists(os.path.join(out_dir, e[s]["file"]))
+    ]
     if not missing:
       return index
-    logging.warning("%s: %d shard files are missing; rebuilding them.", out_dir,
-                    len(missing))
+    logging.warning("%s: %d shard files are missing; rebuilding them.", out_dir, len(missing))
     index["done"] = False
     index.pop("manifest", None)
 
   threads = (os.cpu_count() or 1) if workers <= 1 else 1
-  base = _Context(opts=opts, split_seed=split_seed, val_fraction=val_fraction,
-                  rates=None, seq_len=seq_len, model_proto=None, out_dir=out_dir,
-                  spm_threads=threads)
+  base = _Context(
+    opts=opts,
+    split_seed=split_seed,
+    val_fraction=val_fraction,
+    rates=None,
+    seq_len=seq_len,
+    model_proto=None,
+    out_dir=out_dir,
+    spm_threads=threads,
+  )
 
   # Pass 1 (mixtures only): characters per source -> keep rates.
   if len(srcs) > 1 and index["rates"] is None:
+
     def counted(task: Task, out: dict[str, Any]) -> None:
       index["count_pass"][task.name] = out
       _write_index(out_dir, index)
-    _run_tasks(_count_task, [t for t in tasks if t.name not in index["count_pass"]],
-               base, workers, counted)
+
+    _run_tasks(
+      _count_task, [t for t in tasks if t.name not in index["count_pass"]], base, workers, counted
+    )
     chars = [0] * len(srcs)
     for task in tasks:
       chars[task.source] += index["count_pass"][task.name]["chars"]
     if not all(chars):
       empty = [srcs[i].pattern for i, c in enumerate(chars) if not c]
-      raise ConfigError(f"data.sources: {empty} yielded no documents (all input was "
-                        "skipped as bad); a mixture needs text from every source.")
+      raise ConfigError(
+        f"data.sources: {empty} yielded no documents (all input was "
+        "skipped as bad); a mixture needs text from every source."
+      )
     index["rates"] = mixture_rates(chars, [s.weight for s in srcs])
     _write_index(out_dir, index)
 
   # Pass 2: tokenise + pack every shard not yet recorded.
-  ctx = dataclasses.replace(base, model_proto=proto, rates=(
-      None if index["rates"] is None else tuple(index["rates"])))
+  ctx = dataclasses.replace(
+    base, model_proto=proto, rates=(None if index["rates"] is None else tuple(index["rates"]))
+  )
 
   def packed(task: Task, out: dict[str, Any]) -> None:
     index["shards"][task.name] = out
@@ -497,10 +556,14 @@ def build(srcs: Sequence[sources_lib.Source], opts: sources_lib.ReadOptions, *,
     if on_shard_done is not None:
       on_shard_done(task.shard)
 
-  todo = [t for t in tasks
-          if t.name not in index["shards"]
-          or not all(os.path.exists(os.path.join(out_dir, index["shards"][t.name][s]["file"]))
-                     for s in _SPLITS)]
+  todo = [
+    t
+    for t in tasks
+    if t.name not in index["shards"]
+    or not all(
+      os.path.exists(os.path.join(out_dir, index["shards"][t.name][s]["file"])) for s in _SPLITS
+    )
+  ]
   _run_tasks(_pack_task, todo, ctx, workers, packed)
   index["manifest"] = _manifest(index, srcs, tasks)
   index["done"] = True
@@ -508,8 +571,9 @@ def build(srcs: Sequence[sources_lib.Source], opts: sources_lib.ReadOptions, *,
   return index
 
 
-def _manifest(index: dict[str, Any], srcs: Sequence[sources_lib.Source],
-              tasks: Sequence[Task]) -> dict[str, Any]:
+def _manifest(
+  index: dict[str, Any], srcs: Sequence[sources_lib.Source], tasks: Sequence[Task]
+) -> dict[str, Any]:
   """Provenance of the packed data (what `PackedData.manifest` holds)."""
   spec = index["spec"]
   per_source = []
@@ -518,30 +582,50 @@ def _manifest(index: dict[str, Any], srcs: Sequence[sources_lib.Source],
     bad = sources_lib.BadCounts()
     for e in entries:
       bad.update(e["bad"])
-    per_source.append(dict(
-        pattern=src.pattern, weight=src.weight, files=len(src.files),
+    per_source.append(
+      dict(
+        pattern=src.pattern,
+        weight=src.weight,
+        files=len(src.files),
         bytes=sum(f.size for f in src.files),
         keep_rate=1.0 if index["rates"] is None else index["rates"][i],
         mixture_dropped_docs=sum(e["mixture_dropped"] for e in entries),
         bad_records=bad.as_dict(),
-        **{s: dict(docs=sum(e[s]["docs"] for e in entries),
-                   chars=sum(e[s]["chars"] for e in entries),
-                   tokens=sum(e[s]["tokens"] for e in entries)) for s in _SPLITS}))
+        **{
+          s: dict(
+            docs=sum(e[s]["docs"] for e in entries),
+            chars=sum(e[s]["chars"] for e in entries),
+            tokens=sum(e[s]["tokens"] for e in entries),
+          )
+          for s in _SPLITS
+        },
+      )
+    )
   shard_digests = hashlib.sha256()
   for t in tasks:
     for s in _SPLITS:
       shard_digests.update(index["shards"][t.name][s]["sha256"].encode())
   manifest = dict(
-      corpus="sources", sources=per_source,
-      mixture_rule=("keep rate r_i = p_i * min_j(C_j / p_j) / C_i over normalised "
-                    "characters C_i, by document hash" if len(srcs) > 1 else "single source"),
-      split=dict(val_fraction=spec["val_fraction"], split_seed=spec["split_seed"]),
-      read_options=spec["read_options"], tokenizer=spec["tokenizer"],
-      seq_len=spec["seq_len"], pack_version=spec["pack_version"],
-      preprocess_version=spec["version"], record_layout=RECORD_LAYOUT,
-      shards=len(tasks), content_hash=shard_digests.hexdigest(),
-      rows={s: sum(index["shards"][t.name][s]["rows"] for t in tasks) for s in _SPLITS},
-      tokens={s: sum(index["shards"][t.name][s]["tokens"] for t in tasks) for s in _SPLITS})
+    corpus="sources",
+    sources=per_source,
+    mixture_rule=(
+      "keep rate r_i = p_i * min_j(C_j / p_j) / C_i over normalised "
+      "characters C_i, by document hash"
+      if len(srcs) > 1
+      else "single source"
+    ),
+    split=dict(val_fraction=spec["val_fraction"], split_seed=spec["split_seed"]),
+    read_options=spec["read_options"],
+    tokenizer=spec["tokenizer"],
+    seq_len=spec["seq_len"],
+    pack_version=spec["pack_version"],
+    preprocess_version=spec["version"],
+    record_layout=RECORD_LAYOUT,
+    shards=len(tasks),
+    content_hash=shard_digests.hexdigest(),
+    rows={s: sum(index["shards"][t.name][s]["rows"] for t in tasks) for s in _SPLITS},
+    tokens={s: sum(index["shards"][t.name][s]["tokens"] for t in tasks) for s in _SPLITS},
+  )
   manifest["hash"] = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
   return manifest
 
@@ -549,11 +633,14 @@ def _manifest(index: dict[str, Any], srcs: Sequence[sources_lib.Source],
 def row_sources(out_dir: str, index: dict[str, Any]) -> dict[str, Any]:
   """{split: pipeline.ArrayRecordRows} over the finished shards (empty shards left out)."""
   from cbert_jax.data import pipeline  # pylint: disable=g-import-not-at-top (imports grain)
+
   out = {}
   for s in _SPLITS:
     entries = [index["shards"][k][s] for k in sorted(index["shards"])]
     entries = [e for e in entries if e["rows"]]
     out[s] = pipeline.ArrayRecordRows(
-        [os.path.join(out_dir, e["file"]) for e in entries], [e["rows"] for e in entries],
-        index["spec"]["seq_len"])
+      [os.path.join(out_dir, e["file"]) for e in entries],
+      [e["rows"] for e in entries],
+      index["spec"]["seq_len"],
+    )
   return out

@@ -64,8 +64,15 @@ FORMATS = ("text", "jsonl", "jsonl.zst", "parquet", "array_record")
 TEXT_MODES = ("paragraphs", "file")
 RECORD_FORMATS = ("text", "json")
 ON_BAD = ("error", "skip")
-BAD_KINDS = ("invalid_utf8", "invalid_json", "missing_field", "empty_doc", "empty_file",
-             "truncated", "unreadable")
+BAD_KINDS = (
+  "invalid_utf8",
+  "invalid_json",
+  "missing_field",
+  "empty_doc",
+  "empty_file",
+  "truncated",
+  "unreadable",
+)
 # Read granularity for streamed files; big enough to amortise Python overhead.
 _CHUNK = 1 << 20
 _ARRAY_RECORD = re.compile(r"\.array_?record(-\d+-of-\d+)?$", re.IGNORECASE)
@@ -74,6 +81,7 @@ _ARRAY_RECORD = re.compile(r"\.array_?record(-\d+-of-\d+)?$", re.IGNORECASE)
 @dataclasses.dataclass(frozen=True)
 class ReadOptions:
   """How documents are extracted from files (the `data.*` fields of the same names)."""
+
   text_field: str = "text"
   text_mode: str = "paragraphs"
   record_format: str = "text"
@@ -83,6 +91,7 @@ class ReadOptions:
 @dataclasses.dataclass(frozen=True)
 class FileInfo:
   """One input file: where it is, its format, and a cheap fingerprint (size, mtime)."""
+
   path: str
   format: str
   size: int
@@ -92,6 +101,7 @@ class FileInfo:
 @dataclasses.dataclass(frozen=True)
 class Source:
   """One mixture component: the pattern as configured, its weight, and its files."""
+
   pattern: str
   weight: float
   files: tuple[FileInfo, ...]
@@ -127,8 +137,9 @@ def parse_sources(spec: str | Sequence[str]) -> list[tuple[str, float]]:
     entries = [str(e).strip() for e in (spec or []) if str(e).strip()]
   if not entries:
     raise ConfigError(
-        "data.sources is empty; with data.corpus='sources' give "
-        "'pattern[:weight],...', e.g. 'gs://b/dclm/*.jsonl.zst:0.7,/data/books/*.txt:0.3'.")
+      "data.sources is empty; with data.corpus='sources' give "
+      "'pattern[:weight],...', e.g. 'gs://b/dclm/*.jsonl.zst:0.7,/data/books/*.txt:0.3'."
+    )
   out = []
   for entry in entries:
     pattern, weight = entry, 1.0
@@ -141,8 +152,9 @@ def parse_sources(spec: str | Sequence[str]) -> list[tuple[str, float]]:
         pass  # a colon inside the path (e.g. a URL scheme): no weight given.
     if not (weight > 0 and weight != float("inf")):
       raise ConfigError(
-          f"data.sources: entry {entry!r} has weight {weight}; expected a finite number "
-          "> 0 after the last ':'.")
+        f"data.sources: entry {entry!r} has weight {weight}; expected a finite number "
+        "> 0 after the last ':'."
+      )
     out.append((pattern.strip(), weight))
   return out
 
@@ -154,17 +166,20 @@ def read_options(cfg: Any) -> ReadOptions:
     ConfigError: naming the bad field and the allowed values.
   """
   opts = ReadOptions(
-      text_field=getattr(cfg, "text_field", "text"),
-      text_mode=getattr(cfg, "text_mode", "paragraphs"),
-      record_format=getattr(cfg, "record_format", "text"),
-      on_bad_record=getattr(cfg, "on_bad_record", "error"))
+    text_field=getattr(cfg, "text_field", "text"),
+    text_mode=getattr(cfg, "text_mode", "paragraphs"),
+    record_format=getattr(cfg, "record_format", "text"),
+    on_bad_record=getattr(cfg, "on_bad_record", "error"),
+  )
   if not isinstance(opts.text_field, str) or not opts.text_field:
     raise ConfigError(f"data.text_field must be a non-empty string, got {opts.text_field!r}.")
-  for name, allowed in (("text_mode", TEXT_MODES), ("record_format", RECORD_FORMATS),
-                        ("on_bad_record", ON_BAD)):
+  for name, allowed in (
+    ("text_mode", TEXT_MODES),
+    ("record_format", RECORD_FORMATS),
+    ("on_bad_record", ON_BAD),
+  ):
     if getattr(opts, name) not in allowed:
-      raise ConfigError(
-          f"data.{name} must be one of {allowed}, got {getattr(opts, name)!r}.")
+      raise ConfigError(f"data.{name} must be one of {allowed}, got {getattr(opts, name)!r}.")
   return opts
 
 
@@ -230,10 +245,10 @@ def expand_sources(cfg: Any) -> list[Source]:
     paths = _expand_one(pattern)
     if not paths:
       raise ConfigError(
-          f"data.sources: {pattern!r} matches no file (expected a path or glob of "
-          ".txt/.jsonl/.jsonl.zst/.parquet/.array_record files).")
-    sources.append(Source(pattern=pattern, weight=weight,
-                          files=tuple(_stat(p) for p in paths)))
+        f"data.sources: {pattern!r} matches no file (expected a path or glob of "
+        ".txt/.jsonl/.jsonl.zst/.parquet/.array_record files)."
+      )
+    sources.append(Source(pattern=pattern, weight=weight, files=tuple(_stat(p) for p in paths)))
   return sources
 
 
@@ -241,16 +256,20 @@ def check_sources_config(cfg: Any) -> list[Source]:
   """Validates every `data.*` field the sources path reads; returns the expanded sources."""
   read_options(cfg)
   val_fraction = getattr(cfg, "val_fraction", 0.02)
-  if (isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float))
-      or not 0.0 <= val_fraction < 1.0):
+  if (
+    isinstance(val_fraction, bool)
+    or not isinstance(val_fraction, (int, float))
+    or not 0.0 <= val_fraction < 1.0
+  ):
     raise ConfigError(f"data.val_fraction must be a float in [0, 1), got {val_fraction!r}.")
   seed = getattr(cfg, "split_seed", 0)
   if isinstance(seed, bool) or not isinstance(seed, int):
     raise ConfigError(f"data.split_seed must be an int, got {seed!r}.")
   if getattr(cfg, "max_docs", 0):
     raise ConfigError(
-        "data.max_docs is not supported with data.corpus='sources' (it has no global "
-        "document order to cut); point data.sources at fewer files instead.")
+      "data.max_docs is not supported with data.corpus='sources' (it has no global "
+      "document order to cut); point data.sources at fewer files instead."
+    )
   return expand_sources(cfg)
 
 
@@ -277,8 +296,9 @@ class _Reader:
       self.bad[kind] += 1
       return
     raise ConfigError(
-        f"data.sources: {self.info.path}{(': ' + where) if where else ''}: {what} "
-        f"(set data.on_bad_record='skip' to skip and count such input).")
+      f"data.sources: {self.info.path}{(': ' + where) if where else ''}: {what} "
+      f"(set data.on_bad_record='skip' to skip and count such input)."
+    )
 
   def text_of(self, obj: Any, where: str) -> str | None:
     """The text field of a parsed JSON object, or None after reporting it."""
@@ -288,10 +308,12 @@ class _Reader:
       return None
     value = obj.get(field)
     if not isinstance(value, str):
-      what = ("missing" if field not in obj else
-              f"a {type(value).__name__}, not a string")
-      self.fail("missing_field", where, f"field {field!r} is {what}; expected the "
-                "document text (data.text_field)")
+      what = "missing" if field not in obj else f"a {type(value).__name__}, not a string"
+      self.fail(
+        "missing_field",
+        where,
+        f"field {field!r} is {what}; expected the document text (data.text_field)",
+      )
       return None
     return value
 
@@ -308,6 +330,7 @@ class _Reader:
 def _zstd_chunks(f: io.BufferedIOBase, r: _Reader) -> Iterator[bytes]:
   """Decompresses a (multi-frame) zstd stream; reports a stream that ends mid-frame."""
   import zstandard  # pylint: disable=g-import-not-at-top  (only needed for .zst input)
+
   dctx = zstandard.ZstdDecompressor()
   dobj, fed = dctx.decompressobj(), False
   pending = b""
@@ -329,8 +352,12 @@ def _zstd_chunks(f: io.BufferedIOBase, r: _Reader) -> Iterator[bytes]:
       pending = dobj.unused_data
       dobj, fed = dctx.decompressobj(), False
   if fed and not dobj.eof:
-    r.fail("truncated", "", "the zstd stream ends mid-frame (a truncated or partly "
-           "copied file); expected a complete .zst file")
+    r.fail(
+      "truncated",
+      "",
+      "the zstd stream ends mid-frame (a truncated or partly "
+      "copied file); expected a complete .zst file",
+    )
 
 
 def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
@@ -365,8 +392,7 @@ def _jsonl_docs(r: _Reader, f: io.BufferedIOBase, zst: bool) -> Iterator[str]:
     try:
       obj = json.loads(line)
     except json.JSONDecodeError as e:
-      r.fail("invalid_json", where, f"is not valid JSON ({e}); expected one JSON object "
-             "per line")
+      r.fail("invalid_json", where, f"is not valid JSON ({e}); expected one JSON object per line")
       continue
     text = r.text_of(obj, where)
     if text is not None and (doc := r.doc(text, where)) is not None:
@@ -377,9 +403,12 @@ def _text_docs(r: _Reader, data: bytes) -> Iterator[str]:
   try:
     text = data.decode("utf-8")
   except UnicodeDecodeError as e:
-    line = data[:e.start].count(b"\n") + 1
-    r.fail("invalid_utf8", f"line {line} (byte {e.start})",
-           f"is not valid UTF-8 ({e.reason}); expected UTF-8 text")
+    line = data[: e.start].count(b"\n") + 1
+    r.fail(
+      "invalid_utf8",
+      f"line {line} (byte {e.start})",
+      f"is not valid UTF-8 ({e.reason}); expected UTF-8 text",
+    )
     return
   if r.opts.text_mode == "file":
     if (doc := r.doc(text, "")) is not None:
@@ -392,6 +421,7 @@ def _text_docs(r: _Reader, data: bytes) -> Iterator[str]:
 
 def _parquet_docs(r: _Reader, f: io.BufferedIOBase) -> Iterator[str]:
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+
   try:
     pf = pq.ParquetFile(f)
   except Exception as e:  # pyarrow raises ArrowInvalid/OSError for non-Parquet bytes.
@@ -399,8 +429,12 @@ def _parquet_docs(r: _Reader, f: io.BufferedIOBase) -> Iterator[str]:
     return
   field = r.opts.text_field
   if field not in pf.schema_arrow.names:
-    r.fail("missing_field", "", f"has no column {field!r} (columns: "
-           f"{pf.schema_arrow.names}); expected the text column data.text_field")
+    r.fail(
+      "missing_field",
+      "",
+      f"has no column {field!r} (columns: "
+      f"{pf.schema_arrow.names}); expected the text column data.text_field",
+    )
     return
   row = 0
   for batch in pf.iter_batches(columns=[field], batch_size=4096):
@@ -408,8 +442,11 @@ def _parquet_docs(r: _Reader, f: io.BufferedIOBase) -> Iterator[str]:
       row += 1
       where = f"row {row}"
       if not isinstance(value, str):
-        r.fail("missing_field", where, f"column {field!r} is "
-               f"{'null' if value is None else type(value).__name__}, not a string")
+        r.fail(
+          "missing_field",
+          where,
+          f"column {field!r} is {'null' if value is None else type(value).__name__}, not a string",
+        )
         continue
       if (doc := r.doc(value, where)) is not None:
         yield doc
@@ -417,6 +454,7 @@ def _parquet_docs(r: _Reader, f: io.BufferedIOBase) -> Iterator[str]:
 
 def _array_record_docs(r: _Reader) -> Iterator[str]:
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+
   try:
     reader = array_record_module.ArrayRecordReader(r.info.path)
   except Exception as e:  # the C++ reader raises RuntimeError/ValueError on bad files.
@@ -434,8 +472,11 @@ def _array_record_docs(r: _Reader) -> Iterator[str]:
           try:
             text = r.text_of(json.loads(text), where)
           except json.JSONDecodeError as e:
-            r.fail("invalid_json", where, f"is not valid JSON ({e}); expected a JSON "
-                   "object (data.record_format='json')")
+            r.fail(
+              "invalid_json",
+              where,
+              f"is not valid JSON ({e}); expected a JSON object (data.record_format='json')",
+            )
             continue
           if text is None:
             continue
@@ -445,8 +486,9 @@ def _array_record_docs(r: _Reader) -> Iterator[str]:
     reader.close()
 
 
-def iter_documents(info: FileInfo, opts: ReadOptions,
-                   bad: BadCounts | None = None) -> Iterator[str]:
+def iter_documents(
+  info: FileInfo, opts: ReadOptions, bad: BadCounts | None = None
+) -> Iterator[str]:
   """Yields the normalised documents of one file, in file order.
 
   Args:
@@ -477,5 +519,8 @@ def iter_documents(info: FileInfo, opts: ReadOptions,
   except OSError as e:
     r.fail("unreadable", "", f"cannot be read ({e})")
   if r.yielded == 0 and not r.failures:  # a file of only bad records is counted above.
-    r.fail("empty_file", "", "yields no document; expected at least one non-empty "
-           f"{info.format} document")
+    r.fail(
+      "empty_file",
+      "",
+      f"yields no document; expected at least one non-empty {info.format} document",
+    )

@@ -45,11 +45,12 @@ _BLANK_LINE = re.compile(r"\n[\n \t\f\v\u00a0]*\n")
 # a marker preceded by blank lines is found from its own line start, and
 # `_blank_lines_before` moves the end cut back over those blank lines as before.
 _PG_END = re.compile(
-    r"^[^\S\n]*(\*{3}\s*END OF TH(E|IS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)",
-    re.IGNORECASE | re.MULTILINE)
+  r"^[^\S\n]*(\*{3}\s*END OF TH(E|IS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)",
+  re.IGNORECASE | re.MULTILINE,
+)
 _PG_START = re.compile(
-    r"^[^\S\n]*\*{3}\s*START OF TH(E|IS) PROJECT GUTENBERG[^\n]*",
-    re.IGNORECASE | re.MULTILINE)
+  r"^[^\S\n]*\*{3}\s*START OF TH(E|IS) PROJECT GUTENBERG[^\n]*", re.IGNORECASE | re.MULTILINE
+)
 # NLTK puts "[Emma by Jane Austen 1816]" on the first line of each book.
 _NLTK_TITLE = re.compile(r"^\[[^\]\n]{1,200}\]$")
 # KJV verse numbers ("1:1 In the beginning ..."): pure digit noise for an MLM.
@@ -76,10 +77,10 @@ def book_paragraphs(text: str) -> list[str]:
   text = unicodedata.normalize("NFC", text)
   start = _PG_START.search(text)
   if start:
-    text = text[start.end():]
+    text = text[start.end() :]
   end = _PG_END.search(text)
   if end:
-    text = text[:_blank_lines_before(text, end.start())]
+    text = text[: _blank_lines_before(text, end.start())]
   docs = []
   for i, para in enumerate(_BLANK_LINE.split(text)):
     # str.split() with no argument splits on all Unicode whitespace, so this both joins
@@ -112,8 +113,10 @@ def why_empty(text: str) -> str:
   """Why `book_paragraphs(text)` gave no document, for the one-line error."""
   if not text.strip():
     return f"it holds {len(text)} characters, all whitespace" if text else "it is empty"
-  return (f"no paragraph between blank lines reaches {MIN_DOC_CHARS} characters once "
-          "Gutenberg licence blocks, title lines and verse numbers are removed")
+  return (
+    f"no paragraph between blank lines reaches {MIN_DOC_CHARS} characters once "
+    "Gutenberg licence blocks, title lines and verse numbers are removed"
+  )
 
 
 # --- Decoding -------------------------------------------------------------------------------
@@ -126,8 +129,8 @@ def decode_book(data: bytes, name: str, strict: bool) -> str:
   except UnicodeDecodeError as e:
     if strict:
       raise ConfigError(
-          f"data.corpus_files: {name} is not valid UTF-8 text ({e}). Re-encode it as "
-          "UTF-8.") from e
+        f"data.corpus_files: {name} is not valid UTF-8 text ({e}). Re-encode it as UTF-8."
+      ) from e
     # Checked: chesterton-ball.txt and shakespeare-caesar.txt hold bare Latin-1 accents
     # (è, é, æ) and no other non-ASCII bytes.
     return data.decode("latin-1")
@@ -174,8 +177,7 @@ def collapse_whitespace(text: str) -> str:
 
 def is_val(text: str, seed: int, val_fraction: float) -> bool:
   """Hash-based split: depends only on (seed, text), not on order or corpus size."""
-  digest = hashlib.blake2b(
-      f"{seed}\0{text}".encode("utf-8"), digest_size=8).digest()
+  digest = hashlib.blake2b(f"{seed}\0{text}".encode(), digest_size=8).digest()
   return int.from_bytes(digest, "big") < val_fraction * 2.0**64
 
 

@@ -23,9 +23,8 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
-from cbert_jax.data import cache_entry
+from cbert_jax.data import cache_entry, fetch
 from cbert_jax.data import corpus as corpus_lib
-from cbert_jax.data import fetch
 from cbert_jax.errors import ConfigError
 
 MASK_PIECE = "[MASK]"
@@ -68,18 +67,19 @@ class Tokenizer:
     try:
       sp = spm.SentencePieceProcessor(model_proto=proto)
     except Exception as e:  # sentencepiece raises RuntimeError/OSError on a bad proto.
-      raise ConfigError(
-          f"{field}: {model_path!r} is not a valid SentencePiece model ({e}).") from e
+      raise ConfigError(f"{field}: {model_path!r} is not a valid SentencePiece model ({e}).") from e
     if sp.pad_id() != PAD_ID:
       raise ConfigError(
-          f"{field}: {model_path!r} has pad id {sp.pad_id()}, expected {PAD_ID} (packing "
-          "pads with 0); retrain with --pad_id=0.")
+        f"{field}: {model_path!r} has pad id {sp.pad_id()}, expected {PAD_ID} (packing "
+        "pads with 0); retrain with --pad_id=0."
+      )
     mask_id = sp.piece_to_id(MASK_PIECE)
     # piece_to_id answers unk for an unknown piece.
     if mask_id == sp.unk_id() or sp.id_to_piece(mask_id) != MASK_PIECE:
       raise ConfigError(
-          f"{field}: {model_path!r} has no {MASK_PIECE} piece; retrain with "
-          f"--user_defined_symbols={MASK_PIECE}.")
+        f"{field}: {model_path!r} has no {MASK_PIECE} piece; retrain with "
+        f"--user_defined_symbols={MASK_PIECE}."
+      )
     self._sp = sp
     self._mask_id = mask_id
     self._model_path = os.path.abspath(model_path)
@@ -144,8 +144,10 @@ class Tokenizer:
     return self._sha256
 
   def __repr__(self) -> str:
-    return (f"Tokenizer(vocab_size={self.vocab_size}, mask_id={self.mask_id}, "
-            f"sha256={self.sha256[:12]}, path={self.model_path!r})")
+    return (
+      f"Tokenizer(vocab_size={self.vocab_size}, mask_id={self.mask_id}, "
+      f"sha256={self.sha256[:12]}, path={self.model_path!r})"
+    )
 
 
 def check_tokenizer_config(cfg: Any) -> None:
@@ -159,14 +161,16 @@ def check_tokenizer_config(cfg: Any) -> None:
   if path:
     if not isinstance(path, str) or not os.path.isfile(os.path.expanduser(path)):
       raise ConfigError(
-          f"data.tokenizer_path: no such file {path!r} (a SentencePiece .model; leave it "
-          "empty to train one on the corpus).")
+        f"data.tokenizer_path: no such file {path!r} (a SentencePiece .model; leave it "
+        "empty to train one on the corpus)."
+      )
     return
   vocab = getattr(cfg, "vocab_size", 8192)
   if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < MIN_VOCAB_SIZE:
     raise ConfigError(
-        f"data.vocab_size must be an int >= {MIN_VOCAB_SIZE} (256 byte pieces + 5 "
-        f"specials + merges), got {vocab!r}.")
+      f"data.vocab_size must be an int >= {MIN_VOCAB_SIZE} (256 byte pieces + 5 "
+      f"specials + merges), got {vocab!r}."
+    )
   kind = getattr(cfg, "tokenizer_type", "bpe")
   if kind not in ("bpe", "unigram"):
     raise ConfigError(f"data.tokenizer_type must be 'bpe' or 'unigram', got {kind!r}.")
@@ -237,34 +241,48 @@ def _train(docs: Sequence[str], *, vocab_size: int, model_type: str) -> bytes:
   spm.set_random_generator_seed(0)
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(docs), model_writer=model,
-        model_type=model_type, vocab_size=vocab_size,
-        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-        user_defined_symbols=[MASK_PIECE], byte_fallback=True,
-        # We sample ourselves (_training_sample); the trainer must not drop or reorder.
-        input_sentence_size=0, shuffle_input_sentence=False,
-        max_sentence_length=_MAX_SENTENCE_BYTES,
-        num_threads=os.cpu_count() or 1, minloglevel=2)
+      sentence_iterator=iter(docs),
+      model_writer=model,
+      model_type=model_type,
+      vocab_size=vocab_size,
+      pad_id=PAD_ID,
+      unk_id=UNK_ID,
+      bos_id=BOS_ID,
+      eos_id=EOS_ID,
+      user_defined_symbols=[MASK_PIECE],
+      byte_fallback=True,
+      # We sample ourselves (_training_sample); the trainer must not drop or reorder.
+      input_sentence_size=0,
+      shuffle_input_sentence=False,
+      max_sentence_length=_MAX_SENTENCE_BYTES,
+      num_threads=os.cpu_count() or 1,
+      minloglevel=2,
+    )
   except RuntimeError as e:
     if "Vocabulary size too high" in str(e):
       # The message says the largest size this text supports ("<= N").
-      raise ConfigError(
-          f"data.vocab_size={vocab_size} is too large for this corpus: {e}") from e
+      raise ConfigError(f"data.vocab_size={vocab_size} is too large for this corpus: {e}") from e
     if "Vocabulary size is smaller than required_chars" in str(e):
       # Every distinct character of the sample needs a piece ("320 vs 325").
       raise ConfigError(
-          f"data.vocab_size={vocab_size} is too small for the characters of this corpus: "
-          f"{str(e).split('] ', 1)[-1]}") from e
+        f"data.vocab_size={vocab_size} is too small for the characters of this corpus: "
+        f"{str(e).split('] ', 1)[-1]}"
+      ) from e
     raise
   return model.getvalue()
 
 
-def _cache_key(corpus: corpus_lib.Corpus, vocab_size: int, model_type: str,
-               sample_chars: int) -> str:
+def _cache_key(
+  corpus: corpus_lib.Corpus, vocab_size: int, model_type: str, sample_chars: int
+) -> str:
   """Hash of everything that determines the trained model."""
-  key = dict(content_hash=corpus.manifest["content_hash"], vocab_size=vocab_size,
-             model_type=model_type, sample_chars=sample_chars,
-             trainer_version=_TRAINER_VERSION)
+  key = dict(
+    content_hash=corpus.manifest["content_hash"],
+    vocab_size=vocab_size,
+    model_type=model_type,
+    sample_chars=sample_chars,
+    trainer_version=_TRAINER_VERSION,
+  )
   if any(map(_too_long, corpus.train_docs)):
     # Such corpora used to train without their long documents (or not at all): a model
     # cached then is not the one `_training_sample` gives now. Other keys are unchanged.
@@ -314,9 +332,10 @@ def get_tokenizer(cfg: Any, corpus: corpus_lib.Corpus) -> Tokenizer:
       raise ConfigError(f"data.tokenizer_path: {path!r} cannot be read ({e.strerror}).") from e
     if reason is not None:
       raise ConfigError(
-          f"data.tokenizer_path: {path!r} is damaged ({reason}; recorded in "
-          f"{cache_entry.sidecar_path(path)}); set data.tokenizer_path='' to train the "
-          "tokenizer again from the corpus, or point it at a good copy.")
+        f"data.tokenizer_path: {path!r} is damaged ({reason}; recorded in "
+        f"{cache_entry.sidecar_path(path)}); set data.tokenizer_path='' to train the "
+        "tokenizer again from the corpus, or point it at a good copy."
+      )
     return Tokenizer(path, field="data.tokenizer_path")
 
   vocab_size = int(getattr(cfg, "vocab_size", 8192))
@@ -324,20 +343,26 @@ def get_tokenizer(cfg: Any, corpus: corpus_lib.Corpus) -> Tokenizer:
   sample_chars = int(getattr(cfg, "tokenizer_sample_chars", 20_000_000))
   key = _cache_key(corpus, vocab_size, model_type, sample_chars)
   cache_root = fetch.resolve_cache_dir(cfg)
-  model_path = os.path.join(cache_root, "tokenizers",
-                            f"spm-{model_type}-{vocab_size}-{key[:16]}.model")
+  model_path = os.path.join(
+    cache_root, "tokenizers", f"spm-{model_type}-{vocab_size}-{key[:16]}.model"
+  )
   tok = cache_entry.load_verified(
-      model_path, getattr(cfg, "verify_cache", "sample"), _load_cached,
-      cache_root=cache_root, what="tokenizer")
+    model_path,
+    getattr(cfg, "verify_cache", "sample"),
+    _load_cached,
+    cache_root=cache_root,
+    what="tokenizer",
+  )
   if tok is not None:
     return tok
   sample = _training_sample(corpus.train_docs, sample_chars)
   if not sample:
     raise ConfigError(
-        f"data.tokenizer_sample_chars={sample_chars}: no training document fits in the "
-        "tokenizer sample; raise it.")
+      f"data.tokenizer_sample_chars={sample_chars}: no training document fits in the "
+      "tokenizer sample; raise it."
+    )
   proto = _train(sample, vocab_size=vocab_size, model_type=model_type)
-  cache_entry.write_entry(model_path, proto, kind="tokenizer", vocab_size=vocab_size,
-                          model_type=model_type, key=key)
+  cache_entry.write_entry(
+    model_path, proto, kind="tokenizer", vocab_size=vocab_size, model_type=model_type, key=key
+  )
   return Tokenizer(model_path, field="data.tokenizer_path (cached model)")
-

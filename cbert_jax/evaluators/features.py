@@ -56,14 +56,14 @@ def encode_texts(texts: Sequence[str], tokenizer, seq_len: int) -> dict[str, np.
 def rows_from_ids(ids: Sequence[Sequence[int]], seq_len: int) -> dict[str, np.ndarray]:
   """`encode_texts` after tokenisation: N id lists -> rows of `seq_len` (truncated, padded)."""
   n = len(ids)
-  tokens = np.zeros((n, seq_len), np.int32)                                 # [N, T]
-  segment_ids = np.zeros((n, seq_len), np.int32)                            # [N, T]
-  positions = np.zeros((n, seq_len), np.int32)                              # [N, T]
+  tokens = np.zeros((n, seq_len), np.int32)  # [N, T]
+  segment_ids = np.zeros((n, seq_len), np.int32)  # [N, T]
+  positions = np.zeros((n, seq_len), np.int32)  # [N, T]
   for i, row in enumerate(ids):
     row = row[:seq_len]
-    tokens[i, :len(row)] = row
-    segment_ids[i, :len(row)] = 1
-    positions[i, :len(row)] = np.arange(len(row))
+    tokens[i, : len(row)] = row
+    segment_ids[i, : len(row)] = 1
+    positions[i, : len(row)] = np.arange(len(row))
   return {"tokens": tokens, "positions": positions, "segment_ids": segment_ids}
 
 
@@ -102,9 +102,19 @@ class Featurizer:
   `pair_mode`; the default "senteval" is `[u, v, |u - v|, u * v]` (see `combine_pair`).
   """
 
-  def __init__(self, graphdef: nnx.GraphDef, params, *, batch_size: int, seq_len: int,
-               layers: str = "final", mesh: jax.sharding.Mesh | None = None, rules=None,
-               pair_mode: str = "senteval", layer: int = -1):
+  def __init__(
+    self,
+    graphdef: nnx.GraphDef,
+    params,
+    *,
+    batch_size: int,
+    seq_len: int,
+    layers: str = "final",
+    mesh: jax.sharding.Mesh | None = None,
+    rules=None,
+    pair_mode: str = "senteval",
+    layer: int = -1,
+  ):
     """Builds the jitted step (compiled lazily, on the first batch).
 
     Args:
@@ -143,7 +153,9 @@ class Featurizer:
     if mesh is not None:
       dp = sharding_lib.data_parallel_size(mesh, self._rules)
       if self.batch_size % dp:
-        raise ConfigError(f"batch_size: {batch_size} is not a multiple of the data-parallel size {dp}.")
+        raise ConfigError(
+          f"batch_size: {batch_size} is not a multiple of the data-parallel size {dp}."
+        )
       self._batch_sh = sharding_lib.logical_sharding(mesh, self._rules, ("batch", "seq"))
     self.num_traces = 0
     inner = steps.make_features_step(graphdef, layers, self.layer)
@@ -153,8 +165,9 @@ class Featurizer:
       return inner(p, batch)
 
     # With a mesh, replicate the (small) output so every host can read all of it.
-    self._step = jax.jit(step) if mesh is None else jax.jit(
-        step, out_shardings=sharding_lib.replicated(mesh))
+    self._step = (
+      jax.jit(step) if mesh is None else jax.jit(step, out_shardings=sharding_lib.replicated(mesh))
+    )
 
   def _check(self, rows: dict) -> int:
     """Validates `rows` and returns N."""
@@ -174,8 +187,10 @@ class Featurizer:
     with jax.set_mesh(self._mesh), nnx.logical_axis_rules(self._rules):
       # Every host holds the whole batch (probe data is small and read by all), so each device
       # takes its slice of the full array; correct on one host and on many.
-      batch = {k: jax.make_array_from_callback(v.shape, self._batch_sh, lambda i, v=v: v[i])
-               for k, v in batch.items()}
+      batch = {
+        k: jax.make_array_from_callback(v.shape, self._batch_sh, lambda i, v=v: v[i])
+        for k, v in batch.items()
+      }
       out = self._step(self.params, batch)
       return np.asarray(jax.device_get(out))
 
@@ -185,12 +200,14 @@ class Featurizer:
     b = self.batch_size
     outs = []
     for start in range(0, max(n, 1), b):
-      chunk = {k: np.asarray(rows[k][start:start + b], np.int32) for k in ROW_KEYS}  # [<=B, T]
+      chunk = {k: np.asarray(rows[k][start : start + b], np.int32) for k in ROW_KEYS}  # [<=B, T]
       real = chunk["tokens"].shape[0]
       if real < b:  # Pad with all-padding rows (segment 0) so the shape never changes.
-        chunk = {k: np.concatenate([v, np.zeros((b - real, self.seq_len), np.int32)])
-                 for k, v in chunk.items()}                                     # [B, T]
-      out = self._run(chunk)                                  # [B, d] or [L + 1, B, d]
+        chunk = {
+          k: np.concatenate([v, np.zeros((b - real, self.seq_len), np.int32)])
+          for k, v in chunk.items()
+        }  # [B, T]
+      out = self._run(chunk)  # [B, d] or [L + 1, B, d]
       outs.append(out[..., :real, :])
     return np.concatenate(outs, axis=-2).astype(np.float32)
 

@@ -30,6 +30,7 @@ training rows cost a probe no more than the kit's tasks do.
 Tests run it offline under `tfds.testing.mock_data`, which replaces the download and the data
 source with generated rows of GLUE's real feature spec.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,31 +50,49 @@ from cbert_jax.evaluators import suite
 @dataclasses.dataclass(frozen=True)
 class GlueSpec:
   """One GLUE task: the TFDS text fields, the target, the metric and the splits it is scored on."""
-  fields: tuple[str, ...]                        # one field: single sentence; two: a pair
-  kind: str                                      # "classification" | "regression"
-  metric: str                                    # key of probes.METRICS, the headline
+
+  fields: tuple[str, ...]  # one field: single sentence; two: a pair
+  kind: str  # "classification" | "regression"
+  metric: str  # key of probes.METRICS, the headline
   label_names: tuple[str, ...] = ()
-  also: tuple[str, ...] = ()                     # further metrics reported next to `metric`
+  also: tuple[str, ...] = ()  # further metrics reported next to `metric`
   eval_splits: tuple[str, ...] = ("validation",)
 
 
 GLUE_TASKS: dict[str, GlueSpec] = {
-    "cola": GlueSpec(("sentence",), "classification", "mcc", ("unacceptable", "acceptable")),
-    "sst2": GlueSpec(("sentence",), "classification", "accuracy", ("negative", "positive")),
-    "mrpc": GlueSpec(("sentence1", "sentence2"), "classification", "f1",
-                     ("not_equivalent", "equivalent"), also=("accuracy",)),
-    "qqp": GlueSpec(("question1", "question2"), "classification", "f1",
-                    ("not_duplicate", "duplicate"), also=("accuracy",)),
-    "stsb": GlueSpec(("sentence1", "sentence2"), "regression", "spearman"),
-    "mnli": GlueSpec(("premise", "hypothesis"), "classification", "accuracy",
-                     ("entailment", "neutral", "contradiction"),
-                     eval_splits=("validation_matched", "validation_mismatched")),
-    "qnli": GlueSpec(("question", "sentence"), "classification", "accuracy",
-                     ("entailment", "not_entailment")),
-    "rte": GlueSpec(("sentence1", "sentence2"), "classification", "accuracy",
-                    ("entailment", "not_entailment")),
-    "wnli": GlueSpec(("sentence1", "sentence2"), "classification", "accuracy",
-                     ("not_entailment", "entailment")),
+  "cola": GlueSpec(("sentence",), "classification", "mcc", ("unacceptable", "acceptable")),
+  "sst2": GlueSpec(("sentence",), "classification", "accuracy", ("negative", "positive")),
+  "mrpc": GlueSpec(
+    ("sentence1", "sentence2"),
+    "classification",
+    "f1",
+    ("not_equivalent", "equivalent"),
+    also=("accuracy",),
+  ),
+  "qqp": GlueSpec(
+    ("question1", "question2"),
+    "classification",
+    "f1",
+    ("not_duplicate", "duplicate"),
+    also=("accuracy",),
+  ),
+  "stsb": GlueSpec(("sentence1", "sentence2"), "regression", "spearman"),
+  "mnli": GlueSpec(
+    ("premise", "hypothesis"),
+    "classification",
+    "accuracy",
+    ("entailment", "neutral", "contradiction"),
+    eval_splits=("validation_matched", "validation_mismatched"),
+  ),
+  "qnli": GlueSpec(
+    ("question", "sentence"), "classification", "accuracy", ("entailment", "not_entailment")
+  ),
+  "rte": GlueSpec(
+    ("sentence1", "sentence2"), "classification", "accuracy", ("entailment", "not_entailment")
+  ),
+  "wnli": GlueSpec(
+    ("sentence1", "sentence2"), "classification", "accuracy", ("not_entailment", "entailment")
+  ),
 }
 # The usual GLUE average leaves out WNLI (adversarial dev set, majority class wins).
 DEFAULT_TASKS = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte")
@@ -84,8 +103,9 @@ def task_names(value: str) -> list[str]:
   names = [t.strip() for t in str(value).split(",") if t.strip()] or list(DEFAULT_TASKS)
   for name in names:
     if name not in GLUE_TASKS:
-      raise ConfigError(f"evals.glue_tasks: unknown GLUE task {name!r}; known: "
-                        f"{', '.join(GLUE_TASKS)}")
+      raise ConfigError(
+        f"evals.glue_tasks: unknown GLUE task {name!r}; known: {', '.join(GLUE_TASKS)}"
+      )
   return names
 
 
@@ -96,21 +116,28 @@ def _text(x: Any) -> str:
 def _builder(name: str, data_dir: str):
   """The TFDS GLUE builder for `name`, prepared (downloaded once) in the ArrayRecord format."""
   import tensorflow_datasets as tfds
+
   # Importing the module registers the "glue" builder; without TensorFlow, TFDS's lazy catalog
   # does not find it by name alone.
   import tensorflow_datasets.text.glue  # noqa: F401  pylint: disable=unused-import
+
   builder = tfds.builder(f"glue/{name}", data_dir=data_dir or None, file_format="array_record")
   try:
     builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+      download_config=tfds.download.DownloadConfig(try_download_gcs=False)
+    )
   except ImportError as e:  # TFDS's archive extractor calls TensorFlow (tf.compat.as_text)
-    raise ConfigError(f"evals.glue_tasks: preparing glue/{name} (download and extract, once) "
-                      "needs TensorFlow: pip install -e '.[tf]'; reading it afterwards does not "
-                      f"({e})") from e
+    raise ConfigError(
+      f"evals.glue_tasks: preparing glue/{name} (download and extract, once) "
+      "needs TensorFlow: pip install -e '.[tf]'; reading it afterwards does not "
+      f"({e})"
+    ) from e
   except Exception as e:  # a network or disk failure: one line naming the task and directory
-    raise ConfigError(f"evals.glue_tasks: could not prepare glue/{name} in {builder.data_dir!r} "
-                      f"(the first use downloads GLUE, which needs internet): "
-                      f"{type(e).__name__}: {e}") from e
+    raise ConfigError(
+      f"evals.glue_tasks: could not prepare glue/{name} in {builder.data_dir!r} "
+      f"(the first use downloads GLUE, which needs internet): "
+      f"{type(e).__name__}: {e}"
+    ) from e
   return builder
 
 
@@ -123,28 +150,39 @@ def _read(source, cap: int, seed: int) -> list[dict]:
   return [source[int(i)] for i in idx]
 
 
-def load_task(name: str, *, data_dir: str = "", max_train: int = 5000,
-              max_eval: int = 2000, seed: int = 0) -> task_tfds.Task:
+def load_task(
+  name: str, *, data_dir: str = "", max_train: int = 5000, max_eval: int = 2000, seed: int = 0
+) -> task_tfds.Task:
   """GLUE task `name` as a `task_tfds.Task` (train plus its validation split(s)).
 
   Rows with a hidden label (-1) are dropped. Labels: int32 class ids, or float32 scores (STS-B).
   """
   spec = GLUE_TASKS[name]
   builder = _builder(name, data_dir)
-  task = task_tfds.Task(name=f"glue/{name}", kind=spec.kind, metric=spec.metric,
-                         label_names=spec.label_names, description=f"GLUE {name}",
-                         source="tensorflow_datasets glue", license="see the GLUE papers",
-                         headline_split=spec.eval_splits[0], extra_metrics=spec.also)
+  task = task_tfds.Task(
+    name=f"glue/{name}",
+    kind=spec.kind,
+    metric=spec.metric,
+    label_names=spec.label_names,
+    description=f"GLUE {name}",
+    source="tensorflow_datasets glue",
+    license="see the GLUE papers",
+    headline_split=spec.eval_splits[0],
+    extra_metrics=spec.also,
+  )
   dtype = np.float32 if spec.kind == "regression" else np.int32
   for i, split in enumerate(("train",) + spec.eval_splits):
-    rows = _read(builder.as_data_source(split=split), max_train if split == "train" else max_eval,
-                 seed + i)
+    rows = _read(
+      builder.as_data_source(split=split), max_train if split == "train" else max_eval, seed + i
+    )
     if spec.kind == "classification":
       rows = [r for r in rows if int(r["label"]) >= 0]
     if not rows:
       raise ConfigError(f"evals.glue_tasks: glue/{name} split {split!r} has no labelled rows")
-    d: dict[str, Any] = {"ids": [f"{name}-{split}-{int(r['idx'])}" for r in rows],
-                         "labels": np.asarray([r["label"] for r in rows], dtype)}
+    d: dict[str, Any] = {
+      "ids": [f"{name}-{split}-{int(r['idx'])}" for r in rows],
+      "labels": np.asarray([r["label"] for r in rows], dtype),
+    }
     if len(spec.fields) == 1:
       d["texts"] = [_text(r[spec.fields[0]]) for r in rows]
     else:
@@ -154,8 +192,17 @@ def load_task(name: str, *, data_dir: str = "", max_train: int = 5000,
   return task
 
 
-def run(graphdef, params, tokenizer, ecfg, *, cache_dir: str = "", mesh=None, rules=None,
-        tasks: Sequence[str] | None = None) -> dict:
+def run(
+  graphdef,
+  params,
+  tokenizer,
+  ecfg,
+  *,
+  cache_dir: str = "",
+  mesh=None,
+  rules=None,
+  tasks: Sequence[str] | None = None,
+) -> dict:
   """The GLUE probes over `evals.glue_tasks` for one set of parameters (only read).
 
   GLUE is prepared in `evals.glue_data_dir`, default `<cache_dir>/tfds` (next to the task kit).
@@ -164,9 +211,16 @@ def run(graphdef, params, tokenizer, ecfg, *, cache_dir: str = "", mesh=None, ru
   score is on the task's headline split (MNLI: matched; mismatched is in the task's entry).
   """
   names = list(tasks) if tasks is not None else task_names(ecfg.get("glue_tasks", ""))
-  featurizer = features_lib.Featurizer(graphdef, params, batch_size=ecfg.batch_size,
-                                       seq_len=ecfg.seq_len, layers=ecfg.layers, mesh=mesh,
-                                       rules=rules, layer=suite.layer_of(ecfg))
+  featurizer = features_lib.Featurizer(
+    graphdef,
+    params,
+    batch_size=ecfg.batch_size,
+    seq_len=ecfg.seq_len,
+    layers=ecfg.layers,
+    mesh=mesh,
+    rules=rules,
+    layer=suite.layer_of(ecfg),
+  )
   data_dir = ecfg.get("glue_data_dir", "") or task_tfds.default_data_dir(cache_dir)
   results: dict = {}
   for name in names:
@@ -174,8 +228,9 @@ def run(graphdef, params, tokenizer, ecfg, *, cache_dir: str = "", mesh=None, ru
     task = load_task(name, data_dir=data_dir, max_train=ecfg.max_train, max_eval=ecfg.max_eval)
     results[task.name] = suite.probe_task(task, featurizer, tokenizer, ecfg.seq_len, ecfg)
     results[task.name]["seconds"] = round(time.perf_counter() - start, 1)
-    logging.info("glue %s: %s", name,
-                 {k: v for k, v in results[task.name].items() if k != "layerwise"})
+    logging.info(
+      "glue %s: %s", name, {k: v for k, v in results[task.name].items() if k != "layerwise"}
+    )
   results["average"] = suite.average(results)
   return results
 
@@ -191,6 +246,8 @@ def markdown(results: dict, title: str = "") -> str:
     for split in [s for s in r["sizes"] if s != "train"]:
       extra = r.get("extra", {}).get("ridge", {}).get(split, {})
       also = ", ".join(f"{m} {v:.4f}" for m, v in extra.items()) or "-"
-      lines.append(f"| {name} | {split} | {r['metric']} | {fmt(r.get('ridge', {}).get(split))} | "
-                   f"{fmt(r.get('knn', {}).get(split))} | {also} |")
+      lines.append(
+        f"| {name} | {split} | {r['metric']} | {fmt(r.get('ridge', {}).get(split))} | "
+        f"{fmt(r.get('knn', {}).get(split))} | {also} |"
+      )
   return "\n".join(lines + suite.markdown_footer(results, "headline splits"))

@@ -17,6 +17,7 @@ imports) is an optional extra: `pip install -e '.[mteb]'`.
 
 Tests run `run` offline on tiny local mteb tasks (tests/test_mteb.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,9 @@ def import_mteb():
   try:
     import mteb  # pylint: disable=import-outside-toplevel
   except ImportError as e:
-    raise ConfigError("evals.suites=mteb needs the `mteb` package: pip install -e '.[mteb]' "
-                      f"({e})") from e
+    raise ConfigError(
+      f"evals.suites=mteb needs the `mteb` package: pip install -e '.[mteb]' ({e})"
+    ) from e
   return mteb
 
 
@@ -62,23 +64,45 @@ class CbertEncoder:
 
   mteb_model_meta = None
 
-  def __init__(self, graphdef, params, tokenizer, *, seq_len: int, batch_size: int,
-               pooler_params=None, mesh=None, rules=None, layer: int = -1):
+  def __init__(
+    self,
+    graphdef,
+    params,
+    tokenizer,
+    *,
+    seq_len: int,
+    batch_size: int,
+    pooler_params=None,
+    mesh=None,
+    rules=None,
+    layer: int = -1,
+  ):
     """Args:
-      graphdef, params: the backbone, as `nnx.split(model, nnx.Param)` (only read).
-      tokenizer: anything with `encode_batch(texts) -> list[list[int]]`.
-      seq_len: tokens per text (longer texts are truncated).
-      batch_size: texts per compiled feature step.
-      pooler_params: a trained `AttentionPooler`'s params; None = mean-pooled final layer.
-      mesh, rules: as `Featurizer` (mean embedding only).
-      layer: the backbone layer read (-1 = final; see steps.select_layer).
+    graphdef, params: the backbone, as `nnx.split(model, nnx.Param)` (only read).
+    tokenizer: anything with `encode_batch(texts) -> list[list[int]]`.
+    seq_len: tokens per text (longer texts are truncated).
+    batch_size: texts per compiled feature step.
+    pooler_params: a trained `AttentionPooler`'s params; None = mean-pooled final layer.
+    mesh, rules: as `Featurizer` (mean embedding only).
+    layer: the backbone layer read (-1 = final; see steps.select_layer).
     """
     self.graphdef, self.params, self.tokenizer = graphdef, params, tokenizer
     self.seq_len, self.batch_size, self.pooler_params = int(seq_len), int(batch_size), pooler_params
     self.layer = int(layer)
-    self._featurizer = None if pooler_params is not None else features_lib.Featurizer(
-        graphdef, params, batch_size=batch_size, seq_len=seq_len, layers="final", mesh=mesh,
-        rules=rules, layer=layer)
+    self._featurizer = (
+      None
+      if pooler_params is not None
+      else features_lib.Featurizer(
+        graphdef,
+        params,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        layers="final",
+        mesh=mesh,
+        rules=rules,
+        layer=layer,
+      )
+    )
     self.num_texts = 0
 
   def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
@@ -86,12 +110,21 @@ class CbertEncoder:
     rows = features_lib.encode_texts(list(texts), self.tokenizer, self.seq_len)
     self.num_texts += len(texts)
     if self._featurizer is not None:
-      return self._featurizer(rows)                                         # [N, d]
-    return pooler_lib.embed(self.graphdef, self.params, self.pooler_params, rows,
-                            self.batch_size, self.layer)                    # [N, p]
+      return self._featurizer(rows)  # [N, d]
+    return pooler_lib.embed(
+      self.graphdef, self.params, self.pooler_params, rows, self.batch_size, self.layer
+    )  # [N, p]
 
-  def encode(self, inputs, *, task_metadata=None, hf_split: str = "", hf_subset: str = "",
-             prompt_type=None, **kwargs: Any) -> np.ndarray:
+  def encode(
+    self,
+    inputs,
+    *,
+    task_metadata=None,
+    hf_split: str = "",
+    hf_subset: str = "",
+    prompt_type=None,
+    **kwargs: Any,
+  ) -> np.ndarray:
     """Embeddings of every text the DataLoader yields, in order: float32 [N, p].
 
     Documents arrive as "title text" already joined by mteb; no prompt is added (symmetric).
@@ -117,16 +150,33 @@ def model_meta(encoder: CbertEncoder, *, name: str, revision: str, max_tokens: i
   """The mteb ModelMeta of an encoder: parameter count and embedding width are computed."""
   import_mteb()
   n_params = int(sum(np.size(x) for x in jax.tree.leaves(encoder.params)))
-  probe = encoder.embed_texts(["a"])                                        # [1, p]
+  probe = encoder.embed_texts(["a"])  # [1, p]
   encoder.num_texts -= 1
   from mteb.models.model_meta import ModelMeta  # pylint: disable=import-outside-toplevel
+
   return ModelMeta(
-      loader=None, name=name, revision=revision, model_type=["dense"],
-      embed_dim=int(probe.shape[-1]), similarity_fn_name="cosine", languages=["eng-Latn"],
-      open_weights=True, release_date=None, n_parameters=n_params,
-      n_embedding_parameters=None, memory_usage_mb=None, license=None, max_tokens=max_tokens,
-      reference=None, framework=["JAX"], use_instructions=False, public_training_code=None,
-      public_training_data=None, training_datasets=set(), modalities=["text"])
+    loader=None,
+    name=name,
+    revision=revision,
+    model_type=["dense"],
+    embed_dim=int(probe.shape[-1]),
+    similarity_fn_name="cosine",
+    languages=["eng-Latn"],
+    open_weights=True,
+    release_date=None,
+    n_parameters=n_params,
+    n_embedding_parameters=None,
+    memory_usage_mb=None,
+    license=None,
+    max_tokens=max_tokens,
+    reference=None,
+    framework=["JAX"],
+    use_instructions=False,
+    public_training_code=None,
+    public_training_data=None,
+    training_datasets=set(),
+    modalities=["text"],
+  )
 
 
 def kit_retrieval_pooler(graphdef, params, tokenizer, ecfg, *, cache_dir: str = ""):
@@ -143,15 +193,25 @@ def kit_retrieval_pooler(graphdef, params, tokenizer, ecfg, *, cache_dir: str = 
       a, b = suite.dev_pairs(task, ecfg)
       qa, db, names = qa + a, db + b, names + [name]
   if len(qa) < 2:
-    raise ConfigError(f"evals.mteb_embedding=pooler: the retrieval tasks of evals.tasks ({names}) "
-                      f"gave {len(qa)} training pairs; need >= 2")
+    raise ConfigError(
+      f"evals.mteb_embedding=pooler: the retrieval tasks of evals.tasks ({names}) "
+      f"gave {len(qa)} training pairs; need >= 2"
+    )
   enc = lambda texts: features_lib.encode_texts(texts, tokenizer, ecfg.seq_len)
   pooler_params, _, history = pooler_lib.train_pooler(
-      graphdef, params, enc(qa), enc(db), frozen=True,
-      steps=int(ecfg.get("pooler_steps", 200)), batch_size=ecfg.batch_size,
-      lr_pooler=float(ecfg.get("pooler_lr", 1e-3)),
-      temperature=float(ecfg.get("pooler_temperature", 0.05)), seed=0,
-      layer=suite.layer_of(ecfg), init=ecfg.get("pooler_init", "fresh"))
+    graphdef,
+    params,
+    enc(qa),
+    enc(db),
+    frozen=True,
+    steps=int(ecfg.get("pooler_steps", 200)),
+    batch_size=ecfg.batch_size,
+    lr_pooler=float(ecfg.get("pooler_lr", 1e-3)),
+    temperature=float(ecfg.get("pooler_temperature", 0.05)),
+    seed=0,
+    layer=suite.layer_of(ecfg),
+    init=ecfg.get("pooler_init", "fresh"),
+  )
   return pooler_params, history
 
 
@@ -168,8 +228,10 @@ def select_tasks(ecfg) -> list:
     by_name = {t.metadata.name: t for t in tasks}
     missing = [w for w in wanted if w not in by_name]
     if missing:
-      raise ConfigError(f"evals.mteb_tasks: {missing} are not in {benchmark.name}; it has "
-                        f"{', '.join(sorted(by_name))}")
+      raise ConfigError(
+        f"evals.mteb_tasks: {missing} are not in {benchmark.name}; it has "
+        f"{', '.join(sorted(by_name))}"
+      )
     tasks = [by_name[w] for w in wanted]
   return tasks
 
@@ -182,8 +244,20 @@ def check(ecfg) -> None:
   select_tasks(ecfg)
 
 
-def run(graphdef, params, tokenizer, ecfg, *, out_dir: str, name: str, revision: str,
-        cache_dir: str = "", mesh=None, rules=None, tasks: Sequence | None = None) -> dict:
+def run(
+  graphdef,
+  params,
+  tokenizer,
+  ecfg,
+  *,
+  out_dir: str,
+  name: str,
+  revision: str,
+  cache_dir: str = "",
+  mesh=None,
+  rules=None,
+  tasks: Sequence | None = None,
+) -> dict:
   """An mteb benchmark on the frozen encoder; results cached under `out_dir`.
 
   Args:
@@ -198,42 +272,68 @@ def run(graphdef, params, tokenizer, ecfg, *, out_dir: str, name: str, revision:
   tasks = list(tasks) if tasks is not None else select_tasks(ecfg)
   pooler_params = None
   if ecfg.get("mteb_embedding", "mean") == "pooler":
-    pooler_params, history = kit_retrieval_pooler(graphdef, params, tokenizer, ecfg,
-                                                  cache_dir=cache_dir)
-    logging.info("mteb: pooler trained, InfoNCE %.3f -> %.3f", history[0]["loss"],
-                 history[-1]["loss"])
-    if jax.process_index() == 0:   # kept, so `cbert_jax.embed --pooler` embeds with it
+    pooler_params, history = kit_retrieval_pooler(
+      graphdef, params, tokenizer, ecfg, cache_dir=cache_dir
+    )
+    logging.info(
+      "mteb: pooler trained, InfoNCE %.3f -> %.3f", history[0]["loss"], history[-1]["loss"]
+    )
+    if jax.process_index() == 0:  # kept, so `cbert_jax.embed --pooler` embeds with it
       os.makedirs(out_dir, exist_ok=True)
       pooler_path = os.path.join(out_dir, f"pooler-{revision}.npz")
       pooler_lib.save(pooler_path, pooler_params, layer=suite.layer_of(ecfg))
       logging.info("mteb: pooler saved to %s", pooler_path)
-  encoder = CbertEncoder(graphdef, params, tokenizer, seq_len=ecfg.seq_len,
-                         batch_size=ecfg.batch_size, pooler_params=pooler_params, mesh=mesh,
-                         rules=rules, layer=suite.layer_of(ecfg))
-  encoder.mteb_model_meta = model_meta(encoder, name=name, revision=revision,
-                                       max_tokens=int(ecfg.seq_len))
+  encoder = CbertEncoder(
+    graphdef,
+    params,
+    tokenizer,
+    seq_len=ecfg.seq_len,
+    batch_size=ecfg.batch_size,
+    pooler_params=pooler_params,
+    mesh=mesh,
+    rules=rules,
+    layer=suite.layer_of(ecfg),
+  )
+  encoder.mteb_model_meta = model_meta(
+    encoder, name=name, revision=revision, max_tokens=int(ecfg.seq_len)
+  )
   start = time.perf_counter()
-  model_result = mteb.evaluate(encoder, tasks, cache=mteb.ResultCache(out_dir),
-                               overwrite_strategy="only-missing", raise_error=False,
-                               show_progress_bar=False,
-                               encode_kwargs={"batch_size": int(ecfg.batch_size)})
+  model_result = mteb.evaluate(
+    encoder,
+    tasks,
+    cache=mteb.ResultCache(out_dir),
+    overwrite_strategy="only-missing",
+    raise_error=False,
+    show_progress_bar=False,
+    encode_kwargs={"batch_size": int(ecfg.batch_size)},
+  )
   results: dict = {}
   for tr in model_result.task_results:
     task = next(t for t in tasks if t.metadata.name == tr.task_name)
-    results[tr.task_name] = {"type": task.metadata.type, "main_score": task.metadata.main_score,
-                             "score": float(tr.get_score())}
-  failed = {str(getattr(e, "task_name", i)): f"{type(e).__name__}: {e}"
-            for i, e in enumerate(model_result.exceptions or [])}
+    results[tr.task_name] = {
+      "type": task.metadata.type,
+      "main_score": task.metadata.main_score,
+      "score": float(tr.get_score()),
+    }
+  failed = {
+    str(getattr(e, "task_name", i)): f"{type(e).__name__}: {e}"
+    for i, e in enumerate(model_result.exceptions or [])
+  }
   by_type: dict[str, list[float]] = {}
   for r in results.values():
     by_type.setdefault(r["type"], []).append(r["score"])
-  results["average"] = {"all": float(np.mean([r["score"] for r in results.values()]))
-                        if results else float("nan"),
-                        **{t: float(np.mean(v)) for t, v in sorted(by_type.items())}}
+  results["average"] = {
+    "all": float(np.mean([r["score"] for r in results.values()])) if results else float("nan"),
+    **{t: float(np.mean(v)) for t, v in sorted(by_type.items())},
+  }
   results["failed"] = failed
-  logging.info("mteb: %d tasks in %.0f s, %d texts encoded, %d failed",
-               sum(len(v) for v in by_type.values()), time.perf_counter() - start,
-               encoder.num_texts, len(failed))
+  logging.info(
+    "mteb: %d tasks in %.0f s, %d texts encoded, %d failed",
+    sum(len(v) for v in by_type.values()),
+    time.perf_counter() - start,
+    encoder.num_texts,
+    len(failed),
+  )
   return results
 
 

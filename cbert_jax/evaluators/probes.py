@@ -43,12 +43,12 @@ def _spearman(y_true: np.ndarray, y_pred: np.ndarray) -> float:
 
 
 METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
-    "accuracy": lambda t, p: float(np.mean(np.asarray(t) == np.asarray(p))),
-    "mcc": lambda t, p: float(sk_metrics.matthews_corrcoef(t, p)),
-    "macro_f1": lambda t, p: float(sk_metrics.f1_score(t, p, average="macro")),
-    # GLUE's F1 (MRPC, QQP): binary F1 of the positive class 1.
-    "f1": lambda t, p: float(sk_metrics.f1_score(t, p, average="binary", pos_label=1)),
-    "spearman": _spearman,
+  "accuracy": lambda t, p: float(np.mean(np.asarray(t) == np.asarray(p))),
+  "mcc": lambda t, p: float(sk_metrics.matthews_corrcoef(t, p)),
+  "macro_f1": lambda t, p: float(sk_metrics.f1_score(t, p, average="macro")),
+  # GLUE's F1 (MRPC, QQP): binary F1 of the positive class 1.
+  "f1": lambda t, p: float(sk_metrics.f1_score(t, p, average="binary", pos_label=1)),
+  "spearman": _spearman,
 }
 
 
@@ -68,6 +68,7 @@ class Selection:
     value: the chosen λ or k.
     scores: held-out metric per candidate value, in sweep order.
   """
+
   value: float
   scores: dict[float, float]
 
@@ -85,6 +86,7 @@ class ProbeResult:
     extra: further metrics reported (never used for selection) per evaluation set, e.g. GLUE's
       accuracy next to MRPC's F1: {set name: {metric: value}}; empty unless `also` was given.
   """
+
   probe: str
   metric: str
   param: str
@@ -101,8 +103,9 @@ def _check(x: np.ndarray, y: np.ndarray, kind: str, metric: str, field: str):
     raise ConfigError(f"metric: expected one of {sorted(METRICS)}, got {metric!r}.")
   x, y = np.asarray(x), np.asarray(y)
   if x.ndim != 2 or y.ndim != 1 or x.shape[0] != y.shape[0] or x.shape[0] == 0:
-    raise ConfigError(f"{field}: expected features [N, d] and labels [N] with N > 0, got "
-                      f"{x.shape} and {y.shape}.")
+    raise ConfigError(
+      f"{field}: expected features [N, d] and labels [N] with N > 0, got {x.shape} and {y.shape}."
+    )
   return x, y
 
 
@@ -140,31 +143,31 @@ class _RidgePath:
   """
 
   def __init__(self, x: np.ndarray, y: np.ndarray):
-    x = np.asarray(x, np.float64)                                             # [n, d]
-    y = np.asarray(y, np.float64)                                             # [n, c]
-    self.x_mean, self.y_mean = x.mean(0), y.mean(0)                           # [d], [c]
+    x = np.asarray(x, np.float64)  # [n, d]
+    y = np.asarray(y, np.float64)  # [n, c]
+    self.x_mean, self.y_mean = x.mean(0), y.mean(0)  # [d], [c]
     xc, yc = x - self.x_mean, y - self.y_mean
     n, d = xc.shape
     self.primal = d <= n
     if self.primal:
-      s, v = np.linalg.eigh(xc.T @ xc)                                        # [d], [d, d]
-      self.basis = v                                                          # [d, k]
-      self.coef_in = v.T @ (xc.T @ yc)                                        # [d, c]
+      s, v = np.linalg.eigh(xc.T @ xc)  # [d], [d, d]
+      self.basis = v  # [d, k]
+      self.coef_in = v.T @ (xc.T @ yc)  # [d, c]
     else:
-      s, u = np.linalg.eigh(xc @ xc.T)                                        # [n], [n, n]
-      self.basis = xc.T @ u                                                   # [d, n]
-      self.coef_in = u.T @ yc                                                 # [n, c]
+      s, u = np.linalg.eigh(xc @ xc.T)  # [n], [n, n]
+      self.basis = xc.T @ u  # [d, n]
+      self.coef_in = u.T @ yc  # [n, c]
     # Round-off can make zero eigenvalues slightly negative; they are 0 by construction.
     self.s = np.maximum(s, 0.0)
 
   def weights(self, lam: float) -> tuple[np.ndarray, np.ndarray]:
     """(W [d, c], b [c]) for one λ: predictions are x @ W + b."""
-    w = self.basis @ (self.coef_in / (self.s + lam)[:, None])                 # [d, c]
+    w = self.basis @ (self.coef_in / (self.s + lam)[:, None])  # [d, c]
     return w, self.y_mean - self.x_mean @ w
 
   def predict_path(self, x: np.ndarray, lambdas: Sequence[float]) -> list[np.ndarray]:
     """Predictions [m, c] on x for each λ; the projection of x onto the basis is done once."""
-    z = (np.asarray(x, np.float64) - self.x_mean) @ self.basis                # [m, k]
+    z = (np.asarray(x, np.float64) - self.x_mean) @ self.basis  # [m, k]
     return [z @ (self.coef_in / (self.s + lam)[:, None]) + self.y_mean for lam in lambdas]
 
 
@@ -172,9 +175,9 @@ class _Standardizer:
   """Feature (and regression target) standardisation with *train* statistics only."""
 
   def __init__(self, x: np.ndarray):
-    self.mean = x.mean(0)                                                     # [d]
+    self.mean = x.mean(0)  # [d]
     # Constant features (e.g. a dead unit) would divide by 0; leave them at 0 instead.
-    self.std = np.where(x.std(0) > 0, x.std(0), 1.0)                          # [d]
+    self.std = np.where(x.std(0) > 0, x.std(0), 1.0)  # [d]
 
   def __call__(self, x: np.ndarray) -> np.ndarray:
     return (np.asarray(x, np.float64) - self.mean) / self.std
@@ -204,7 +207,9 @@ class _RidgeTask:
     return self.classes[np.argmax(out, axis=1)]
 
 
-def fit_ridge(x: np.ndarray, y: np.ndarray, lam: float, kind: str) -> Callable[[np.ndarray], np.ndarray]:
+def fit_ridge(
+  x: np.ndarray, y: np.ndarray, lam: float, kind: str
+) -> Callable[[np.ndarray], np.ndarray]:
   """Ridge on (standardised) x, y; returns predict(x_new) -> predictions [m].
 
   Classification/pair: one-vs-rest ridge regression on ±1 targets, argmax. Regression: ridge
@@ -215,9 +220,16 @@ def fit_ridge(x: np.ndarray, y: np.ndarray, lam: float, kind: str) -> Callable[[
   return lambda x_new: task.predict(std(x_new) @ w + b)
 
 
-def select_ridge_lambda(train_x: np.ndarray, train_y: np.ndarray, *, kind: str, metric: str,
-                        lambdas: Sequence[float] = DEFAULT_LAMBDAS, holdout_fraction: float = 0.2,
-                        seed: int = 0) -> Selection:
+def select_ridge_lambda(
+  train_x: np.ndarray,
+  train_y: np.ndarray,
+  *,
+  kind: str,
+  metric: str,
+  lambdas: Sequence[float] = DEFAULT_LAMBDAS,
+  holdout_fraction: float = 0.2,
+  seed: int = 0,
+) -> Selection:
   """Chooses λ on a held-out part of train. Receives training arrays only, by design.
 
   Standardisation statistics come from all of train (both parts are training data); ridge is
@@ -231,13 +243,19 @@ def select_ridge_lambda(train_x: np.ndarray, train_y: np.ndarray, *, kind: str, 
   std = _Standardizer(np.asarray(x, np.float64))
   task = _RidgeTask(y[fit], kind)
   path = _RidgePath(std(x[fit]), task.targets(y[fit]))
-  outs = path.predict_path(std(x[held]), lambdas)                            # each [m, c]
+  outs = path.predict_path(std(x[held]), lambdas)  # each [m, c]
   scores = {l: score(metric, y[held], task.predict(o)) for l, o in zip(lambdas, outs)}
   return Selection(_choose(scores), scores)
 
 
-def _eval_scores(predict, eval_sets: Mapping[str, tuple], kind: str, metric: str,
-                 dim: int, also: Sequence[str] = ()) -> tuple[dict[str, float], dict]:
+def _eval_scores(
+  predict,
+  eval_sets: Mapping[str, tuple],
+  kind: str,
+  metric: str,
+  dim: int,
+  also: Sequence[str] = (),
+) -> tuple[dict[str, float], dict]:
   """The final scoring: the only place evaluation arrays are used.
 
   Returns ({set: metric}, {set: {other metric: value}} for the metrics in `also`).
@@ -254,10 +272,18 @@ def _eval_scores(predict, eval_sets: Mapping[str, tuple], kind: str, metric: str
   return out, extra
 
 
-def ridge_probe(train_x: np.ndarray, train_y: np.ndarray, eval_sets: Mapping[str, tuple], *,
-                kind: str, metric: str, lambdas: Sequence[float] = DEFAULT_LAMBDAS,
-                holdout_fraction: float = 0.2, seed: int = 0,
-                also: Sequence[str] = ()) -> ProbeResult:
+def ridge_probe(
+  train_x: np.ndarray,
+  train_y: np.ndarray,
+  eval_sets: Mapping[str, tuple],
+  *,
+  kind: str,
+  metric: str,
+  lambdas: Sequence[float] = DEFAULT_LAMBDAS,
+  holdout_fraction: float = 0.2,
+  seed: int = 0,
+  also: Sequence[str] = (),
+) -> ProbeResult:
   """Ridge probe: λ chosen on held-out train, refit on all of train, scored on `eval_sets`.
 
   Args:
@@ -271,11 +297,23 @@ def ridge_probe(train_x: np.ndarray, train_y: np.ndarray, eval_sets: Mapping[str
   Returns:
     ProbeResult with the chosen λ, its held-out scores and the eval-set scores.
   """
-  sel = select_ridge_lambda(train_x, train_y, kind=kind, metric=metric, lambdas=lambdas,
-                            holdout_fraction=holdout_fraction, seed=seed)
+  sel = select_ridge_lambda(
+    train_x,
+    train_y,
+    kind=kind,
+    metric=metric,
+    lambdas=lambdas,
+    holdout_fraction=holdout_fraction,
+    seed=seed,
+  )
   predict = fit_ridge(np.asarray(train_x), np.asarray(train_y), sel.value, kind)
-  return ProbeResult("ridge", metric, "lambda", sel,
-                     *_eval_scores(predict, eval_sets, kind, metric, np.shape(train_x)[1], also))
+  return ProbeResult(
+    "ridge",
+    metric,
+    "lambda",
+    sel,
+    *_eval_scores(predict, eval_sets, kind, metric, np.shape(train_x)[1], also),
+  )
 
 
 # ------------------------------------------------------------------------------------ kNN ------
@@ -293,12 +331,12 @@ def nearest(train_x: np.ndarray, query_x: np.ndarray, k: int) -> tuple[np.ndarra
   Returns:
     (idx [M, k] int, sim [M, k] float32).
   """
-  tr, q = _normalize(train_x), _normalize(query_x)                            # [N, d], [M, d]
+  tr, q = _normalize(train_x), _normalize(query_x)  # [N, d], [M, d]
   k = min(int(k), tr.shape[0])
   idx_out, sim_out = [], []
   for start in range(0, q.shape[0], _KNN_CHUNK):
-    sim = q[start:start + _KNN_CHUNK] @ tr.T                                  # [c, N]
-    top = np.argpartition(-sim, k - 1, axis=1)[:, :k]                         # [c, k] unordered
+    sim = q[start : start + _KNN_CHUNK] @ tr.T  # [c, N]
+    top = np.argpartition(-sim, k - 1, axis=1)[:, :k]  # [c, k] unordered
     top_sim = np.take_along_axis(sim, top, axis=1)
     order = np.argsort(-top_sim, axis=1, kind="stable")
     idx_out.append(np.take_along_axis(top, order, axis=1))
@@ -306,28 +344,41 @@ def nearest(train_x: np.ndarray, query_x: np.ndarray, k: int) -> tuple[np.ndarra
   return np.concatenate(idx_out), np.concatenate(sim_out)
 
 
-def _knn_predict(idx: np.ndarray, sim: np.ndarray, train_y: np.ndarray, k: int, kind: str,
-                 classes: np.ndarray | None = None) -> np.ndarray:
+def _knn_predict(
+  idx: np.ndarray,
+  sim: np.ndarray,
+  train_y: np.ndarray,
+  k: int,
+  kind: str,
+  classes: np.ndarray | None = None,
+) -> np.ndarray:
   """Predictions [M] from the first k of precomputed neighbours (idx, sim [M, >=k]).
 
   Regression: the plain mean of the neighbours' targets. Classification: a plain majority
   vote; ties between classes go to the larger summed similarity (then the smaller class id).
   """
-  idx, sim = idx[:, :k], sim[:, :k].astype(np.float64)                      # [M, k]
-  ny = train_y[idx]                                                           # [M, k]
+  idx, sim = idx[:, :k], sim[:, :k].astype(np.float64)  # [M, k]
+  ny = train_y[idx]  # [M, k]
   if kind == "regression":
     return ny.astype(np.float64).mean(1)
   classes = np.unique(train_y) if classes is None else classes
-  onehot = ny[:, :, None] == classes[None, None, :]                          # [M, k, C]
-  counts = onehot.sum(1)                                                      # [M, C]
-  sims = (onehot * sim[:, :, None]).sum(1)                                    # [M, C] in [-k, k]
+  onehot = ny[:, :, None] == classes[None, None, :]  # [M, k, C]
+  counts = onehot.sum(1)  # [M, C]
+  sims = (onehot * sim[:, :, None]).sum(1)  # [M, C] in [-k, k]
   # Tie-break term in (-1/2, 1/2): never outweighs a difference of one vote.
   return classes[np.argmax(counts + sims / (2 * k + 2), axis=1)]
 
 
-def select_knn_k(train_x: np.ndarray, train_y: np.ndarray, *, kind: str, metric: str,
-                 ks: Sequence[int] = DEFAULT_KS, holdout_fraction: float = 0.2,
-                 seed: int = 0) -> Selection:
+def select_knn_k(
+  train_x: np.ndarray,
+  train_y: np.ndarray,
+  *,
+  kind: str,
+  metric: str,
+  ks: Sequence[int] = DEFAULT_KS,
+  holdout_fraction: float = 0.2,
+  seed: int = 0,
+) -> Selection:
   """Chooses k on a held-out part of train (neighbours from the fit part). Training arrays only.
 
   Neighbours are found once for the largest k; smaller k reuse the prefix. k larger than the
@@ -340,23 +391,34 @@ def select_knn_k(train_x: np.ndarray, train_y: np.ndarray, *, kind: str, metric:
   fit, held = holdout_split(len(y), holdout_fraction, seed)
   idx, sim = nearest(x[fit], x[held], max(ks))
   classes = None if kind == "regression" else np.unique(y[fit])
-  scores = {k: score(metric, y[held], _knn_predict(idx, sim, y[fit], min(k, len(fit)), kind, classes))
-            for k in ks}
+  scores = {
+    k: score(metric, y[held], _knn_predict(idx, sim, y[fit], min(k, len(fit)), kind, classes))
+    for k in ks
+  }
   return Selection(_choose(scores), scores)
 
 
-def knn_probe(train_x: np.ndarray, train_y: np.ndarray, eval_sets: Mapping[str, tuple], *,
-              kind: str, metric: str, ks: Sequence[int] = DEFAULT_KS,
-              holdout_fraction: float = 0.2, seed: int = 0,
-              also: Sequence[str] = ()) -> ProbeResult:
+def knn_probe(
+  train_x: np.ndarray,
+  train_y: np.ndarray,
+  eval_sets: Mapping[str, tuple],
+  *,
+  kind: str,
+  metric: str,
+  ks: Sequence[int] = DEFAULT_KS,
+  holdout_fraction: float = 0.2,
+  seed: int = 0,
+  also: Sequence[str] = (),
+) -> ProbeResult:
   """Cosine kNN probe: k chosen on held-out train; eval sets' neighbours come from all of train.
 
   Features are L2-normalised (cosine similarity), not standardised. Classification: majority
   vote (ties -> larger summed similarity); regression: mean of the neighbours' targets.
   Arguments as `ridge_probe`, with `ks` the k sweep.
   """
-  sel = select_knn_k(train_x, train_y, kind=kind, metric=metric, ks=ks,
-                     holdout_fraction=holdout_fraction, seed=seed)
+  sel = select_knn_k(
+    train_x, train_y, kind=kind, metric=metric, ks=ks, holdout_fraction=holdout_fraction, seed=seed
+  )
   x, y = np.asarray(train_x), np.asarray(train_y)
   k = min(int(sel.value), len(y))
   classes = None if kind == "regression" else np.unique(y)
@@ -365,16 +427,29 @@ def knn_probe(train_x: np.ndarray, train_y: np.ndarray, eval_sets: Mapping[str, 
     idx, sim = nearest(x, q, k)
     return _knn_predict(idx, sim, y, k, kind, classes)
 
-  return ProbeResult("knn", metric, "k", sel,
-                     *_eval_scores(predict, eval_sets, kind, metric, np.shape(train_x)[1], also))
+  return ProbeResult(
+    "knn",
+    metric,
+    "k",
+    sel,
+    *_eval_scores(predict, eval_sets, kind, metric, np.shape(train_x)[1], also),
+  )
 
 
 # ------------------------------------------------------------------------------- layer-wise ---
 PROBES = {"ridge": ridge_probe, "knn": knn_probe}
 
 
-def layerwise(train_x: np.ndarray, train_y: np.ndarray, eval_sets: Mapping[str, tuple], *,
-              kind: str, metric: str, probe: str = "ridge", **probe_kw) -> list[dict]:
+def layerwise(
+  train_x: np.ndarray,
+  train_y: np.ndarray,
+  eval_sets: Mapping[str, tuple],
+  *,
+  kind: str,
+  metric: str,
+  probe: str = "ridge",
+  **probe_kw,
+) -> list[dict]:
   """The same probe on every layer's features.
 
   Args:
@@ -393,18 +468,33 @@ def layerwise(train_x: np.ndarray, train_y: np.ndarray, eval_sets: Mapping[str, 
     raise ConfigError(f"train_x: expected [L + 1, N, d] per-layer features, got {train_x.shape}.")
   for name, (x, _) in eval_sets.items():
     if np.ndim(x) != 3 or np.shape(x)[0] != train_x.shape[0]:
-      raise ConfigError(f"eval_sets[{name!r}]: expected [{train_x.shape[0]}, M, d], got {np.shape(x)}.")
+      raise ConfigError(
+        f"eval_sets[{name!r}]: expected [{train_x.shape[0]}, M, d], got {np.shape(x)}."
+      )
   rows = []
   for layer in range(train_x.shape[0]):
-    res = PROBES[probe](train_x[layer], train_y, {n: (x[layer], y) for n, (x, y) in eval_sets.items()},
-                        kind=kind, metric=metric, **probe_kw)
-    rows.append({"layer": layer, res.param: res.selection.value,
-                 "heldout": res.selection.scores[res.selection.value], **res.scores})
+    res = PROBES[probe](
+      train_x[layer],
+      train_y,
+      {n: (x[layer], y) for n, (x, y) in eval_sets.items()},
+      kind=kind,
+      metric=metric,
+      **probe_kw,
+    )
+    rows.append(
+      {
+        "layer": layer,
+        res.param: res.selection.value,
+        "heldout": res.selection.scores[res.selection.value],
+        **res.scores,
+      }
+    )
   return rows
 
 
-def markdown_table(rows: Sequence[Mapping], columns: Sequence[str] | None = None,
-                   floatfmt: str = ".4g") -> str:
+def markdown_table(
+  rows: Sequence[Mapping], columns: Sequence[str] | None = None, floatfmt: str = ".4g"
+) -> str:
   """A GitHub markdown table of dict rows (columns default to the first row's keys)."""
   if not rows:
     return ""

@@ -15,6 +15,7 @@ For each task (cbert_jax/data/TASKS.md):
     on dev. The caller's parameters are never modified (unfrozen trains a functional copy).
 Results are one dict: {task: {...}, "average": {...}}, written as JSON and a markdown table.
 """
+
 from __future__ import annotations
 
 import time
@@ -38,7 +39,10 @@ def _cap(split: dict, n: int, seed: int) -> dict:
   if size <= n:
     return split
   keep = np.sort(np.random.RandomState(seed).permutation(size)[:n])
-  return {k: [v[i] for i in keep] if isinstance(v, list) else np.asarray(v)[keep] for k, v in split.items()}
+  return {
+    k: [v[i] for i in keep] if isinstance(v, list) else np.asarray(v)[keep]
+    for k, v in split.items()
+  }
 
 
 def eval_splits(task) -> list[str]:
@@ -55,8 +59,10 @@ def probe_task(task, featurizer, tokenizer, seq_len: int, ecfg) -> dict:
   ["extra": {probe: {split: {metric: value}}}], ["layerwise": rows]}.
   """
   enc = lambda texts: features_lib.encode_texts(list(texts), tokenizer, seq_len)
-  splits = {name: _cap(task.splits[name], ecfg.max_train if name == "train" else ecfg.max_eval, i)
-            for i, name in enumerate(["train"] + eval_splits(task))}
+  splits = {
+    name: _cap(task.splits[name], ecfg.max_train if name == "train" else ecfg.max_eval, i)
+    for i, name in enumerate(["train"] + eval_splits(task))
+  }
   feats, labels = {}, {}
   for name, split in splits.items():
     if "texts_a" in split:
@@ -67,25 +73,38 @@ def probe_task(task, featurizer, tokenizer, seq_len: int, ecfg) -> dict:
   kind = "regression" if task.kind == "regression" else "classification"
   headline_split = getattr(task, "headline_split", "test")
   also = tuple(getattr(task, "extra_metrics", ()))
-  out = {"kind": task.kind, "metric": task.metric, "headline_split": headline_split,
-         "sizes": {k: int(len(v)) for k, v in labels.items()}}
-  layered = np.ndim(feats["train"]) == 3                                      # [L + 1, N, d]
+  out = {
+    "kind": task.kind,
+    "metric": task.metric,
+    "headline_split": headline_split,
+    "sizes": {k: int(len(v)) for k, v in labels.items()},
+  }
+  layered = np.ndim(feats["train"]) == 3  # [L + 1, N, d]
   last = (lambda x: x[-1]) if layered else (lambda x: x)
   evals = {name: (last(feats[name]), labels[name]) for name in splits if name != "train"}
   for probe in [p.strip() for p in ecfg.probes.split(",") if p.strip()]:
     fn = {"ridge": probes.ridge_probe, "knn": probes.knn_probe}[probe]
     res = fn(last(feats["train"]), labels["train"], evals, kind=kind, metric=task.metric, also=also)
-    out[probe] = {**{name: float(v) for name, v in res.scores.items()},
-                  res.param: float(res.selection.value),
-                  "heldout": float(res.selection.scores[res.selection.value])}
+    out[probe] = {
+      **{name: float(v) for name, v in res.scores.items()},
+      res.param: float(res.selection.value),
+      "heldout": float(res.selection.scores[res.selection.value]),
+    }
     if res.extra:
       out.setdefault("extra", {})[probe] = res.extra
   if layered:
-    rows = probes.layerwise(feats["train"], labels["train"],
-                            {n: (feats[n], labels[n]) for n in evals},
-                            kind=kind, metric=task.metric, probe="ridge")
-    out["layerwise"] = [{k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in r.items()}
-                        for r in rows]
+    rows = probes.layerwise(
+      feats["train"],
+      labels["train"],
+      {n: (feats[n], labels[n]) for n in evals},
+      kind=kind,
+      metric=task.metric,
+      probe="ridge",
+    )
+    out["layerwise"] = [
+      {k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in r.items()}
+      for r in rows
+    ]
   return out
 
 
@@ -100,9 +119,10 @@ def pooler_modes(ecfg) -> list[str]:
   modes = [m.strip() for m in value.split(",") if m.strip()]
   for mode in modes:
     if mode not in POOLER_MODES:
-      raise ConfigError(f"evals.pooler: unknown mode {mode!r}; expected none, frozen, unfrozen "
-                        "or frozen,unfrozen")
-  return list(dict.fromkeys(modes))                                         # de-duplicated, ordered
+      raise ConfigError(
+        f"evals.pooler: unknown mode {mode!r}; expected none, frozen, unfrozen or frozen,unfrozen"
+      )
+  return list(dict.fromkeys(modes))  # de-duplicated, ordered
 
 
 def dev_pairs(task, ecfg) -> tuple[list[str], list[str]]:
@@ -116,14 +136,15 @@ def dev_pairs(task, ecfg) -> tuple[list[str], list[str]]:
   qa, db = [], []
   for qid, qtext in zip(queries["ids"], queries["texts"]):
     for did, rel in task.qrels["dev"].get(qid, {}).items():
-      if rel > 0 and did in doc_text:                                      # relevant, and embeddable
+      if rel > 0 and did in doc_text:  # relevant, and embeddable
         qa.append(qtext)
         db.append(doc_text[did])
   return qa, db
 
 
-def _pooled_retrieval(task, graphdef, params, tokenizer, ecfg, mode: str, doc_rows: dict,
-                      test_queries: dict) -> dict:
+def _pooled_retrieval(
+  task, graphdef, params, tokenizer, ecfg, mode: str, doc_rows: dict, test_queries: dict
+) -> dict:
   """Train the pooler on dev pairs (mode frozen|unfrozen), then retrieval metrics on test only.
 
   Returns {"test": metrics, "train_pairs", "steps", "loss": [first, last] InfoNCE loss, "seconds"}.
@@ -134,51 +155,79 @@ def _pooled_retrieval(task, graphdef, params, tokenizer, ecfg, mode: str, doc_ro
   enc = lambda texts: features_lib.encode_texts(list(texts), tokenizer, ecfg.seq_len)
   qa, db = dev_pairs(task, ecfg)
   if len(qa) < 2:  # in-batch negatives need at least two pairs; name the task, not just the count
-    raise ValueError(f"{task.name}: the pooler needs >= 2 dev (query, relevant document) pairs, "
-                     f"got {len(qa)}")
+    raise ValueError(
+      f"{task.name}: the pooler needs >= 2 dev (query, relevant document) pairs, got {len(qa)}"
+    )
   layer = layer_of(ecfg)
   pooler_params, backbone, history = pooler_lib.train_pooler(
-      graphdef, params, enc(qa), enc(db), frozen=(mode == "frozen"),
-      steps=int(ecfg.get("pooler_steps", 200)), batch_size=ecfg.batch_size,
-      lr_pooler=float(ecfg.get("pooler_lr", 1e-3)),
-      lr_backbone=float(ecfg.get("pooler_backbone_lr", 2e-5)),
-      temperature=float(ecfg.get("pooler_temperature", 0.05)), seed=0, layer=layer,
-      init=ecfg.get("pooler_init", "fresh"))
+    graphdef,
+    params,
+    enc(qa),
+    enc(db),
+    frozen=(mode == "frozen"),
+    steps=int(ecfg.get("pooler_steps", 200)),
+    batch_size=ecfg.batch_size,
+    lr_pooler=float(ecfg.get("pooler_lr", 1e-3)),
+    lr_backbone=float(ecfg.get("pooler_backbone_lr", 2e-5)),
+    temperature=float(ecfg.get("pooler_temperature", 0.05)),
+    seed=0,
+    layer=layer,
+    init=ecfg.get("pooler_init", "fresh"),
+  )
   # Unfrozen: `backbone` is the trained copy (train_pooler is functional, `params` is unchanged);
   # queries and corpus must both be embedded with it, as a deployed unfrozen model would.
   doc_emb = pooler_lib.embed(graphdef, backbone, pooler_params, doc_rows, ecfg.batch_size, layer)
-  q_emb = pooler_lib.embed(graphdef, backbone, pooler_params, enc(test_queries["texts"]),
-                           ecfg.batch_size, layer)
-  scores = retrieval.evaluate(q_emb, doc_emb, list(test_queries["ids"]), list(task.corpus["ids"]),
-                              task.qrels["test"], ks=(1, 10, 100))
-  return {"test": {k: float(v) for k, v in scores.items()}, "train_pairs": len(qa),
-          "steps": len(history), "loss": [history[0]["loss"], history[-1]["loss"]] if history else [],
-          "seconds": round(time.perf_counter() - start, 1)}
+  q_emb = pooler_lib.embed(
+    graphdef, backbone, pooler_params, enc(test_queries["texts"]), ecfg.batch_size, layer
+  )
+  scores = retrieval.evaluate(
+    q_emb,
+    doc_emb,
+    list(test_queries["ids"]),
+    list(task.corpus["ids"]),
+    task.qrels["test"],
+    ks=(1, 10, 100),
+  )
+  return {
+    "test": {k: float(v) for k, v in scores.items()},
+    "train_pairs": len(qa),
+    "steps": len(history),
+    "loss": [history[0]["loss"], history[-1]["loss"]] if history else [],
+    "seconds": round(time.perf_counter() - start, 1),
+  }
 
 
-def _retrieval_task(task, featurizer, tokenizer, seq_len: int, ecfg, graphdef=None,
-                    params=None) -> dict:
+def _retrieval_task(
+  task, featurizer, tokenizer, seq_len: int, ecfg, graphdef=None, params=None
+) -> dict:
   """Mean-pooled retrieval on dev and test; plus, per `evals.pooler` mode, pooled test retrieval.
 
   graphdef/params (the backbone) are needed only when `evals.pooler` is not "none".
   """
   enc = lambda texts: features_lib.encode_texts(list(texts), tokenizer, seq_len)
   last = lambda x: x[-1] if np.ndim(x) == 3 else x
-  doc_rows = enc(task.corpus["texts"])                                      # shared with the pooler
-  doc_emb = last(featurizer(doc_rows))                                      # [D, d]
+  doc_rows = enc(task.corpus["texts"])  # shared with the pooler
+  doc_emb = last(featurizer(doc_rows))  # [D, d]
   out = {"kind": "retrieval", "metric": task.metric, "sizes": {"corpus": len(task.corpus["ids"])}}
   capped = {}
   for i, split in enumerate(("dev", "test")):
     queries = capped[split] = _cap(task.queries[split], ecfg.max_eval, 10 + i)
-    q_emb = last(featurizer(enc(queries["texts"])))                          # [Q, d]
-    scores = retrieval.evaluate(q_emb, doc_emb, list(queries["ids"]), list(task.corpus["ids"]),
-                                task.qrels[split], ks=(1, 10, 100))
+    q_emb = last(featurizer(enc(queries["texts"])))  # [Q, d]
+    scores = retrieval.evaluate(
+      q_emb,
+      doc_emb,
+      list(queries["ids"]),
+      list(task.corpus["ids"]),
+      task.qrels[split],
+      ks=(1, 10, 100),
+    )
     out[split] = {k: float(v) for k, v in scores.items()}
     out["sizes"][f"queries_{split}"] = len(queries["ids"])
   for mode in pooler_modes(ecfg):
     # The same capped test queries as the mean-pooled numbers, so the two are comparable.
-    out[f"pooler_{mode}"] = _pooled_retrieval(task, graphdef, params, tokenizer, ecfg, mode,
-                                              doc_rows, capped["test"])
+    out[f"pooler_{mode}"] = _pooled_retrieval(
+      task, graphdef, params, tokenizer, ecfg, mode, doc_rows, capped["test"]
+    )
   return out
 
 
@@ -192,14 +241,17 @@ def check_model(ecfg, model_name: str, num_layers: int) -> None:
   predictor to start from. ConfigError naming the field."""
   layer = layer_of(ecfg)
   if not -1 <= layer <= num_layers:
-    raise ConfigError(f"evals.layer: expected -1 (final) or 0..{num_layers} (model.num_layers), "
-                      f"got {layer}")
+    raise ConfigError(
+      f"evals.layer: expected -1 (final) or 0..{num_layers} (model.num_layers), got {layer}"
+    )
   init = ecfg.get("pooler_init", "fresh")
   if init not in pooler_lib.INITS:
     raise ConfigError(f"evals.pooler_init: expected one of {pooler_lib.INITS}, got {init!r}")
   if init == "predictor" and model_name != "crossbert" and pooler_modes(ecfg):
-    raise ConfigError(f"evals.pooler_init=predictor warm-starts from CrossBERT's predictor; "
-                      f"model_name is {model_name!r} (use evals.pooler_init=fresh)")
+    raise ConfigError(
+      f"evals.pooler_init=predictor warm-starts from CrossBERT's predictor; "
+      f"model_name is {model_name!r} (use evals.pooler_init=fresh)"
+    )
 
 
 def task_names(ecfg) -> list[str]:
@@ -214,27 +266,44 @@ def task_names(ecfg) -> list[str]:
       raise ConfigError(f"evals.probes: unknown probe {probe!r}; expected ridge and/or knn")
   if ecfg.layers not in ("final", "all"):
     raise ConfigError(f"evals.layers must be final|all, got {ecfg.layers!r}")
-  pooler_modes(ecfg)                                          # fail before any model is loaded
+  pooler_modes(ecfg)  # fail before any model is loaded
   return names
 
 
-def run(graphdef, params, tokenizer, ecfg, *, cache_dir: str = "", mesh=None, rules=None,
-        tasks: Sequence[str] | None = None) -> dict:
+def run(
+  graphdef,
+  params,
+  tokenizer,
+  ecfg,
+  *,
+  cache_dir: str = "",
+  mesh=None,
+  rules=None,
+  tasks: Sequence[str] | None = None,
+) -> dict:
   """The probe suite over `ecfg.tasks` (config.evals) for one set of parameters.
 
   `params` is only read: with `evals.pooler` set, the pooler trains on copies (module docstring).
   """
   names = list(tasks) if tasks is not None else task_names(ecfg)
-  featurizer = features_lib.Featurizer(graphdef, params, batch_size=ecfg.batch_size,
-                                       seq_len=ecfg.seq_len, layers=ecfg.layers, mesh=mesh,
-                                       rules=rules, layer=layer_of(ecfg))
+  featurizer = features_lib.Featurizer(
+    graphdef,
+    params,
+    batch_size=ecfg.batch_size,
+    seq_len=ecfg.seq_len,
+    layers=ecfg.layers,
+    mesh=mesh,
+    rules=rules,
+    layer=layer_of(ecfg),
+  )
   results: dict = {}
   for name in names:
     start = time.perf_counter()
     task = task_tfds.load_task(name, cache_dir=cache_dir)
     if task.kind == "retrieval":
-      results[name] = _retrieval_task(task, featurizer, tokenizer, ecfg.seq_len, ecfg, graphdef,
-                                      params)
+      results[name] = _retrieval_task(
+        task, featurizer, tokenizer, ecfg.seq_len, ecfg, graphdef, params
+      )
     else:
       results[name] = probe_task(task, featurizer, tokenizer, ecfg.seq_len, ecfg)
     results[name]["seconds"] = round(time.perf_counter() - start, 1)
@@ -268,7 +337,9 @@ def average(results: dict) -> dict:
   if retr:
     out["retrieval"] = float(np.mean(retr))
   for mode in POOLER_MODES:
-    vals = [v[f"pooler_{mode}"]["test"][v["metric"]] for v in tasks.values() if f"pooler_{mode}" in v]
+    vals = [
+      v[f"pooler_{mode}"]["test"][v["metric"]] for v in tasks.values() if f"pooler_{mode}" in v
+    ]
     if vals:
       out[f"retrieval_pooler_{mode}"] = float(np.mean(vals))
   out["all"] = float(np.mean([headline(v) for v in tasks.values()])) if tasks else float("nan")
@@ -281,31 +352,45 @@ def markdown(results: dict, title: str = "") -> str:
   With pooled retrieval results, a second table follows: test only, the pooler trained on dev.
   """
   lines = [f"### {title}", ""] if title else []
-  lines += ["| task | kind | metric | ridge dev | ridge test | kNN dev | kNN test |",
-            "|---|---|---|---|---|---|---|"]
+  lines += [
+    "| task | kind | metric | ridge dev | ridge test | kNN dev | kNN test |",
+    "|---|---|---|---|---|---|---|",
+  ]
   fmt = lambda x: f"{x:.4f}" if isinstance(x, float) else "-"
   for name, r in results.items():
     if name == "average":
       continue
     if r["kind"] == "retrieval":
-      key = r["metric"]                                                    # e.g. ndcg@10
-      lines.append(f"| {name} | retrieval | {r['metric']} | {fmt(r['dev'][key])} | {fmt(r['test'][key])} | - | - |")
+      key = r["metric"]  # e.g. ndcg@10
+      lines.append(
+        f"| {name} | retrieval | {r['metric']} | {fmt(r['dev'][key])} | {fmt(r['test'][key])} | - | - |"
+      )
     else:
       g = lambda p, s, r=r: r[p][s] if p in r else None
-      lines.append(f"| {name} | {r['kind']} | {r['metric']} | {fmt(g('ridge', 'dev'))} | "
-                   f"{fmt(g('ridge', 'test'))} | {fmt(g('knn', 'dev'))} | {fmt(g('knn', 'test'))} |")
-  pooled = [(name, r) for name, r in results.items()
-            if name != "average" and any(f"pooler_{m}" in r for m in POOLER_MODES)]
+      lines.append(
+        f"| {name} | {r['kind']} | {r['metric']} | {fmt(g('ridge', 'dev'))} | "
+        f"{fmt(g('ridge', 'test'))} | {fmt(g('knn', 'dev'))} | {fmt(g('knn', 'test'))} |"
+      )
+  pooled = [
+    (name, r)
+    for name, r in results.items()
+    if name != "average" and any(f"pooler_{m}" in r for m in POOLER_MODES)
+  ]
   if pooled:
     # Only the test split: the pooler trained on the dev (query, relevant document) pairs.
-    lines += ["", "pooled retrieval (contrastive pooler trained on dev pairs; test only):", "",
-              "| task | metric | mean-pool test | pooler frozen test | pooler unfrozen test |",
-              "|---|---|---|---|---|"]
+    lines += [
+      "",
+      "pooled retrieval (contrastive pooler trained on dev pairs; test only):",
+      "",
+      "| task | metric | mean-pool test | pooler frozen test | pooler unfrozen test |",
+      "|---|---|---|---|---|",
+    ]
     for name, r in pooled:
       key = r["metric"]
       g = lambda m, r=r, key=key: r[f"pooler_{m}"]["test"][key] if f"pooler_{m}" in r else None
-      lines.append(f"| {name} | {key} | {fmt(r['test'][key])} | {fmt(g('frozen'))} | "
-                   f"{fmt(g('unfrozen'))} |")
+      lines.append(
+        f"| {name} | {key} | {fmt(r['test'][key])} | {fmt(g('frozen'))} | {fmt(g('unfrozen'))} |"
+      )
   return "\n".join(lines + markdown_footer(results, "test"))
 
 

@@ -10,6 +10,7 @@ Here the backward transposes the *smaller* operand explicitly and pins it with
 dot sees the canonical [M, K] x [K, N] layouts. Accelerators transpose inside their matmul units,
 so everywhere but CPU `dense` is plain `x @ w`.
 """
+
 import jax
 import jax.numpy as jnp
 
@@ -26,12 +27,12 @@ def _fwd(x, w):
 def _bwd(res, g):
   x, w = res
   d_in, d_out = w.shape
-  dx = g @ w.T                                                              # [..., d_in]
-  x2, g2 = x.reshape(-1, d_in), g.reshape(-1, d_out)                        # [R, d_in], [R, d_out]
+  dx = g @ w.T  # [..., d_in]
+  x2, g2 = x.reshape(-1, d_in), g.reshape(-1, d_out)  # [R, d_in], [R, d_out]
   if d_in <= d_out:
-    dw = jax.lax.optimization_barrier(x2.T) @ g2                            # [d_in, R] @ [R, d_out]
+    dw = jax.lax.optimization_barrier(x2.T) @ g2  # [d_in, R] @ [R, d_out]
   else:
-    dw = (jax.lax.optimization_barrier(g2.T) @ x2).T                        # ([d_out, R] @ [R, d_in])^T
+    dw = (jax.lax.optimization_barrier(g2.T) @ x2).T  # ([d_out, R] @ [R, d_in])^T
   return dx, dw.astype(w.dtype)
 
 

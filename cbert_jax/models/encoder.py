@@ -1,4 +1,5 @@
 """The flat bidirectional encoder stack shared by BERT and CrossBERT (and the probes' feature path)."""
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -16,14 +17,15 @@ class Encoder(nnx.Module):
     self.blocks = nnx.List([layers.Block(cfg, i, rngs) for i in range(cfg.num_layers)])
     self.norm = layers.RMSNorm(cfg.d_model, cfg)
 
-  def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-               return_hidden: bool = False):
+  def __call__(
+    self, tokens: jax.Array, positions: jax.Array, mask: jax.Array, return_hidden: bool = False
+  ):
     """tokens, positions: [B, S] int; mask: [B, S, S] bool.
 
     Returns the final normalised output [B, S, d]; with `return_hidden`, also every layer's
     residual stream stacked as [L + 1, B, S, d] (index 0 = embeddings, l = after block l).
     """
-    x = self.embed(tokens)                                                  # [B, S, d]
+    x = self.embed(tokens)  # [B, S, d]
     hidden = [x]
     run = remat_block(self.cfg_remat)
     for block in self.blocks:
@@ -40,8 +42,10 @@ def remat_block(remat: str):
   """block(*args) as is (remat "none") or under `nnx.remat` with the named policy: "full" keeps
   only each block's inputs, "dots" also keeps the matmul outputs (no batch dims). Used for the
   encoder's blocks, CrossBERT's predictor blocks and ELECTRA's generator blocks."""
+
   def run(block, *args):
     return block(*args)
+
   if remat == "none":
     return run
   if remat not in REMAT_POLICIES:

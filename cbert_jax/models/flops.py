@@ -16,6 +16,7 @@ Conventions (the x-axis of every scaling curve):
 form runs full T x T attention and masks half of it); `flops_per_token` is the algorithmic count that
 scaling curves and MFU use. They differ only for in-place CMS.
 """
+
 import dataclasses
 
 from cbert_jax.models.model_config import MaskConfig, ModelConfig, generator_config, num_masked
@@ -24,11 +25,12 @@ from cbert_jax.models.model_config import MaskConfig, ModelConfig, generator_con
 @dataclasses.dataclass(frozen=True)
 class ParamCounts:
   """Analytic parameter counts, split the way SPEC §4 needs them."""
-  embedding: int      # token embedding table
-  encoder: int        # encoder blocks + final norm (non-embedding)
-  head: int           # vocabulary projection (0 when tied)
-  pred_q: int         # predictor weights applied to queries (q, o, FFN, norms, mask vector, final norm)
-  pred_kv: int        # predictor weights applied to encoder tokens (k, v, and the width projection)
+
+  embedding: int  # token embedding table
+  encoder: int  # encoder blocks + final norm (non-embedding)
+  head: int  # vocabulary projection (0 when tied)
+  pred_q: int  # predictor weights applied to queries (q, o, FFN, norms, mask vector, final norm)
+  pred_kv: int  # predictor weights applied to encoder tokens (k, v, and the width projection)
   generator: int = 0  # ELECTRA generator blocks, final norm and width projections
   generator_embedding: int = 0  # ELECTRA generator's own table and head (0 when shared)
 
@@ -40,8 +42,15 @@ class ParamCounts:
 
   @property
   def total(self) -> int:
-    return (self.embedding + self.encoder + self.head + self.pred_q + self.pred_kv + self.generator
-            + self.generator_embedding)
+    return (
+      self.embedding
+      + self.encoder
+      + self.head
+      + self.pred_q
+      + self.pred_kv
+      + self.generator
+      + self.generator_embedding
+    )
 
 
 def _attn_params(d_q: int, d_kv: int, heads: int, head_dim: int) -> tuple[int, int]:
@@ -66,9 +75,16 @@ def param_counts(model_name: str, cfg: ModelConfig) -> ParamCounts:
     if cfg.generator_shared_embeddings:
       gen, gen_emb = _encoder_params(g) + (2 * d * gd if gd != d else 0), 0
     else:
-      gen, gen_emb = _encoder_params(g), 2 * v * gd                     # own table + untied head
-    return ParamCounts(embedding=v * d, encoder=encoder, head=d * d + d, pred_q=0, pred_kv=0,
-                       generator=gen, generator_embedding=gen_emb)
+      gen, gen_emb = _encoder_params(g), 2 * v * gd  # own table + untied head
+    return ParamCounts(
+      embedding=v * d,
+      encoder=encoder,
+      head=d * d + d,
+      pred_q=0,
+      pred_kv=0,
+      generator=gen,
+      generator_embedding=gen_emb,
+    )
   pred_q = pred_kv = 0
   head_d = d
   if model_name == "crossbert":
@@ -77,16 +93,17 @@ def param_counts(model_name: str, cfg: ModelConfig) -> ParamCounts:
     per_layer_q = q + 3 * pd * cfg.pred_ffn_size + 2 * pd
     if cfg.predictor_self_attn:
       per_layer_q += sum(_attn_params(pd, pd, cfg.pred_heads, cfg.pred_head_size)) + pd
-    pred_q = cfg.predictor_layers * per_layer_q + pd + pd                  # + mask vector + final norm
+    pred_q = cfg.predictor_layers * per_layer_q + pd + pd  # + mask vector + final norm
     if cfg.predictor_positions == "learned":
-      pred_q += cfg.max_positions * pd                                     # position table (a gather)
-    pred_kv = cfg.predictor_layers * kv + (d * pd if pd != d else 0)       # + encoder->predictor proj
+      pred_q += cfg.max_positions * pd  # position table (a gather)
+    pred_kv = cfg.predictor_layers * kv + (d * pd if pd != d else 0)  # + encoder->predictor proj
   head = 0 if cfg.tie_embeddings else head_d * v
   return ParamCounts(embedding=v * d, encoder=encoder, head=head, pred_q=pred_q, pred_kv=pred_kv)
 
 
-def flops_per_token(model_name: str, cfg: ModelConfig, mask_cfg: MaskConfig, seq_len: int,
-                    executed: bool = False) -> float:
+def flops_per_token(
+  model_name: str, cfg: ModelConfig, mask_cfg: MaskConfig, seq_len: int, executed: bool = False
+) -> float:
   """Training FLOPs per data token (forward + backward), SPEC §4.
 
   With `executed=True`, the FLOPs the chosen implementation performs (in-place CMS: full-length
@@ -102,7 +119,9 @@ def flops_per_token(model_name: str, cfg: ModelConfig, mask_cfg: MaskConfig, seq
   head_mult = 8 if (executed and cfg.ce_chunk > 0) else 6
   if model_name == "bert":
     k = num_masked(t, r) / t
-    return 6 * enc_mm + 12 * cfg.num_layers * t * d_attn + k * head_mult * cfg.d_model * cfg.vocab_size
+    return (
+      6 * enc_mm + 12 * cfg.num_layers * t * d_attn + k * head_mult * cfg.d_model * cfg.vocab_size
+    )
   if model_name == "electra":
     # Discriminator: encoder + head (d x d, then d x 1) on every token. Generator: its encoder on
     # every token, the width projection in, and at the K targets the projection out and the
@@ -123,9 +142,11 @@ def flops_per_token(model_name: str, cfg: ModelConfig, mask_cfg: MaskConfig, seq
   pd = cfg.pred_d
   pd_attn = cfg.pred_heads * cfg.pred_head_size
   lp = cfg.predictor_layers
-  norms_q = lp * 2 * pd + 2 * pd + (lp * pd if cfg.predictor_self_attn else 0)  # elementwise weights
+  norms_q = (
+    lp * 2 * pd + 2 * pd + (lp * pd if cfg.predictor_self_attn else 0)
+  )  # elementwise weights
   if cfg.predictor_positions == "learned":
-    norms_q += cfg.max_positions * pd                                    # a table lookup, not a matmul
+    norms_q += cfg.max_positions * pd  # a table lookup, not a matmul
   pred_q_mm = pc.pred_q - norms_q
   head = head_mult * pd * cfg.vocab_size
   if mask_cfg.cms:
@@ -137,7 +158,7 @@ def flops_per_token(model_name: str, cfg: ModelConfig, mask_cfg: MaskConfig, seq
     if cfg.predictor_self_attn:
       f += 12 * lp * self_q * pd_attn
     return f
-  k = num_masked(t, r) / t          # fraction of tokens that are targets (static K per row)
+  k = num_masked(t, r) / t  # fraction of tokens that are targets (static K per row)
   vis = 1 - k
   f = vis * 6 * enc_mm + 12 * cfg.num_layers * vis * vis * t * d_attn
   f += k * 6 * pred_q_mm + vis * 6 * pc.pred_kv + 12 * lp * k * vis * t * pd_attn + k * head

@@ -7,6 +7,7 @@ mapping to mesh axes lives in the config's `sharding_rules`, never here.
 
 Logical names: vocab, embed, heads, kv (per-head width), mlp; activations add batch, seq.
 """
+
 import flax.linen as nn  # only for with_logical_constraint (activations), which reads the same rules
 import jax
 import jax.numpy as jnp
@@ -48,16 +49,22 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   that restart at each packed document, the masked positions a predictor query stands for).
   """
   d = x.shape[-1]
-  freqs = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))   # [D/2]
-  angles = positions.astype(jnp.float32)[..., None] * freqs                # [B, S, D/2]
+  freqs = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))  # [D/2]
+  angles = positions.astype(jnp.float32)[..., None] * freqs  # [B, S, D/2]
   sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]  # [B, S, 1, D/2]
-  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)                    # 2 x [B, S, H, D/2]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)  # 2 x [B, S, H, D/2]
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
 
 
-def attention_mask(seg_q: jax.Array, seg_k: jax.Array, view_q: jax.Array | None = None,
-                   view_k: jax.Array | None = None, *, same_view: bool = True) -> jax.Array:
+def attention_mask(
+  seg_q: jax.Array,
+  seg_k: jax.Array,
+  view_q: jax.Array | None = None,
+  view_k: jax.Array | None = None,
+  *,
+  same_view: bool = True,
+) -> jax.Array:
   """Boolean [B, Sq, Sk]: query i may attend key j.
 
   Keys must be real tokens (segment id != 0) of the same packed document as the query. With view ids
@@ -81,16 +88,26 @@ def attention_implementation(impl: str, dtype) -> str | None:
   if impl == "auto":
     return "xla"
   if impl == "cudnn" and (jax.default_backend() != "gpu" or jnp.dtype(dtype).itemsize != 2):
-    raise ValueError("model.attention_impl=cudnn needs an NVIDIA GPU and compute_dtype "
-                     f"bfloat16/float16 (backend {jax.default_backend()}, dtype {jnp.dtype(dtype)})")
+    raise ValueError(
+      "model.attention_impl=cudnn needs an NVIDIA GPU and compute_dtype "
+      f"bfloat16/float16 (backend {jax.default_backend()}, dtype {jnp.dtype(dtype)})"
+    )
   return impl
 
 
 class Attention(nnx.Module):
   """Multi-head attention; self-attention when x_kv is x_q, cross-attention otherwise."""
 
-  def __init__(self, d_q: int, d_kv: int, num_heads: int, head_dim: int, cfg: ModelConfig,
-               out_divisor: float, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    d_q: int,
+    d_kv: int,
+    num_heads: int,
+    head_dim: int,
+    cfg: ModelConfig,
+    out_divisor: float,
+    rngs: nnx.Rngs,
+  ):
     std, pd = cfg.std(), cfg.pdtype
     self.wq = param(rngs, (d_q, num_heads, head_dim), ("embed", "heads", "kv"), std, pd)
     self.wk = param(rngs, (d_kv, num_heads, head_dim), ("embed", "heads", "kv"), std, pd)
@@ -101,8 +118,9 @@ class Attention(nnx.Module):
     self.dtype = cfg.dtype
     self.impl = cfg.attention_impl
 
-  def __call__(self, x_q: jax.Array, pos_q: jax.Array, x_kv: jax.Array, pos_kv: jax.Array,
-               mask: jax.Array) -> jax.Array:
+  def __call__(
+    self, x_q: jax.Array, pos_q: jax.Array, x_kv: jax.Array, pos_kv: jax.Array, mask: jax.Array
+  ) -> jax.Array:
     """x_q: [B, Sq, d_q]; x_kv: [B, Sk, d_kv]; pos_*: [B, S*]; mask: [B, Sq, Sk] bool -> [B, Sq, d_q]."""
     dt, names = self.dtype, ("batch", "seq", "heads", "kv")
 
@@ -116,8 +134,9 @@ class Attention(nnx.Module):
     # Logits and softmax in fp32 inside. A query with no allowed key (padding; a CMS query whose
     # document has no token in the other half) would get a uniform softmax over *all* keys, leaking
     # across documents and halves: its output is zeroed instead.
-    o = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, :, :],
-                                     implementation=attention_implementation(self.impl, q.dtype))  # [B, Sq, H, D]
+    o = jax.nn.dot_product_attention(
+      q, k, v, mask=mask[:, None, :, :], implementation=attention_implementation(self.impl, q.dtype)
+    )  # [B, Sq, H, D]
     o = constrain(o * jnp.any(mask, axis=-1)[:, :, None, None].astype(o.dtype), names)
     b, sq = o.shape[:2]
     return dense(o.reshape(b, sq, -1), self.wo[...].astype(dt).reshape(-1, self.wo.shape[-1]))
@@ -130,12 +149,16 @@ class SwiGLU(nnx.Module):
     std, pd = cfg.std(), cfg.pdtype
     self.w1 = param(rngs, (d, hidden), ("embed", "mlp"), std, pd)
     self.w3 = param(rngs, (d, hidden), ("embed", "mlp"), std, pd)
-    self.w2 = param(rngs, (hidden, d), ("mlp", "embed"), hidden ** -0.5 * cfg.init_scale / out_divisor, pd)
+    self.w2 = param(
+      rngs, (hidden, d), ("mlp", "embed"), hidden**-0.5 * cfg.init_scale / out_divisor, pd
+    )
     self.dtype = cfg.dtype
 
   def __call__(self, x: jax.Array) -> jax.Array:  # x: [B, S, d]
     dt = self.dtype
-    h = jax.nn.silu(dense(x, self.w1[...].astype(dt))) * dense(x, self.w3[...].astype(dt))  # [B, S, F]
+    h = jax.nn.silu(dense(x, self.w1[...].astype(dt))) * dense(
+      x, self.w3[...].astype(dt)
+    )  # [B, S, F]
     h = constrain(h, ("batch", "seq", "mlp"))
     return dense(h, self.w2[...].astype(dt))
 
@@ -152,7 +175,7 @@ class Block(nnx.Module):
     self.ffn = SwiGLU(d, cfg.ffn_size, cfg, div, rngs)
 
   def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
-    h = self.attn_norm(x)                                                   # [B, S, d]
+    h = self.attn_norm(x)  # [B, S, d]
     x = constrain(x + self.attn(h, positions, h, positions, mask), ("batch", "seq", "embed"))
     return constrain(x + self.ffn(self.ffn_norm(x)), ("batch", "seq", "embed"))
 
@@ -172,12 +195,21 @@ class CrossBlock(nnx.Module):
       self.self_attn = Attention(d, d, h, hd, cfg, div, rngs)
     self.use_self = cfg.predictor_self_attn
     self.cross_norm = RMSNorm(d, cfg)
-    self.cross = Attention(d, d, h, hd, cfg, div, rngs)  # kv is projected to d first if widths differ
+    self.cross = Attention(
+      d, d, h, hd, cfg, div, rngs
+    )  # kv is projected to d first if widths differ
     self.ffn_norm = RMSNorm(d, cfg)
     self.ffn = SwiGLU(d, cfg.pred_ffn_size, cfg, div, rngs)
 
-  def __call__(self, x: jax.Array, pos_q: jax.Array, kv: jax.Array, pos_kv: jax.Array,
-               cross_mask: jax.Array, self_mask: jax.Array | None) -> jax.Array:
+  def __call__(
+    self,
+    x: jax.Array,
+    pos_q: jax.Array,
+    kv: jax.Array,
+    pos_kv: jax.Array,
+    cross_mask: jax.Array,
+    self_mask: jax.Array | None,
+  ) -> jax.Array:
     """x: [B, Q, d_pred] queries; kv: [B, S, d_pred]; cross_mask: [B, Q, S]; self_mask: [B, Q, Q]."""
     names = ("batch", "seq", "embed")
     if self.use_self:
@@ -191,7 +223,9 @@ class Embedding(nnx.Module):
   """Token embedding table [V, d], gathered from a replicated view (an FSDP-style all-gather)."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    self.table = param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.std(), cfg.pdtype)
+    self.table = param(
+      rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.std(), cfg.pdtype
+    )
     self.dtype = cfg.dtype
 
   def __call__(self, tokens: jax.Array) -> jax.Array:  # [B, S] int -> [B, S, d]
@@ -206,7 +240,9 @@ class VocabHead(nnx.Module):
   def __init__(self, d: int, cfg: ModelConfig, rngs: nnx.Rngs, tied: Embedding | None = None):
     self.tied = tied
     if tied is None:
-      self.w = param(rngs, (d, cfg.vocab_size), ("embed", "vocab"), d ** -0.5 * cfg.init_scale, cfg.pdtype)
+      self.w = param(
+        rngs, (d, cfg.vocab_size), ("embed", "vocab"), d**-0.5 * cfg.init_scale, cfg.pdtype
+      )
     self.dtype = cfg.dtype
 
   def weight(self) -> jax.Array:
@@ -215,5 +251,5 @@ class VocabHead(nnx.Module):
     return w.astype(self.dtype)
 
   def __call__(self, h: jax.Array) -> jax.Array:  # h: [B, K, d] -> logits [B, K, V] fp32
-    logits = dense(h, self.weight(), preferred_element_type=jnp.float32)    # [B, K, V]
+    logits = dense(h, self.weight(), preferred_element_type=jnp.float32)  # [B, K, V]
     return constrain(logits, ("batch", "seq", "vocab"))

@@ -11,6 +11,7 @@ with metric = numerator / max(denominator, 1) and loss = sum of coef * metric. S
 micro-batches, so the train step's gradient accumulation can normalise by the global
 denominators and report exactly the full batch's loss and metrics (steps.py).
 """
+
 import functools
 import operator
 
@@ -20,8 +21,7 @@ import optax
 
 from cbert_jax.models.dense import dense
 
-
-CE_LOSS = {"loss": 1.0}   # the masked-token models' loss: the mean CE, metric "loss"
+CE_LOSS = {"loss": 1.0}  # the masked-token models' loss: the mean CE, metric "loss"
 
 
 def finish(sums: dict, coefs: dict):
@@ -30,8 +30,9 @@ def finish(sums: dict, coefs: dict):
   metrics[name] = numerator / max(denominator, 1) (a denominator of None: the numerator as is);
   loss = sum of coefs[name] * metrics[name], also reported as metrics["loss"].
   """
-  metrics = {name: num if den is None else num / jnp.maximum(den, 1.0)
-             for name, (num, den) in sums.items()}
+  metrics = {
+    name: num if den is None else num / jnp.maximum(den, 1.0) for name, (num, den) in sums.items()
+  }
   loss = combine(metrics, coefs)
   return loss, dict(metrics, loss=loss)
 
@@ -51,7 +52,7 @@ def masked_cross_entropy_sums(logits: jax.Array, targets: jax.Array, weights: ja
   """`masked_cross_entropy` as sums (see `finish`)."""
   # Accuracy is "the target has the largest logit": a max-reduction XLA shares with the softmax's,
   # cheaper than an argmax pass over [B, K, V] (ties, measure zero for float logits, count).
-  ce, hit = _ce_and_hits(logits.astype(jnp.float32), targets)               # [B, K] each
+  ce, hit = _ce_and_hits(logits.astype(jnp.float32), targets)  # [B, K] each
   w = weights.astype(jnp.float32)
   return ce_sums((ce * w).sum(), (hit * w).sum(), w.sum())
 
@@ -72,16 +73,18 @@ def _ce_and_hits(logits: jax.Array, targets: jax.Array):
   return ce, hit
 
 
-def chunked_cross_entropy(h: jax.Array, w: jax.Array, targets: jax.Array, weights: jax.Array,
-                          chunk: int):
+def chunked_cross_entropy(
+  h: jax.Array, w: jax.Array, targets: jax.Array, weights: jax.Array, chunk: int
+):
   """`masked_cross_entropy(h @ w, ...)`, computed `chunk` target positions at a time.
 
   See `chunked_cross_entropy_sums`."""
   return finish(chunked_cross_entropy_sums(h, w, targets, weights, chunk), CE_LOSS)
 
 
-def chunked_cross_entropy_sums(h: jax.Array, w: jax.Array, targets: jax.Array,
-                               weights: jax.Array, chunk: int) -> dict:
+def chunked_cross_entropy_sums(
+  h: jax.Array, w: jax.Array, targets: jax.Array, weights: jax.Array, chunk: int
+) -> dict:
   """`masked_cross_entropy_sums(h @ w, ...)`, computed `chunk` target positions at a time.
 
   h: [B, K, d] head input; w: [d, V]; targets: [B, K] int; weights: [B, K]. The K axis is cut
@@ -103,7 +106,7 @@ def chunked_cross_entropy_sums(h: jax.Array, w: jax.Array, targets: jax.Array,
 
   @jax.checkpoint
   def body(carry, xs):
-    hc, tc, wc = xs                                                         # [B, c, d], [B, c], [B, c]
+    hc, tc, wc = xs  # [B, c, d], [B, c], [B, c]
     ce, hit = _ce_and_hits(dense(hc, w, preferred_element_type=jnp.float32), tc)  # [B, c]
     return (carry[0] + (ce * wc).sum(), carry[1] + (hit * wc).sum()), None
 
@@ -118,8 +121,9 @@ def head_loss_sums(head, out: dict, chunk: int) -> dict:
   `chunked_cross_entropy_sums` with `head.weight()`. Under jit the unused branch's logits are
   dead code and never computed."""
   if chunk > 0:
-    return chunked_cross_entropy_sums(out["head_in"], head.weight(), out["targets"],
-                                      out["weights"], chunk)
+    return chunked_cross_entropy_sums(
+      out["head_in"], head.weight(), out["targets"], out["weights"], chunk
+    )
   return masked_cross_entropy_sums(out["logits"], out["targets"], out["weights"])
 
 

@@ -7,6 +7,7 @@ y = e + b * x^-beta (loss against compute, with an irreducible term) by nonlinea
 percentile intervals; with few points (a sweep has 4-9 sizes) the intervals are wide, and the
 report prints them so nobody reads more into an exponent than the data holds.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,6 +19,7 @@ import numpy as np
 @dataclasses.dataclass(frozen=True)
 class PowerLaw:
   """y = a * x^alpha, with bootstrap percentile intervals (None without a bootstrap)."""
+
   a: float
   alpha: float
   n_points: int
@@ -49,8 +51,14 @@ def fit_power_law(x: Sequence[float], y: Sequence[float]) -> PowerLaw:
   return PowerLaw(a=float(np.exp(log_a)), alpha=float(alpha), n_points=int(x.size))
 
 
-def bootstrap(fit: Callable[[np.ndarray, np.ndarray], dict], x, y, n: int = 1000, seed: int = 0,
-              level: float = 0.9) -> dict[str, tuple[float, float]]:
+def bootstrap(
+  fit: Callable[[np.ndarray, np.ndarray], dict],
+  x,
+  y,
+  n: int = 1000,
+  seed: int = 0,
+  level: float = 0.9,
+) -> dict[str, tuple[float, float]]:
   """Percentile intervals of every parameter `fit(x, y)` returns (a dict of floats).
 
   Resamples that draw fewer than 2 distinct x values (or that fail to fit) are dropped."""
@@ -74,14 +82,21 @@ def bootstrap(fit: Callable[[np.ndarray, np.ndarray], dict], x, y, n: int = 1000
 def fit_power_law_ci(x, y, n: int = 1000, seed: int = 0, level: float = 0.9) -> PowerLaw:
   """`fit_power_law` with bootstrap intervals for a and alpha."""
   law = fit_power_law(x, y)
-  ci = bootstrap(lambda xs, ys: {"a": fit_power_law(xs, ys).a, "alpha": fit_power_law(xs, ys).alpha},
-                 x, y, n=n, seed=seed, level=level)
+  ci = bootstrap(
+    lambda xs, ys: {"a": fit_power_law(xs, ys).a, "alpha": fit_power_law(xs, ys).alpha},
+    x,
+    y,
+    n=n,
+    seed=seed,
+    level=level,
+  )
   return dataclasses.replace(law, a_ci=ci.get("a"), alpha_ci=ci.get("alpha"))
 
 
 @dataclasses.dataclass(frozen=True)
 class SaturatingLaw:
   """y = e + b * x^-beta (e: the irreducible loss)."""
+
   e: float
   b: float
   beta: float
@@ -98,12 +113,18 @@ def fit_saturating(x: Sequence[float], y: Sequence[float]) -> SaturatingLaw:
   """Nonlinear least squares of y = e + b x^-beta, with x rescaled to its geometric mean for
   conditioning. Needs >= 4 points; e is bounded to [0, min(y)) so the fit stays a power law."""
   from scipy import optimize  # pylint: disable=import-outside-toplevel
+
   x, y = _check(x, y, 4)
   scale = float(np.exp(np.log(x).mean()))
   xs = x / scale
   start = fit_power_law(x, np.maximum(y - 0.5 * y.min(), 1e-12))
   p0 = (0.5 * y.min(), max(start(scale), 1e-12), max(-start.alpha, 1e-3))
   (e, b, beta), _ = optimize.curve_fit(
-      lambda t, e, b, beta: e + b * t ** -beta, xs, y, p0=p0,
-      bounds=([0.0, 0.0, 0.0], [float(y.min()), np.inf, 10.0]), maxfev=20000)
-  return SaturatingLaw(e=float(e), b=float(b * scale ** beta), beta=float(beta), n_points=int(x.size))
+    lambda t, e, b, beta: e + b * t**-beta,
+    xs,
+    y,
+    p0=p0,
+    bounds=([0.0, 0.0, 0.0], [float(y.min()), np.inf, 10.0]),
+    maxfev=20000,
+  )
+  return SaturatingLaw(e=float(e), b=float(b * scale**beta), beta=float(beta), n_points=int(x.size))

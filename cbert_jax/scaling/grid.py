@@ -31,6 +31,7 @@ The sweep reads the file through `sweep.laws` (`cbert_jax.scaling.plan` loads it
 defaults, DeepSeek LLM's laws (`laws.DEFAULT`; its `source` says so). Bad input (no such
 directory, no member workdirs, fewer than 2 complete sizes) is one line naming the path, exit 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,10 +44,12 @@ import time
 
 import numpy as np
 
-from cbert_jax import metrics as metrics_lib, plotting
-from cbert_jax.scaling import fit as fit_lib, laws as laws_lib
+from cbert_jax import metrics as metrics_lib
+from cbert_jax import plotting
+from cbert_jax.scaling import fit as fit_lib
+from cbert_jax.scaling import laws as laws_lib
 
-CI_LEVEL = 0.9                   # bootstrap interval level (fit.bootstrap's default)
+CI_LEVEL = 0.9  # bootstrap interval level (fit.bootstrap's default)
 MODELS = ("bert", "crossbert")
 MARKERS = {"bert": "o", "crossbert": "s", "crossbert-nocms": "^"}
 LAWS_FILE, PLOT_FILE = "laws.json", "laws.png"
@@ -59,21 +62,22 @@ class GridError(Exception):
 @dataclasses.dataclass
 class Member:
   """One grid member's settings and outcome, read from its workdir."""
-  name: str                      # the sub-workdir's name
-  arch: str                      # model name, "-nocms" for CrossBERT without CMS
-  model: str                     # bert | crossbert
-  size: str                      # ladder rung
-  n_params: int                  # sweep.n_params (N under sweep.n_definition)
-  n_definition: str              # sweep.n_definition
-  compute: float                 # sweep.compute: training FLOPs of the run
-  batch_size: int                # rows per step
-  seq_len: int                   # tokens per row
-  lr: float                      # peak LR
+
+  name: str  # the sub-workdir's name
+  arch: str  # model name, "-nocms" for CrossBERT without CMS
+  model: str  # bert | crossbert
+  size: str  # ladder rung
+  n_params: int  # sweep.n_params (N under sweep.n_definition)
+  n_definition: str  # sweep.n_definition
+  compute: float  # sweep.compute: training FLOPs of the run
+  batch_size: int  # rows per step
+  seq_len: int  # tokens per row
+  lr: float  # peak LR
   total_steps: int
-  final_step: int                # the last step in metrics.jsonl (0 without one)
-  loss: float | None             # eval/loss at total_steps; +inf when diverged
-  state: str                     # done | diverged | unfinished | failed
-  reason: str = ""               # why it is not done
+  final_step: int  # the last step in metrics.jsonl (0 without one)
+  loss: float | None  # eval/loss at total_steps; +inf when diverged
+  state: str  # done | diverged | unfinished | failed
+  reason: str = ""  # why it is not done
 
   @property
   def batch_tokens(self) -> int:
@@ -83,9 +87,10 @@ class Member:
 @dataclasses.dataclass
 class Optimum:
   """The best member of one (model, size) and where it sits in that size's grid."""
+
   best: Member
-  members: list[Member]          # done and diverged members of the size (its grid)
-  edges: list[str]               # e.g. ["highest lr"]: the optimum may lie outside the grid
+  members: list[Member]  # done and diverged members of the size (its grid)
+  edges: list[str]  # e.g. ["highest lr"]: the optimum may lie outside the grid
 
 
 @dataclasses.dataclass
@@ -111,28 +116,40 @@ def read_member(workdir: str) -> Member | None:
     sweep = cfg.get("sweep", {})
     model = str(cfg["model_name"])
     cms = bool(cfg.get("masking", {}).get("cms", True)) or model != "crossbert"
-    m = Member(name=os.path.basename(os.path.normpath(workdir)),
-               arch=model + ("" if cms else "-nocms"), model=model,
-               size=str(cfg.get("model", {}).get("size", "")) or "custom",
-               n_params=int(sweep.get("n_params", 0)),
-               n_definition=str(sweep.get("n_definition", "")),
-               compute=float(sweep.get("compute", 0.0)), batch_size=int(cfg["batch_size"]),
-               seq_len=int(cfg["data"]["seq_len"]), lr=float(cfg["optim"]["lr"]),
-               total_steps=int(cfg["total_steps"]), final_step=0, loss=None, state="unfinished")
+    m = Member(
+      name=os.path.basename(os.path.normpath(workdir)),
+      arch=model + ("" if cms else "-nocms"),
+      model=model,
+      size=str(cfg.get("model", {}).get("size", "")) or "custom",
+      n_params=int(sweep.get("n_params", 0)),
+      n_definition=str(sweep.get("n_definition", "")),
+      compute=float(sweep.get("compute", 0.0)),
+      batch_size=int(cfg["batch_size"]),
+      seq_len=int(cfg["data"]["seq_len"]),
+      lr=float(cfg["optim"]["lr"]),
+      total_steps=int(cfg["total_steps"]),
+      final_step=0,
+      loss=None,
+      state="unfinished",
+    )
   except (OSError, ValueError, KeyError, TypeError):
     return None
-  rows = [r for r in metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"), missing_ok=True)
-          if isinstance(r.get("step"), int)]
+  rows = [
+    r
+    for r in metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"), missing_ok=True)
+    if isinstance(r.get("step"), int)
+  ]
   m.final_step = max((r["step"] for r in rows), default=0)
   final = [r["eval/loss"] for r in rows if r["step"] == m.total_steps and "eval/loss" in r]
   failed = ""
   try:
-    with open(os.path.join(workdir, "FAILED")) as f:   # written by the sweep runner
+    with open(os.path.join(workdir, "FAILED")) as f:  # written by the sweep runner
       failed = f.read().strip()
   except OSError:
     pass
   diverged = "NonFinite" in failed or any(
-      _nonfinite(r.get("train/loss")) or _nonfinite(r.get("eval/loss")) for r in rows)
+    _nonfinite(r.get("train/loss")) or _nonfinite(r.get("eval/loss")) for r in rows
+  )
   if not m.compute > 0 or not m.n_params > 0:
     m.state, m.reason = "failed", "no sweep.compute / sweep.n_params: not a sweep or grid member"
   elif diverged:
@@ -154,11 +171,18 @@ def read_grid(grid: str) -> list[Member]:
     raise GridError(f"--grid: no such directory {grid!r}")
   if not os.path.isdir(grid):
     raise GridError(f"--grid: {grid!r} is not a directory")
-  members = [m for d in sorted(os.listdir(grid)) if os.path.isdir(os.path.join(grid, d))
-             for m in [read_member(os.path.join(grid, d))] if m is not None]
+  members = [
+    m
+    for d in sorted(os.listdir(grid))
+    if os.path.isdir(os.path.join(grid, d))
+    for m in [read_member(os.path.join(grid, d))]
+    if m is not None
+  ]
   if not members:
-    raise GridError(f"--grid: {grid!r} holds no member workdirs (subdirectories with a "
-                    "config.json; run experiments/hparam_grid.py into it first)")
+    raise GridError(
+      f"--grid: {grid!r} holds no member workdirs (subdirectories with a "
+      "config.json; run experiments/hparam_grid.py into it first)"
+    )
   return sorted(members, key=lambda m: (m.arch, m.compute, m.batch_size, m.lr))
 
 
@@ -166,8 +190,10 @@ def read_grid(grid: str) -> list[Member]:
 def _edges(best: Member, grid: list[Member]) -> list[str]:
   """Where `best` touches the edge of its size's grid (lowest/highest lr or batch tried)."""
   out = []
-  for label, value, values in (("lr", best.lr, [m.lr for m in grid]),
-                               ("batch", best.batch_size, [m.batch_size for m in grid])):
+  for label, value, values in (
+    ("lr", best.lr, [m.lr for m in grid]),
+    ("batch", best.batch_size, [m.batch_size for m in grid]),
+  ):
     if len(set(values)) < 2:
       out.append(f"only one {label} tried")
     elif value <= min(values):
@@ -177,18 +203,23 @@ def _edges(best: Member, grid: list[Member]) -> list[str]:
   return out
 
 
-def select(members: list[Member], model: str = "all") -> tuple[list[Optimum], list[Member],
-                                                                list[str]]:
+def select(
+  members: list[Member], model: str = "all"
+) -> tuple[list[Optimum], list[Member], list[str]]:
   """(the optimum of every (arch, size) with a done member, the members skipped, warnings)."""
   chosen = [m for m in members if model == "all" or m.model == model]
   if not chosen:
-    raise GridError(f"--model {model}: the grid has no {model} members (it has "
-                    f"{', '.join(sorted({m.model for m in members}))})")
+    raise GridError(
+      f"--model {model}: the grid has no {model} members (it has "
+      f"{', '.join(sorted({m.model for m in members}))})"
+    )
   skipped = [m for m in chosen if m.state in ("unfinished", "failed")]
   warnings = []
   if skipped:
-    warnings.append(f"{len(skipped)} unfinished member(s) skipped: "
-                    + ", ".join(f"{m.name} ({m.reason})" for m in skipped))
+    warnings.append(
+      f"{len(skipped)} unfinished member(s) skipped: "
+      + ", ".join(f"{m.name} ({m.reason})" for m in skipped)
+    )
   groups: dict[tuple[str, str], list[Member]] = {}
   for m in chosen:
     if m.state in ("done", "diverged"):
@@ -202,11 +233,14 @@ def select(members: list[Member], model: str = "all") -> tuple[list[Optimum], li
     best = min(done, key=lambda m: m.loss)
     edges = _edges(best, grid)
     if edges:
-      warnings.append(f"{arch} {size}: the best run {best.name} (B {best.batch_size} rows, "
-                      f"lr {best.lr:.3g}) is at the {' and '.join(edges)} of its grid; the "
-                      "optimum may lie outside it (widen the grid and rerun)")
-    optima.append(Optimum(best=best, members=sorted(grid, key=lambda m: (m.batch_size, m.lr)),
-                          edges=edges))
+      warnings.append(
+        f"{arch} {size}: the best run {best.name} (B {best.batch_size} rows, "
+        f"lr {best.lr:.3g}) is at the {' and '.join(edges)} of its grid; the "
+        "optimum may lie outside it (widen the grid and rerun)"
+      )
+    optima.append(
+      Optimum(best=best, members=sorted(grid, key=lambda m: (m.batch_size, m.lr)), edges=edges)
+    )
   if empty:
     warnings.append(f"no finished member (all diverged) at: {', '.join(empty)}")
   optima.sort(key=lambda o: (o.best.compute, o.best.arch))
@@ -217,8 +251,15 @@ def _fit_axis(x, y, n_boot: int, seed: int) -> fit_lib.PowerLaw:
   return fit_lib.fit_power_law_ci(x, y, n=n_boot, seed=seed, level=CI_LEVEL)
 
 
-def fit_grid(grid: str, out: str | None = None, model: str = "all", n_boot: int = 1000,
-             seed: int = 0, plot: bool = True, command: str = "") -> FitResult:
+def fit_grid(
+  grid: str,
+  out: str | None = None,
+  model: str = "all",
+  n_boot: int = 1000,
+  seed: int = 0,
+  plot: bool = True,
+  command: str = "",
+) -> FitResult:
   """Reads the grid, fits the laws, writes laws.json (and laws.png); see the module docstring.
   `command`: how it was invoked, for the provenance (the CLI passes its command line)."""
   members = read_grid(grid)
@@ -226,46 +267,81 @@ def fit_grid(grid: str, out: str | None = None, model: str = "all", n_boot: int 
   grid_abs = os.path.abspath(grid)
   if len(optima) < 2 or len({o.best.compute for o in optima}) < 2:
     have = ", ".join(f"{o.best.arch} {o.best.size}" for o in optima) or "none"
-    raise GridError(f"--grid {grid!r}: {len(optima)} size(s) complete ({have}; "
-                    f"{len(skipped)} member(s) unfinished); need at least 2 sizes with a finished "
-                    "member to fit a law")
+    raise GridError(
+      f"--grid {grid!r}: {len(optima)} size(s) complete ({have}; "
+      f"{len(skipped)} member(s) unfinished); need at least 2 sizes with a finished "
+      "member to fit a law"
+    )
   defs = sorted({o.best.n_definition for o in optima})
   if len(defs) > 1:
-    raise GridError(f"--grid {grid!r}: members count N differently ({', '.join(defs)}); fit "
-                    "grids with one sweep.n_definition")
+    raise GridError(
+      f"--grid {grid!r}: members count N differently ({', '.join(defs)}); fit "
+      "grids with one sweep.n_definition"
+    )
   c = np.array([o.best.compute for o in optima])
   n = np.array([o.best.n_params for o in optima], np.float64)
   lr = np.array([o.best.lr for o in optima])
   bt = np.array([o.best.batch_tokens for o in optima], np.float64)
-  fits = {"lr": _fit_axis(c, lr, n_boot, seed), "batch_tokens": _fit_axis(c, bt, n_boot, seed),
-          "lr_n": _fit_axis(n, lr, n_boot, seed), "batch_tokens_n": _fit_axis(n, bt, n_boot, seed)}
+  fits = {
+    "lr": _fit_axis(c, lr, n_boot, seed),
+    "batch_tokens": _fit_axis(c, bt, n_boot, seed),
+    "lr_n": _fit_axis(n, lr, n_boot, seed),
+    "batch_tokens_n": _fit_axis(n, bt, n_boot, seed),
+  }
   created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
   models = sorted({o.best.arch for o in optima})
   provenance = {
-      "grid": grid_abs, "created": created, "models": models, "model_filter": model,
-      "n_definition": defs[0], "selection": "lowest eval/loss at the final step per (model, size)",
-      "n_bootstrap": n_boot, "ci_level": CI_LEVEL, "seed": seed,
-      "command": command or "cbert_jax.scaling.grid.fit_grid (Python)",
-      "runs": [{"name": o.best.name, "model": o.best.arch, "size": o.best.size,
-                "compute": o.best.compute, "n_params": o.best.n_params,
-                "batch_size": o.best.batch_size, "batch_tokens": o.best.batch_tokens,
-                "lr": o.best.lr, "loss": o.best.loss, "edge": o.edges,
-                "grid_members": [m.name for m in o.members]} for o in optima],
-      "diverged": [m.name for o in optima for m in o.members if m.state == "diverged"],
-      "skipped": [{"name": m.name, "reason": m.reason} for m in skipped],
+    "grid": grid_abs,
+    "created": created,
+    "models": models,
+    "model_filter": model,
+    "n_definition": defs[0],
+    "selection": "lowest eval/loss at the final step per (model, size)",
+    "n_bootstrap": n_boot,
+    "ci_level": CI_LEVEL,
+    "seed": seed,
+    "command": command or "cbert_jax.scaling.grid.fit_grid (Python)",
+    "runs": [
+      {
+        "name": o.best.name,
+        "model": o.best.arch,
+        "size": o.best.size,
+        "compute": o.best.compute,
+        "n_params": o.best.n_params,
+        "batch_size": o.best.batch_size,
+        "batch_tokens": o.best.batch_tokens,
+        "lr": o.best.lr,
+        "loss": o.best.loss,
+        "edge": o.edges,
+        "grid_members": [m.name for m in o.members],
+      }
+      for o in optima
+    ],
+    "diverged": [m.name for o in optima for m in o.members if m.state == "diverged"],
+    "skipped": [{"name": m.name, "reason": m.reason} for m in skipped],
   }
   laws = laws_lib.HyperLaws(
-      lr=fits["lr"], batch_tokens=fits["batch_tokens"], lr_n=fits["lr_n"],
-      batch_tokens_n=fits["batch_tokens_n"],
-      source=f"fit: {grid_abs} ({len(optima)} sizes), {created[:10]}", provenance=provenance)
+    lr=fits["lr"],
+    batch_tokens=fits["batch_tokens"],
+    lr_n=fits["lr_n"],
+    batch_tokens_n=fits["batch_tokens_n"],
+    source=f"fit: {grid_abs} ({len(optima)} sizes), {created[:10]}",
+    provenance=provenance,
+  )
   laws_path = out or os.path.join(grid, LAWS_FILE)
   laws_lib.save(laws_path, laws)
   plot_path = None
   if plot:
     plot_path = os.path.join(os.path.dirname(os.path.abspath(laws_path)), PLOT_FILE)
     draw(optima, laws, plot_path, n_boot, seed)
-  return FitResult(laws=laws, optima=optima, skipped=skipped, warnings=warnings,
-                   laws_path=laws_path, plot_path=plot_path)
+  return FitResult(
+    laws=laws,
+    optima=optima,
+    skipped=skipped,
+    warnings=warnings,
+    laws_path=laws_path,
+    plot_path=plot_path,
+  )
 
 
 # --------------------------------------------------------------------------------- plots ---
@@ -273,13 +349,20 @@ def _band(x, y, xs, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray] | N
   """Bootstrap percentile band of the fitted line at `xs` (None without a bootstrap)."""
   if n_boot <= 0:
     return None
-  ci = fit_lib.bootstrap(lambda a, b: {str(i): float(v)
-                                       for i, v in enumerate(fit_lib.fit_power_law(a, b)(xs))},
-                         x, y, n=n_boot, seed=seed, level=CI_LEVEL)
+  ci = fit_lib.bootstrap(
+    lambda a, b: {str(i): float(v) for i, v in enumerate(fit_lib.fit_power_law(a, b)(xs))},
+    x,
+    y,
+    n=n_boot,
+    seed=seed,
+    level=CI_LEVEL,
+  )
   if len(ci) != len(xs):
     return None
-  return (np.array([ci[str(i)][0] for i in range(len(xs))]),
-          np.array([ci[str(i)][1] for i in range(len(xs))]))
+  return (
+    np.array([ci[str(i)][0] for i in range(len(xs))]),
+    np.array([ci[str(i)][1] for i in range(len(xs))]),
+  )
 
 
 def _profile(o: Optimum, ykey: str) -> dict[float, float]:
@@ -291,60 +374,103 @@ def _profile(o: Optimum, ykey: str) -> dict[float, float]:
   return best_at
 
 
-def draw(optima: list[Optimum], laws: laws_lib.HyperLaws, path: str, n_boot: int = 1000,
-         seed: int = 0) -> None:
+def draw(
+  optima: list[Optimum], laws: laws_lib.HyperLaws, path: str, n_boot: int = 1000, seed: int = 0
+) -> None:
   """laws.png: lr* and B* against C (top) and N (bottom), log-log; each grid point coloured by
   its final loss above the best of its size (the lowest over the other hyperparameter where
   several share an x, y), diverged points as grey crosses, the optima as stars."""
   Figure, FigureCanvasAgg = plotting.matplotlib_classes(  # pylint: disable=invalid-name
-      os.path.join(os.path.dirname(path), ".matplotlib"))
+    os.path.join(os.path.dirname(path), ".matplotlib")
+  )
   # After plotting's first import, the rest of matplotlib imports as usual.
   import matplotlib  # pylint: disable=import-outside-toplevel
   from matplotlib import cm, colors  # pylint: disable=import-outside-toplevel
+
   # Per optimum and y field: y -> the lowest loss over the other hyperparameter (what is drawn).
   profiles = {(id(o), ykey): _profile(o, ykey) for o in optima for ykey in ("lr", "batch_tokens")}
-  deltas = [loss - o.best.loss for o in optima for ykey in ("lr", "batch_tokens")
-            for loss in profiles[id(o), ykey].values() if math.isfinite(loss)]
+  deltas = [
+    loss - o.best.loss
+    for o in optima
+    for ykey in ("lr", "batch_tokens")
+    for loss in profiles[id(o), ykey].values()
+    if math.isfinite(loss)
+  ]
   norm = colors.Normalize(0.0, max(max(deltas), 1e-6))
   cmap = matplotlib.colormaps["viridis"]
   fig = Figure(figsize=(11, 8.5))
-  panels = ((laws.lr, "compute", "lr", "peak LR"), (laws.batch_tokens, "compute", "batch_tokens",
-                                                     "batch (tokens)"),
-            (laws.lr_n, "n_params", "lr", "peak LR"),
-            (laws.batch_tokens_n, "n_params", "batch_tokens", "batch (tokens)"))
+  panels = (
+    (laws.lr, "compute", "lr", "peak LR"),
+    (laws.batch_tokens, "compute", "batch_tokens", "batch (tokens)"),
+    (laws.lr_n, "n_params", "lr", "peak LR"),
+    (laws.batch_tokens_n, "n_params", "batch_tokens", "batch (tokens)"),
+  )
   for i, (law, xkey, ykey, ylabel) in enumerate(panels):
     ax = fig.add_subplot(2, 2, i + 1)
     for o in optima:
-      x0 = getattr(o.best, xkey)         # the size's x (C differs slightly with the batch)
+      x0 = getattr(o.best, xkey)  # the size's x (C differs slightly with the batch)
       marker = MARKERS.get(o.best.arch, "o")
       for y, loss in profiles[id(o), ykey].items():
         if math.isfinite(loss):
-          ax.scatter([x0], [y], c=[cmap(norm(loss - o.best.loss))], marker=marker, s=36,
-                     edgecolors="none", zorder=2)
+          ax.scatter(
+            [x0],
+            [y],
+            c=[cmap(norm(loss - o.best.loss))],
+            marker=marker,
+            s=36,
+            edgecolors="none",
+            zorder=2,
+          )
         else:
           ax.scatter([x0], [y], c="0.6", marker="x", s=30, zorder=2)
-      ax.scatter([x0], [getattr(o.best, ykey)], marker="*", s=180, facecolors="none",
-                 edgecolors="k", linewidths=1.2, zorder=3)
+      ax.scatter(
+        [x0],
+        [getattr(o.best, ykey)],
+        marker="*",
+        s=180,
+        facecolors="none",
+        edgecolors="k",
+        linewidths=1.2,
+        zorder=3,
+      )
     x = np.array([getattr(o.best, xkey) for o in optima], np.float64)
     y = np.array([getattr(o.best, ykey) for o in optima], np.float64)
     xs = np.geomspace(x.min() / 1.5, x.max() * 1.5, 40)
     band = _band(x, y, xs, n_boot, seed)
     if band is not None:
-      ax.fill_between(xs, band[0], band[1], color="tab:red", alpha=0.15, lw=0,
-                      label=f"{int(CI_LEVEL * 100)}% bootstrap band")
-    ci = (f" [{law.alpha_ci[0]:.3f}, {law.alpha_ci[1]:.3f}]" if law.alpha_ci else "")
-    ax.plot(xs, law(xs), color="tab:red", lw=1.2,
-            label=f"{law.a:.3g} {'C' if xkey == 'compute' else 'N'}^{law.alpha:.3f}{ci}")
+      ax.fill_between(
+        xs,
+        band[0],
+        band[1],
+        color="tab:red",
+        alpha=0.15,
+        lw=0,
+        label=f"{int(CI_LEVEL * 100)}% bootstrap band",
+      )
+    ci = f" [{law.alpha_ci[0]:.3f}, {law.alpha_ci[1]:.3f}]" if law.alpha_ci else ""
+    ax.plot(
+      xs,
+      law(xs),
+      color="tab:red",
+      lw=1.2,
+      label=f"{law.a:.3g} {'C' if xkey == 'compute' else 'N'}^{law.alpha:.3f}{ci}",
+    )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("training compute C (FLOPs)" if xkey == "compute" else "N (parameters)")
     ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-  fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=fig.axes,
-               label="final val loss - best of its size (grey x: diverged; star: best)")
-  fig.suptitle(f"hyperparameter laws ({', '.join(sorted({o.best.arch for o in optima}))}; "
-               "markers: o bert, s crossbert)", fontsize=10)
+  fig.colorbar(
+    cm.ScalarMappable(norm=norm, cmap=cmap),
+    ax=fig.axes,
+    label="final val loss - best of its size (grey x: diverged; star: best)",
+  )
+  fig.suptitle(
+    f"hyperparameter laws ({', '.join(sorted({o.best.arch for o in optima}))}; "
+    "markers: o bert, s crossbert)",
+    fontsize=10,
+  )
   FigureCanvasAgg(fig).print_png(path)
 
 
@@ -356,21 +482,39 @@ def _ci(law: fit_lib.PowerLaw, key: str) -> str:
 
 def table(result: FitResult) -> str:
   """The optima and the four fits, as plain text."""
-  rows = [("model", "size", "N", "C (FLOPs)", "B* rows", "B* tokens", "lr*", "loss", "grid",
-           "edge")]
+  rows = [
+    ("model", "size", "N", "C (FLOPs)", "B* rows", "B* tokens", "lr*", "loss", "grid", "edge")
+  ]
   for o in result.optima:
     b = o.best
-    rows.append((b.arch, b.size, f"{b.n_params:.3g}", f"{b.compute:.3g}", str(b.batch_size),
-                 str(b.batch_tokens), f"{b.lr:.3g}", f"{b.loss:.4f}", str(len(o.members)),
-                 ", ".join(o.edges) or "-"))
+    rows.append(
+      (
+        b.arch,
+        b.size,
+        f"{b.n_params:.3g}",
+        f"{b.compute:.3g}",
+        str(b.batch_size),
+        str(b.batch_tokens),
+        f"{b.lr:.3g}",
+        f"{b.loss:.4f}",
+        str(len(o.members)),
+        ", ".join(o.edges) or "-",
+      )
+    )
   w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
   lines = ["  ".join(r[i].ljust(w[i]) for i in range(len(r))).rstrip() for r in rows]
   lines.append("")
   lv = result.laws
-  for name, law, x in (("lr*", lv.lr, "C"), ("B* (tokens)", lv.batch_tokens, "C"),
-                       ("lr*", lv.lr_n, "N"), ("B* (tokens)", lv.batch_tokens_n, "N")):
-    lines.append(f"{name} = {law.a:.4g}{_ci(law, 'a')} * {x}^{law.alpha:.4f}{_ci(law, 'alpha')}"
-                 f"  ({law.n_points} sizes, {int(CI_LEVEL * 100)}% bootstrap intervals)")
+  for name, law, x in (
+    ("lr*", lv.lr, "C"),
+    ("B* (tokens)", lv.batch_tokens, "C"),
+    ("lr*", lv.lr_n, "N"),
+    ("B* (tokens)", lv.batch_tokens_n, "N"),
+  ):
+    lines.append(
+      f"{name} = {law.a:.4g}{_ci(law, 'a')} * {x}^{law.alpha:.4f}{_ci(law, 'alpha')}"
+      f"  ({law.n_points} sizes, {int(CI_LEVEL * 100)}% bootstrap intervals)"
+    )
   lines += ["", f"source: {lv.source}", f"written: {result.laws_path}"]
   if result.plot_path:
     lines.append(f"plot: {result.plot_path}")
@@ -379,27 +523,38 @@ def table(result: FitResult) -> str:
 
 # ------------------------------------------------------------------------------------ CLI ---
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m cbert_jax.scaling.grid",
-                                   description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(
+    prog="python -m cbert_jax.scaling.grid", description=__doc__.splitlines()[0]
+  )
   sub = parser.add_subparsers(dest="command", required=True)
   f = sub.add_parser("fit", help="fit lr*(C), B*(C) (and against N) from a finished grid")
   f.add_argument("--grid", required=True, help="the grid directory (member workdirs inside)")
-  f.add_argument("--out", default=None, help=f"the laws file (default <grid>/{LAWS_FILE}; the "
-                 f"plot goes next to it as {PLOT_FILE})")
-  f.add_argument("--model", default="all", choices=(*MODELS, "all"),
-                 help="fit one architecture's optima, or pool them (all)")
-  f.add_argument("--bootstrap", type=int, default=1000,
-                 help="bootstrap resamples for the intervals (0 = none)")
+  f.add_argument(
+    "--out",
+    default=None,
+    help=f"the laws file (default <grid>/{LAWS_FILE}; the plot goes next to it as {PLOT_FILE})",
+  )
+  f.add_argument(
+    "--model",
+    default="all",
+    choices=(*MODELS, "all"),
+    help="fit one architecture's optima, or pool them (all)",
+  )
+  f.add_argument(
+    "--bootstrap", type=int, default=1000, help="bootstrap resamples for the intervals (0 = none)"
+  )
   f.add_argument("--seed", type=int, default=0, help="bootstrap seed")
   f.add_argument("--no_plot", action="store_true", help=f"skip {PLOT_FILE}")
   ns = parser.parse_args(argv)
   if ns.bootstrap < 0:
     parser.error(f"--bootstrap must be >= 0, got {ns.bootstrap}")
   try:
-    command = " ".join(["python -m cbert_jax.scaling.grid",
-                        *(argv if argv is not None else sys.argv[1:])])
-    result = fit_grid(ns.grid, ns.out, ns.model, ns.bootstrap, ns.seed, plot=not ns.no_plot,
-                      command=command)
+    command = " ".join(
+      ["python -m cbert_jax.scaling.grid", *(argv if argv is not None else sys.argv[1:])]
+    )
+    result = fit_grid(
+      ns.grid, ns.out, ns.model, ns.bootstrap, ns.seed, plot=not ns.no_plot, command=command
+    )
   except GridError as e:
     print(f"grid error: {e}", file=sys.stderr)
     return 2

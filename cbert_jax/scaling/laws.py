@@ -7,6 +7,7 @@ eq. 1: eta_opt = 0.3118 C^-0.1250, B_opt = 0.2920 C^0.3271 tokens, fitted on dec
 in FLOPs) -- a published, compute-indexed starting point, not a measurement on encoders; a
 member's config.json records which constants it used (`source`, `provenance`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,16 +21,21 @@ from cbert_jax.scaling.fit import PowerLaw
 @dataclasses.dataclass(frozen=True)
 class HyperLaws:
   """lr(C) and batch size in tokens B(C) (and, when fitted, the same against N); their source."""
+
   lr: PowerLaw
   batch_tokens: PowerLaw
   source: str
   provenance: dict = dataclasses.field(default_factory=dict)
-  lr_n: PowerLaw | None = None            # lr(N), N = the sweep's n_definition
+  lr_n: PowerLaw | None = None  # lr(N), N = the sweep's n_definition
   batch_tokens_n: PowerLaw | None = None  # B(N) in tokens
 
   def to_dict(self) -> dict:
-    out = {"lr": self.lr.to_dict(), "batch_tokens": self.batch_tokens.to_dict(),
-           "source": self.source, "provenance": self.provenance}
+    out = {
+      "lr": self.lr.to_dict(),
+      "batch_tokens": self.batch_tokens.to_dict(),
+      "source": self.source,
+      "provenance": self.provenance,
+    }
     if self.lr_n is not None and self.batch_tokens_n is not None:
       out |= {"lr_n": self.lr_n.to_dict(), "batch_tokens_n": self.batch_tokens_n.to_dict()}
     return out
@@ -40,27 +46,39 @@ class HyperLaws:
       return self.lr, self.batch_tokens
     if law_axis == "params":
       if self.lr_n is None or self.batch_tokens_n is None:
-        raise ConfigError(f"sweep.law_axis=params: the laws ({self.source}) have no fit against N; "
-                          "fit a grid (python -m cbert_jax.scaling.grid fit) or use compute")
+        raise ConfigError(
+          f"sweep.law_axis=params: the laws ({self.source}) have no fit against N; "
+          "fit a grid (python -m cbert_jax.scaling.grid fit) or use compute"
+        )
       return self.lr_n, self.batch_tokens_n
     raise ConfigError(f"sweep.law_axis must be compute|params, got {law_axis!r}")
 
   @classmethod
-  def from_dict(cls, d: dict) -> "HyperLaws":
+  def from_dict(cls, d: dict) -> HyperLaws:
     def law(x):
-      return PowerLaw(a=float(x["a"]), alpha=float(x["alpha"]), n_points=int(x.get("n_points", 0)),
-                      a_ci=tuple(x["a_ci"]) if x.get("a_ci") else None,
-                      alpha_ci=tuple(x["alpha_ci"]) if x.get("alpha_ci") else None)
-    return cls(lr=law(d["lr"]), batch_tokens=law(d["batch_tokens"]), source=str(d["source"]),
-               provenance=dict(d.get("provenance", {})),
-               lr_n=law(d["lr_n"]) if d.get("lr_n") else None,
-               batch_tokens_n=law(d["batch_tokens_n"]) if d.get("batch_tokens_n") else None)
+      return PowerLaw(
+        a=float(x["a"]),
+        alpha=float(x["alpha"]),
+        n_points=int(x.get("n_points", 0)),
+        a_ci=tuple(x["a_ci"]) if x.get("a_ci") else None,
+        alpha_ci=tuple(x["alpha_ci"]) if x.get("alpha_ci") else None,
+      )
+
+    return cls(
+      lr=law(d["lr"]),
+      batch_tokens=law(d["batch_tokens"]),
+      source=str(d["source"]),
+      provenance=dict(d.get("provenance", {})),
+      lr_n=law(d["lr_n"]) if d.get("lr_n") else None,
+      batch_tokens_n=law(d["batch_tokens_n"]) if d.get("batch_tokens_n") else None,
+    )
 
 
 DEFAULT = HyperLaws(
-    lr=PowerLaw(a=0.3118, alpha=-0.1250, n_points=0),
-    batch_tokens=PowerLaw(a=0.2920, alpha=0.3271, n_points=0),
-    source="default: DeepSeek LLM (arXiv 2401.02954) eq. 1, decoder LMs; no fit of ours yet")
+  lr=PowerLaw(a=0.3118, alpha=-0.1250, n_points=0),
+  batch_tokens=PowerLaw(a=0.2920, alpha=0.3271, n_points=0),
+  source="default: DeepSeek LLM (arXiv 2401.02954) eq. 1, decoder LMs; no fit of ours yet",
+)
 
 
 def load(path: str) -> HyperLaws:
@@ -71,8 +89,10 @@ def load(path: str) -> HyperLaws:
     with open(path) as f:
       return HyperLaws.from_dict(json.load(f))
   except FileNotFoundError as e:
-    raise ConfigError(f"sweep.laws: no such file {path!r} (written by `python -m "
-                      "cbert_jax.scaling.grid fit`; leave it empty for the shipped defaults)") from e
+    raise ConfigError(
+      f"sweep.laws: no such file {path!r} (written by `python -m "
+      "cbert_jax.scaling.grid fit`; leave it empty for the shipped defaults)"
+    ) from e
   except (ValueError, KeyError, TypeError) as e:
     raise ConfigError(f"sweep.laws: {path!r} is not a laws file ({type(e).__name__}: {e})") from e
 
@@ -85,8 +105,9 @@ def save(path: str, laws: HyperLaws) -> None:
   os.replace(tmp, path)
 
 
-def suggest(laws: HyperLaws, x: float, seq_len: int, multiple: int = 1,
-            law_axis: str = "compute") -> tuple[float, int]:
+def suggest(
+  laws: HyperLaws, x: float, seq_len: int, multiple: int = 1, law_axis: str = "compute"
+) -> tuple[float, int]:
   """(learning rate, batch size in rows) for a run at `x` (training FLOPs, or N for law_axis=params):
   rows = B(x) / seq_len rounded to the nearest multiple of `multiple` (the data-parallel size), at
   least one multiple."""

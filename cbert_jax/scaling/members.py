@@ -7,6 +7,7 @@ resolves and validates *all* of them, so a bad field fails in seconds, not after
 `manifest` is `<root>/sweep.json`. Used by the in-process sweep (`cbert_jax.sweep`),
 `launch.sweep` and `launch.compile_check`; it resolves configs, so it sits with `config_lib`.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,12 +21,25 @@ from cbert_jax.errors import ConfigError
 
 MANIFEST = "sweep.json"
 # Fields of the whole-sweep config that are not per-member overrides.
-_SWEEP_ONLY = ("mode", "name", "sweep.scale", "sweep.arg", "sweep.models", "sweep.sizes",
-               "sweep.probe", "sweep.report", "sweep.experiment")
+_SWEEP_ONLY = (
+  "mode",
+  "name",
+  "sweep.scale",
+  "sweep.arg",
+  "sweep.models",
+  "sweep.sizes",
+  "sweep.probe",
+  "sweep.report",
+  "sweep.experiment",
+)
 
 
-def load_experiment(path: str, *, field: str = "sweep.experiment",
-                    needs: tuple[str, ...] = ("get_config", "get_sweep")):
+def load_experiment(
+  path: str,
+  *,
+  field: str = "sweep.experiment",
+  needs: tuple[str, ...] = ("get_config", "get_sweep"),
+):
   """The experiment file `path` as a module (experiments/ is not a package): the one loader of
   experiment files (the sweep driver, launch.sweep, launch.compile_check, hparam_grid.py).
   ConfigError naming `field` when the file is missing or lacks a function of `needs`."""
@@ -46,6 +60,7 @@ def resolve_scale(scale: str) -> str:
   if scale != "auto":
     return scale
   import jax  # pylint: disable=import-outside-toplevel
+
   return "cpu" if jax.default_backend() == "cpu" else "paper"
 
 
@@ -53,8 +68,11 @@ def overrides(config: ml_collections.ConfigDict, fresh: ml_collections.ConfigDic
   """The fields the command line changed: where `config` differs from the experiment file's own
   config for the same arg (`fresh`), sweep-level fields excluded."""
   base = dict(config_lib.leaves(fresh))
-  return {k: v for k, v in config_lib.leaves(config)
-          if k not in _SWEEP_ONLY and (k not in base or base[k] != v)}
+  return {
+    k: v
+    for k, v in config_lib.leaves(config)
+    if k not in _SWEEP_ONLY and (k not in base or base[k] != v)
+  }
 
 
 def _set(config: ml_collections.ConfigDict, path: str, value) -> None:
@@ -71,7 +89,9 @@ def member_name(config: ml_collections.ConfigDict) -> str:
   return f"{config.model_name}{'' if cms else '-nocms'}_{config.model.size or 'custom'}"
 
 
-def plan(config: ml_collections.ConfigDict, root: str) -> tuple[str, list[tuple[str, str, ml_collections.ConfigDict]]]:
+def plan(
+  config: ml_collections.ConfigDict, root: str
+) -> tuple[str, list[tuple[str, str, ml_collections.ConfigDict]]]:
   """(scale, [(member name, its arg, its resolved config)]) with the overrides applied; every
   member is validated against this machine's devices unless it is planned for other hardware."""
   experiment = load_experiment(config.sweep.experiment)
@@ -82,6 +102,7 @@ def plan(config: ml_collections.ConfigDict, root: str) -> tuple[str, list[tuple[
   want_sizes = [s.strip() for s in config.sweep.sizes.split(",") if s.strip()]
   cache = config.compilation_cache_dir or os.path.join(os.path.abspath(root), "compilation_cache")
   import jax  # pylint: disable=import-outside-toplevel
+
   members = []
   for arg in experiment.get_sweep(scale):
     cfg = experiment.get_config(arg)
@@ -100,31 +121,50 @@ def plan(config: ml_collections.ConfigDict, root: str) -> tuple[str, list[tuple[
     name = experiment.workdir_name(arg) if hasattr(experiment, "workdir_name") else member_name(cfg)
     members.append((name, arg, cfg))
   if not members:
-    raise ConfigError(f"sweep.models={config.sweep.models!r} / sweep.sizes={config.sweep.sizes!r} "
-                      f"select no member of the {scale} sweep")
+    raise ConfigError(
+      f"sweep.models={config.sweep.models!r} / sweep.sizes={config.sweep.sizes!r} "
+      f"select no member of the {scale} sweep"
+    )
   return scale, members
 
 
 def check_manifest(root: str, scale: str) -> None:
   import json  # pylint: disable=import-outside-toplevel
+
   path = os.path.join(root, MANIFEST)
   if os.path.exists(path):
     with open(path) as f:
       old = json.load(f).get("scale")
     if old and old != scale:
-      raise ConfigError(f"{root} holds a {old} sweep; this is the {scale} sweep. Use another "
-                        "--workdir")
+      raise ConfigError(
+        f"{root} holds a {old} sweep; this is the {scale} sweep. Use another --workdir"
+      )
 
 
 def manifest(scale: str, experiment: str, members) -> dict:
-  return {"scale": scale, "experiment": experiment,
-          "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-          "members": [{"name": n, "arg": a, "model": c.model_name, "size": c.model.size,
-                       "cms": bool(c.masking.cms), "n_params": c.sweep.n_params,
-                       "compute": c.sweep.compute, "tokens": c.sweep.tokens,
-                       "steps": c.total_steps, "batch_size": c.batch_size, "lr": c.optim.lr,
-                       "target_devices": c.sweep.target_devices, **memory_record(c)}
-                      for n, a, c in members]}
+  return {
+    "scale": scale,
+    "experiment": experiment,
+    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    "members": [
+      {
+        "name": n,
+        "arg": a,
+        "model": c.model_name,
+        "size": c.model.size,
+        "cms": bool(c.masking.cms),
+        "n_params": c.sweep.n_params,
+        "compute": c.sweep.compute,
+        "tokens": c.sweep.tokens,
+        "steps": c.total_steps,
+        "batch_size": c.batch_size,
+        "lr": c.optim.lr,
+        "target_devices": c.sweep.target_devices,
+        **memory_record(c),
+      }
+      for n, a, c in members
+    ],
+  }
 
 
 def memory_record(c: ml_collections.ConfigDict) -> dict:
@@ -132,5 +172,12 @@ def memory_record(c: ml_collections.ConfigDict) -> dict:
   s = c.sweep
   if not s.chip:
     return {}
-  return {"memory": {"chip": s.chip, "setting": s.memory_setting, "verdict": s.memory_verdict,
-                     "predicted_bytes": s.memory_bytes, "usable_bytes": s.memory_budget}}
+  return {
+    "memory": {
+      "chip": s.chip,
+      "setting": s.memory_setting,
+      "verdict": s.memory_verdict,
+      "predicted_bytes": s.memory_bytes,
+      "usable_bytes": s.memory_budget,
+    }
+  }

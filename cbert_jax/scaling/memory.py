@@ -38,21 +38,21 @@ the barriers.
 `plan(...)` picks the least costly setting that fits a chip's usable HBM: the cheapest estimated
 step time (`step_cost`) over remat none/dots/full x ce_chunk off/on x micro-batches 1, 2, 4, ...
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 
-from cbert_jax.models.model_config import num_masked
 from cbert_jax.models import flops as flops_lib
-from cbert_jax.models.model_config import MaskConfig, ModelConfig
+from cbert_jax.models.model_config import MaskConfig, ModelConfig, num_masked
 
-GiB = 2 ** 30
+GiB = 2**30
 # XLA:CPU removes JAX's remat barriers before CSE unless this pass is disabled (see the docstring).
 REMAT_XLA_FLAGS = "--xla_disable_hlo_passes=cse_barrier_expander"
 REMAT_POLICIES = ("none", "dots", "full")
-CE_CHUNK = 64             # the ce_chunk the planner tries (target positions per row and slice)
-MAX_MICROBATCHES = 64     # the planner gives up (needs more chips) beyond this
+CE_CHUNK = 64  # the ce_chunk the planner tries (target positions per row and slice)
+MAX_MICROBATCHES = 64  # the planner gives up (needs more chips) beyond this
 # A setting fits when its estimate x MARGIN is within the chip's usable memory: the model was
 # measured at 0.97-1.25x XLA's compiled bytes, so 10% covers the cases where it reads low.
 MARGIN = 1.10
@@ -61,10 +61,11 @@ MARGIN = 1.10
 @dataclasses.dataclass(frozen=True)
 class Chip:
   """An accelerator's memory and speed, per JAX device."""
+
   name: str
-  hbm: float              # bytes of device memory (vendor spec)
-  usable: float           # fraction the plan may fill (runtime reserve, allocator, fragmentation)
-  bf16_flops: float       # dense peak FLOP/s (as cbert_jax/hardware.py)
+  hbm: float  # bytes of device memory (vendor spec)
+  usable: float  # fraction the plan may fill (runtime reserve, allocator, fragmentation)
+  bf16_flops: float  # dense peak FLOP/s (as cbert_jax/hardware.py)
   link_bytes_per_s: float  # per-device interconnect bandwidth for FSDP collectives (one direction)
   source: str
 
@@ -73,23 +74,70 @@ class Chip:
 # the memory by default; the SLURM launcher sets XLA_PYTHON_CLIENT_MEM_FRACTION=0.92, and the plan
 # fills at most 88% of the HBM, leaving room for XLA's scratch and fragmentation.
 CHIPS: dict[str, Chip] = {
-    "v4": Chip("TPU v4", 32 * GiB, 0.90, 275e12, 2400e9 / 8 / 2,
-               "Cloud TPU v4: 32 GiB HBM2, 275 TFLOP/s bf16, 2,400 Gbps ICI"),
-    "v5e": Chip("TPU v5e", 16 * GiB, 0.90, 197e12, 1600e9 / 8 / 2,
-                "Cloud TPU v5e: 16 GiB HBM2, 197 TFLOP/s bf16, 1,600 Gbps ICI"),
-    "v5p": Chip("TPU v5p", 95 * GiB, 0.90, 459e12, 4800e9 / 8 / 2,
-                "Cloud TPU v5p: 95 GiB HBM2e, 459 TFLOP/s bf16, 4,800 Gbps ICI"),
-    "v6e": Chip("TPU v6e", 32 * GiB, 0.90, 918e12, 3584e9 / 8 / 2,
-                "Cloud TPU v6e (Trillium): 32 GiB HBM, 918 TFLOP/s bf16, 3,584 Gbps ICI"),
-    "a100": Chip("NVIDIA A100 80GB", 80e9, 0.88, 312e12, 600e9 / 2,
-                 "NVIDIA A100 datasheet: 80 GB HBM2e, 312 TFLOP/s bf16, NVLink 600 GB/s"),
-    "h100": Chip("NVIDIA H100 SXM", 80e9, 0.88, 989.4e12, 900e9 / 2,
-                 "NVIDIA H100 datasheet (SXM): 80 GB HBM3, 989 TFLOP/s bf16 dense, NVLink 900 GB/s"),
-    "h200": Chip("NVIDIA H200 SXM", 141e9, 0.88, 989.4e12, 900e9 / 2,
-                 "NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 989 TFLOP/s bf16 dense, NVLink 900 GB/s"),
-    "b200": Chip("NVIDIA B200", 180e9, 0.88, 2250e12, 1800e9 / 2,
-                 "NVIDIA DGX B200 datasheet: 1,440 GB HBM3e / 8 GPUs, 2.25 PFLOP/s bf16 dense, "
-                 "NVLink 1.8 TB/s"),
+  "v4": Chip(
+    "TPU v4",
+    32 * GiB,
+    0.90,
+    275e12,
+    2400e9 / 8 / 2,
+    "Cloud TPU v4: 32 GiB HBM2, 275 TFLOP/s bf16, 2,400 Gbps ICI",
+  ),
+  "v5e": Chip(
+    "TPU v5e",
+    16 * GiB,
+    0.90,
+    197e12,
+    1600e9 / 8 / 2,
+    "Cloud TPU v5e: 16 GiB HBM2, 197 TFLOP/s bf16, 1,600 Gbps ICI",
+  ),
+  "v5p": Chip(
+    "TPU v5p",
+    95 * GiB,
+    0.90,
+    459e12,
+    4800e9 / 8 / 2,
+    "Cloud TPU v5p: 95 GiB HBM2e, 459 TFLOP/s bf16, 4,800 Gbps ICI",
+  ),
+  "v6e": Chip(
+    "TPU v6e",
+    32 * GiB,
+    0.90,
+    918e12,
+    3584e9 / 8 / 2,
+    "Cloud TPU v6e (Trillium): 32 GiB HBM, 918 TFLOP/s bf16, 3,584 Gbps ICI",
+  ),
+  "a100": Chip(
+    "NVIDIA A100 80GB",
+    80e9,
+    0.88,
+    312e12,
+    600e9 / 2,
+    "NVIDIA A100 datasheet: 80 GB HBM2e, 312 TFLOP/s bf16, NVLink 600 GB/s",
+  ),
+  "h100": Chip(
+    "NVIDIA H100 SXM",
+    80e9,
+    0.88,
+    989.4e12,
+    900e9 / 2,
+    "NVIDIA H100 datasheet (SXM): 80 GB HBM3, 989 TFLOP/s bf16 dense, NVLink 900 GB/s",
+  ),
+  "h200": Chip(
+    "NVIDIA H200 SXM",
+    141e9,
+    0.88,
+    989.4e12,
+    900e9 / 2,
+    "NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 989 TFLOP/s bf16 dense, NVLink 900 GB/s",
+  ),
+  "b200": Chip(
+    "NVIDIA B200",
+    180e9,
+    0.88,
+    2250e12,
+    1800e9 / 2,
+    "NVIDIA DGX B200 datasheet: 1,440 GB HBM3e / 8 GPUs, 2.25 PFLOP/s bf16 dense, NVLink 1.8 TB/s",
+  ),
 }
 
 
@@ -103,43 +151,60 @@ def chip(name: str) -> Chip:
 @dataclasses.dataclass(frozen=True)
 class Setting:
   """How a step trades compute for memory."""
-  remat: str = "none"       # model.remat: none | dots | full
-  ce_chunk: int = 0         # model.ce_chunk: target positions per vocabulary slice (0 = off)
-  microbatches: int = 1     # optim.microbatches: micro-batches per step
+
+  remat: str = "none"  # model.remat: none | dots | full
+  ce_chunk: int = 0  # model.ce_chunk: target positions per vocabulary slice (0 = off)
+  microbatches: int = 1  # optim.microbatches: micro-batches per step
 
   def describe(self) -> str:
-    return (f"remat={self.remat}, ce_chunk={self.ce_chunk}, microbatches={self.microbatches}")
+    return f"remat={self.remat}, ce_chunk={self.ce_chunk}, microbatches={self.microbatches}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
   """What the memory of a member's step depends on (per device quantities are derived)."""
+
   model_name: str
   model: ModelConfig
   mask: MaskConfig
   seq_len: int
-  batch_size: int           # global rows per step
-  data_parallel: int        # devices the batch is split over (data x fsdp)
-  shard: int                # devices the parameters are split over (fsdp x tensor)
-  num_params: int           # every trained parameter (embeddings and head included)
-  compute_bytes: int        # 2 (bfloat16) or 4 (float32)
+  batch_size: int  # global rows per step
+  data_parallel: int  # devices the batch is split over (data x fsdp)
+  shard: int  # devices the parameters are split over (fsdp x tensor)
+  num_params: int  # every trained parameter (embeddings and head included)
+  compute_bytes: int  # 2 (bfloat16) or 4 (float32)
 
 
-def shape_of(model_name: str, model_cfg: ModelConfig, mask_cfg: MaskConfig, seq_len: int,
-             batch_size: int, mesh: dict) -> Shape:
+def shape_of(
+  model_name: str,
+  model_cfg: ModelConfig,
+  mask_cfg: MaskConfig,
+  seq_len: int,
+  batch_size: int,
+  mesh: dict,
+) -> Shape:
   """A Shape from the model configs and the resolved mesh sizes {data, fsdp, tensor}."""
   counts = flops_lib.param_counts(model_name, model_cfg)
-  return Shape(model_name, model_cfg, mask_cfg, seq_len, batch_size,
-               data_parallel=mesh["data"] * mesh["fsdp"], shard=mesh["fsdp"] * mesh["tensor"],
-               num_params=counts.total, compute_bytes=model_cfg.dtype.itemsize)
+  return Shape(
+    model_name,
+    model_cfg,
+    mask_cfg,
+    seq_len,
+    batch_size,
+    data_parallel=mesh["data"] * mesh["fsdp"],
+    shard=mesh["fsdp"] * mesh["tensor"],
+    num_params=counts.total,
+    compute_bytes=model_cfg.dtype.itemsize,
+  )
 
 
 @dataclasses.dataclass(frozen=True)
 class _Stack:
   """One stack of blocks as the step runs it on one device (per micro-batch)."""
+
   layers: int
-  tokens: int               # query tokens per device (t)
-  attn: int                 # attention scores per head per device (R x Sq x Sk)
+  tokens: int  # query tokens per device (t)
+  attn: int  # attention scores per head per device (R x Sq x Sk)
   d: int
   ffn: int
   heads: int
@@ -150,17 +215,19 @@ def _stacks(s: Shape, rows: int) -> tuple[list[_Stack], int]:
   m, t = s.model, s.seq_len
   enc = lambda tokens, attn: _Stack(m.num_layers, tokens, attn, m.d_model, m.ffn_size, m.num_heads)
   if s.model_name == "crossbert":
-    pred = lambda q, attn: _Stack(m.predictor_layers, q, attn, m.pred_d, m.pred_ffn_size,
-                                  m.pred_heads)
-    if s.mask.cms and s.mask.cms_form == "gather":     # 2 rows of T/2 per sequence, each way
+    pred = lambda q, attn: _Stack(
+      m.predictor_layers, q, attn, m.pred_d, m.pred_ffn_size, m.pred_heads
+    )
+    if s.mask.cms and s.mask.cms_form == "gather":  # 2 rows of T/2 per sequence, each way
       h = t // 2
       return [enc(rows * t, 2 * rows * h * h), pred(rows * t, 2 * rows * h * h)], rows * t
-    if s.mask.cms:                                      # in place: T x T, masked
+    if s.mask.cms:  # in place: T x T, masked
       return [enc(rows * t, rows * t * t), pred(rows * t, rows * t * t)], rows * t
     k = num_masked(t, s.mask.mask_ratio)
     return [enc(rows * (t - k), rows * (t - k) ** 2), pred(rows * k, rows * k * (t - k))], rows * k
   if s.model_name == "electra":
     from cbert_jax.models.model_config import generator_config  # pylint: disable=import-outside-toplevel
+
     g = generator_config(m)
     gen = _Stack(g.num_layers, rows * t, rows * t * t, g.d_model, g.ffn_size, g.num_heads)
     return [enc(rows * t, rows * t * t), gen], rows * num_masked(t, s.mask.mask_ratio)
@@ -183,13 +250,15 @@ def _working_set(st: _Stack, remat: str, c: int) -> float:
   """One block's backward working set beyond what it saved: what the policy recomputes."""
   if remat == "none":
     return 0.0
-  return _saved_per_layer(st, "none", c) - (_saved_per_layer(st, "dots", c) if remat == "dots" else 0)
+  return _saved_per_layer(st, "none", c) - (
+    _saved_per_layer(st, "dots", c) if remat == "dots" else 0
+  )
 
 
 def estimate(s: Shape, setting: Setting) -> dict[str, float]:
   """Bytes per device at the step's peak, by component, and their "total"."""
   k, c = setting.microbatches, s.compute_bytes
-  rows = s.batch_size / (s.data_parallel * k)          # rows per device per micro-batch
+  rows = s.batch_size / (s.data_parallel * k)  # rows per device per micro-batch
   m = s.model
   stacks, targets = _stacks(s, rows)
   p_shard = s.num_params / s.shard
@@ -201,17 +270,20 @@ def estimate(s: Shape, setting: Setting) -> dict[str, float]:
   # one device. The embedding table is replicated for the gather.
   copies = c < 4 or s.shard > 1
   per_block = max(4 * st.d * st.d + 3 * st.d * st.ffn for st in stacks)
-  gathered = ((block_params if setting.remat == "none" else 2 * per_block) + vocab) * c if copies else 0
+  gathered = (
+    ((block_params if setting.remat == "none" else 2 * per_block) + vocab) * c if copies else 0
+  )
   saved = sum(st.layers * _saved_per_layer(st, setting.remat, c) for st in stacks)
   working = max(_working_set(st, setting.remat, c) for st in stacks)
   # The head runs on [head rows, K, V]: CMS (gather) has two view rows per sequence; ce_chunk
   # keeps one [head rows, ce_chunk, V] slice of the K targets per row at a time.
-  head_rows = rows * (2 if s.model_name == "crossbert" and s.mask.cms and s.mask.cms_form == "gather" else 1)
+  head_rows = rows * (
+    2 if s.model_name == "crossbert" and s.mask.cms and s.mask.cms_form == "gather" else 1
+  )
   per_row = targets / head_rows
   ce_rows = head_rows * (min(per_row, setting.ce_chunk) if setting.ce_chunk else per_row)
-  head = 2 * ce_rows * m.vocab_size * 4 + 2 * vocab * 4   # fp32 logits + gradient; embedding/head dW
-  parts = {"state": state, "gathered": gathered, "saved": saved, "working": working,
-           "head": head}
+  head = 2 * ce_rows * m.vocab_size * 4 + 2 * vocab * 4  # fp32 logits + gradient; embedding/head dW
+  parts = {"state": state, "gathered": gathered, "saved": saved, "working": working, "head": head}
   parts["total"] = sum(parts.values())
   return parts
 
@@ -233,37 +305,46 @@ def step_cost(s: Shape, setting: Setting, chip_: Chip) -> float:
   recompute = {"none": 0.0, "dots": attention, "full": weights + attention}[setting.remat]
   seconds = (base + recompute) / (0.5 * chip_.bf16_flops)
   if s.shard > 1:
-    gathered = s.num_params * s.compute_bytes * 2 + s.num_params * 4   # fwd + bwd gathers, RS
+    gathered = s.num_params * s.compute_bytes * 2 + s.num_params * 4  # fwd + bwd gathers, RS
     seconds += setting.microbatches * gathered * (s.shard - 1) / s.shard / chip_.link_bytes_per_s
   return seconds
 
 
 def microbatch_counts() -> list[int]:
   """The micro-batch counts the planner tries: 1, 2, 4, ..., MAX_MICROBATCHES."""
-  return [2 ** i for i in range(int(math.log2(MAX_MICROBATCHES)) + 1)]
+  return [2**i for i in range(int(math.log2(MAX_MICROBATCHES)) + 1)]
 
 
 def candidates() -> list[Setting]:
   """Every setting the planner considers."""
-  return [Setting(remat, ce, k) for k in microbatch_counts() for remat in REMAT_POLICIES
-          for ce in (0, CE_CHUNK)]
+  return [
+    Setting(remat, ce, k)
+    for k in microbatch_counts()
+    for remat in REMAT_POLICIES
+    for ce in (0, CE_CHUNK)
+  ]
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """The planner's answer for one member on one chip."""
+
   chip: str
-  budget: float             # usable bytes per device
-  setting: Setting | None   # None: no setting fits (needs more chips)
-  predicted: dict           # estimate(...) of the chosen setting (or of the leanest one tried)
-  verdict: str              # fits | needs microbatches=k | needs more chips
-  cost_s: float             # step_cost of the chosen setting (0 if none)
+  budget: float  # usable bytes per device
+  setting: Setting | None  # None: no setting fits (needs more chips)
+  predicted: dict  # estimate(...) of the chosen setting (or of the leanest one tried)
+  verdict: str  # fits | needs microbatches=k | needs more chips
+  cost_s: float  # step_cost of the chosen setting (0 if none)
 
   def to_dict(self) -> dict:
-    return {"chip": self.chip, "budget_bytes": self.budget,
-            "setting": dataclasses.asdict(self.setting) if self.setting else None,
-            "predicted_bytes": self.predicted, "verdict": self.verdict,
-            "estimated_step_s": self.cost_s}
+    return {
+      "chip": self.chip,
+      "budget_bytes": self.budget,
+      "setting": dataclasses.asdict(self.setting) if self.setting else None,
+      "predicted_bytes": self.predicted,
+      "verdict": self.verdict,
+      "estimated_step_s": self.cost_s,
+    }
 
 
 def plan(s: Shape, chip_name: str, fixed: Setting | None = None) -> Plan:
@@ -274,18 +355,26 @@ def plan(s: Shape, chip_name: str, fixed: Setting | None = None) -> Plan:
   c = chip(chip_name)
   budget = c.hbm * c.usable
   per_device = s.batch_size // s.data_parallel
+
   def divides(k: int) -> bool:
     return per_device % k == 0
+
   if fixed is not None:
     est = estimate(s, fixed)
     if est["total"] * MARGIN <= budget:
       return Plan(chip_name, budget, fixed, est, "fits", step_cost(s, fixed, c))
     for k in microbatch_counts()[1:]:
-      if divides(k) and estimate(s, dataclasses.replace(fixed, microbatches=k))["total"] * MARGIN <= budget:
+      if (
+        divides(k)
+        and estimate(s, dataclasses.replace(fixed, microbatches=k))["total"] * MARGIN <= budget
+      ):
         return Plan(chip_name, budget, None, est, f"needs microbatches={k}", 0.0)
     return Plan(chip_name, budget, None, est, "needs more chips", 0.0)
-  fitting = [(step_cost(s, st, c), i, st) for i, st in enumerate(candidates())
-             if divides(st.microbatches) and estimate(s, st)["total"] * MARGIN <= budget]
+  fitting = [
+    (step_cost(s, st, c), i, st)
+    for i, st in enumerate(candidates())
+    if divides(st.microbatches) and estimate(s, st)["total"] * MARGIN <= budget
+  ]
   if not fitting:
     leanest = Setting("full", CE_CHUNK, max(k for k in microbatch_counts() if divides(k)))
     return Plan(chip_name, budget, None, estimate(s, leanest), "needs more chips", 0.0)

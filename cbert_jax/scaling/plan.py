@@ -7,6 +7,7 @@ config.json. Order (no circularity): N from the analytic parameter counts -> tar
 tokens_per_param x N -> compute C = training FLOPs per data token x target tokens -> lr(C), B(C)
 from the laws (or N, `sweep.law_axis`) -> steps = ceil(target / (rows x seq_len)).
 """
+
 from __future__ import annotations
 
 import math
@@ -18,7 +19,9 @@ from cbert_jax.errors import ConfigError
 from cbert_jax.models import flops as flops_lib
 from cbert_jax.models import model_config as model_config_lib
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
-from cbert_jax.scaling import budget as budget_lib, laws as laws_lib, memory as memory_lib
+from cbert_jax.scaling import budget as budget_lib
+from cbert_jax.scaling import laws as laws_lib
+from cbert_jax.scaling import memory as memory_lib
 
 # Ids only matter to the data path; FLOPs and counts do not depend on them.
 _MASK_ID, _SPECIAL = 4, (0, 2, 3, 4)
@@ -28,7 +31,8 @@ def model_config(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MaskCo
   """The model and masking the member will train, before the tokenizer exists (vocabulary =
   model.vocab_size if set, else data.vocab_size: what a trained tokenizer gets)."""
   return model_config_lib.from_config(
-      config, int(config.model.vocab_size or config.data.vocab_size), _MASK_ID, _SPECIAL)
+    config, int(config.model.vocab_size or config.data.vocab_size), _MASK_ID, _SPECIAL
+  )
 
 
 def derive(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -39,8 +43,10 @@ def derive(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if s[name] < (1 if name != "evals" else 0):
       raise ConfigError(f"sweep.{name} must be >= {1 if name != 'evals' else 0}, got {s[name]}")
   if s.lr < 0 or s.batch_size < 0 or not s.lr_scale > 0:
-    raise ConfigError(f"sweep.lr and sweep.batch_size must be >= 0 (0 = from the laws) and "
-                      f"sweep.lr_scale > 0; got {s.lr}, {s.batch_size}, {s.lr_scale}")
+    raise ConfigError(
+      f"sweep.lr and sweep.batch_size must be >= 0 (0 = from the laws) and "
+      f"sweep.lr_scale > 0; got {s.lr}, {s.batch_size}, {s.lr_scale}"
+    )
   model_cfg, mask_cfg = model_config(config)
   seq_len = config.data.seq_len
   counts = flops_lib.param_counts(config.model_name, model_cfg)
@@ -49,8 +55,9 @@ def derive(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   per_token = flops_lib.flops_per_token(config.model_name, model_cfg, mask_cfg, seq_len)
   compute = per_token * target
   laws = laws_lib.load(s.laws)
-  lr, rows = laws_lib.suggest(laws, compute if s.law_axis == "compute" else n, seq_len,
-                              s.batch_multiple, s.law_axis)
+  lr, rows = laws_lib.suggest(
+    laws, compute if s.law_axis == "compute" else n, seq_len, s.batch_multiple, s.law_axis
+  )
   rows = s.batch_size or rows
   lr = s.lr or lr * s.lr_scale
   plan = budget_lib.make_budget(counts, s.n_definition, s.tokens_per_param, rows, seq_len)
@@ -60,7 +67,9 @@ def derive(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     config.optim.lr = float(lr)
     config.checkpoint_every = max(1, -(-plan.steps // s.checkpoints))
     # validation evals land on log steps (a multiple of log_every), about sweep.evals per run
-    every = max(1, round(plan.steps / s.evals / config.log_every)) * config.log_every if s.evals else 0
+    every = (
+      max(1, round(plan.steps / s.evals / config.log_every)) * config.log_every if s.evals else 0
+    )
     config.eval_every = every if every < plan.steps else 0
     s.n_params = plan.n_params
     s.target_tokens = plan.target_tokens
@@ -80,13 +89,20 @@ def mesh_sizes(config: ml_collections.ConfigDict, num_devices: int) -> dict[str,
 def memory_shape(config: ml_collections.ConfigDict, num_devices: int) -> memory_lib.Shape:
   """The memory model's view of a resolved member on `num_devices` devices."""
   model_cfg, mask_cfg = model_config(config)
-  return memory_lib.shape_of(config.model_name, model_cfg, mask_cfg, config.data.seq_len,
-                             config.batch_size, mesh_sizes(config, num_devices))
+  return memory_lib.shape_of(
+    config.model_name,
+    model_cfg,
+    mask_cfg,
+    config.data.seq_len,
+    config.batch_size,
+    mesh_sizes(config, num_devices),
+  )
 
 
 def current_setting(config: ml_collections.ConfigDict) -> memory_lib.Setting:
-  return memory_lib.Setting(config.model.remat, int(config.model.ce_chunk),
-                            int(config.optim.microbatches))
+  return memory_lib.Setting(
+    config.model.remat, int(config.model.ce_chunk), int(config.optim.microbatches)
+  )
 
 
 def plan_memory(config: ml_collections.ConfigDict) -> memory_lib.Plan:
@@ -95,13 +111,16 @@ def plan_memory(config: ml_collections.ConfigDict) -> memory_lib.Plan:
   (unchanged when none fits); records setting, verdict and bytes in sweep.memory_*."""
   s = config.sweep
   if s.chip not in memory_lib.CHIPS:
-    raise ConfigError(f"sweep.chip={s.chip!r}: expected one of {', '.join(memory_lib.CHIPS)} "
-                      "(or \"\" for no memory plan)")
+    raise ConfigError(
+      f"sweep.chip={s.chip!r}: expected one of {', '.join(memory_lib.CHIPS)} "
+      '(or "" for no memory plan)'
+    )
   if s.memory not in ("auto", "check"):
     raise ConfigError(f"sweep.memory must be auto|check, got {s.memory!r}")
   if s.target_devices <= 0:
-    raise ConfigError(f"sweep.chip={s.chip} needs sweep.target_devices > 0 (the chips the memory "
-                      "plan is for)")
+    raise ConfigError(
+      f"sweep.chip={s.chip} needs sweep.target_devices > 0 (the chips the memory plan is for)"
+    )
   shape = memory_shape(config, s.target_devices)
   result = memory_lib.plan(shape, s.chip, None if s.memory == "auto" else current_setting(config))
   chosen = result.setting or current_setting(config)

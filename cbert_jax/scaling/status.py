@@ -8,6 +8,7 @@ A member is
   running  not done, and metrics.jsonl changed in the last `RUNNING_WINDOW_S` seconds;
   pending  anything else (with `step` > 0 when it has checkpoints to resume from).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +26,8 @@ STATUS_FILE = "sweep_status.json"
 @dataclasses.dataclass
 class MemberState:
   name: str
-  state: str                 # pending | running | done | failed
-  step: int = 0              # latest checkpoint step (running: the latest logged step)
+  state: str  # pending | running | done | failed
+  step: int = 0  # latest checkpoint step (running: the latest logged step)
   total_steps: int = 0
   error: str = ""
 
@@ -83,8 +84,11 @@ def last_logged_step(workdir: str) -> int:
 
 def is_done(workdir: str, probe: bool) -> bool:
   total = total_steps(workdir)
-  return bool(total) and total in checkpoint_steps(workdir) and (
-      not probe or probe_results(workdir, total) is not None)
+  return (
+    bool(total)
+    and total in checkpoint_steps(workdir)
+    and (not probe or probe_results(workdir, total) is not None)
+  )
 
 
 def mark_failed(workdir: str, error: str) -> None:
@@ -100,11 +104,14 @@ def clear_failed(workdir: str) -> None:
     pass
 
 
-def member_state(name: str, workdir: str, probe: bool = True, now: float | None = None) -> MemberState:
+def member_state(
+  name: str, workdir: str, probe: bool = True, now: float | None = None
+) -> MemberState:
   now = time.time() if now is None else now
   steps = checkpoint_steps(workdir)
-  st = MemberState(name=name, state="pending", step=steps[-1] if steps else 0,
-                   total_steps=total_steps(workdir))
+  st = MemberState(
+    name=name, state="pending", step=steps[-1] if steps else 0, total_steps=total_steps(workdir)
+  )
   if is_done(workdir, probe):
     st.state = "done"
     return st
@@ -123,8 +130,9 @@ def member_state(name: str, workdir: str, probe: bool = True, now: float | None 
 def write_json_atomic(path: str, body: dict) -> None:
   """Writes `body` to `path` through a temp file in the same directory and os.replace."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
-                             prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+  fd, tmp = tempfile.mkstemp(
+    dir=os.path.dirname(os.path.abspath(path)), prefix=f".{os.path.basename(path)}.", suffix=".tmp"
+  )
   try:
     with os.fdopen(fd, "w") as f:
       json.dump(body, f, indent=2)
@@ -142,5 +150,6 @@ def table(states: list[MemberState]) -> str:
   rows = [("member", "state", "step", "error")]
   rows += [(s.name, s.state, f"{s.step}/{s.total_steps or '?'}", s.error) for s in states]
   w = [max(len(r[i]) for r in rows) for i in range(3)]
-  return "\n".join(("  ".join(r[i].ljust(w[i]) for i in range(3)) + "  " + r[3]).rstrip()
-                   for r in rows)
+  return "\n".join(
+    ("  ".join(r[i].ljust(w[i]) for i in range(3)) + "  " + r[3]).rstrip() for r in rows
+  )

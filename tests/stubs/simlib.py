@@ -35,6 +35,7 @@ Every process the stubs start for the trainer gets PYTHONPATH=<this dir>:..., CB
 detection result, see sitecustomize.py) and the XLA_FLAGS of CBERT_SIM_XLA_FLAGS (extra flags for
 faster CPU compiles) after the device count. Nothing here reaches the network.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,8 @@ import sys
 import time
 
 STUBS = os.path.dirname(os.path.abspath(__file__))
-SLURM_PORT_BASE = 65535 - 2 ** 12 + 1        # jax's SlurmCluster: job id % 4096 + this
-XPK_RESTART_CODES = frozenset([42, *range(127, 256)])   # xpk get_restart_exit_codes (defaults)
+SLURM_PORT_BASE = 65535 - 2**12 + 1  # jax's SlurmCluster: job id % 4096 + this
+XPK_RESTART_CODES = frozenset([42, *range(127, 256)])  # xpk get_restart_exit_codes (defaults)
 # xpk's container command (xpk/core/docker_container.py, get_user_workload_container), with the
 # poll interval (xpk: 5 s) a parameter.
 XPK_CONTAINER = """echo XPK Start: $(date);
@@ -120,6 +121,7 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 def forward_signals(procs: list[subprocess.Popen]) -> None:
   """From now on, SIGTERM/SIGINT/SIGHUP to this process go to every live process of `procs` (a
   list that may still grow), as srun and ssh pass them on."""
+
   def on_signal(signum, frame):
     del frame
     sent = []
@@ -128,6 +130,7 @@ def forward_signals(procs: list[subprocess.Popen]) -> None:
         p.send_signal(signum)
         sent.append(p.pid)
     record("signals", stub=os.path.basename(sys.argv[0]), signal=signum, to=sent)
+
   for s in FORWARDED:
     signal.signal(s, on_signal)
 
@@ -144,20 +147,34 @@ def wait_all(procs: list[subprocess.Popen]) -> list[int]:
 # -------------------------------------------------------------------- SLURM ---
 
 
-def slurm_task_env(base: dict, *, procid: int, ntasks: int, tasks_per_node: int, nodes: int,
-                   gpus_on_node: int, step_id: int) -> dict:
+def slurm_task_env(
+  base: dict,
+  *,
+  procid: int,
+  ntasks: int,
+  tasks_per_node: int,
+  nodes: int,
+  gpus_on_node: int,
+  step_id: int,
+) -> dict:
   """What SLURM gives task `procid` of a step on one node (only the variables JAX and the
   trainer read, plus a few for the log)."""
   env = dict(base)
-  env.update({
+  env.update(
+    {
       "SLURM_STEP_NODELIST": base.get("SLURM_JOB_NODELIST", "localhost"),
-      "SLURM_STEP_NUM_NODES": str(nodes), "SLURM_STEP_NUM_TASKS": str(ntasks),
-      "SLURM_NTASKS": str(ntasks), "SLURM_NTASKS_PER_NODE": str(tasks_per_node),
-      "SLURM_PROCID": str(procid), "SLURM_LOCALID": str(procid % tasks_per_node),
-      "SLURM_NODEID": str(procid // tasks_per_node), "SLURM_STEP_ID": str(step_id),
+      "SLURM_STEP_NUM_NODES": str(nodes),
+      "SLURM_STEP_NUM_TASKS": str(ntasks),
+      "SLURM_NTASKS": str(ntasks),
+      "SLURM_NTASKS_PER_NODE": str(tasks_per_node),
+      "SLURM_PROCID": str(procid),
+      "SLURM_LOCALID": str(procid % tasks_per_node),
+      "SLURM_NODEID": str(procid // tasks_per_node),
+      "SLURM_STEP_ID": str(step_id),
       # --gpu-bind=none: every task of the node sees all of the node's GPUs.
       "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus_on_node)),
-  })
+    }
+  )
   return env
 
 
@@ -185,8 +202,15 @@ def srun_main(argv: list[str]) -> int:
   procs: list[subprocess.Popen] = []
   forward_signals(procs)
   for i in range(ntasks):
-    env = slurm_task_env(os.environ, procid=i, ntasks=ntasks, tasks_per_node=per_node,
-                         nodes=nodes, gpus_on_node=gpus, step_id=step_id)
+    env = slurm_task_env(
+      os.environ,
+      procid=i,
+      ntasks=ntasks,
+      tasks_per_node=per_node,
+      nodes=nodes,
+      gpus_on_node=gpus,
+      step_id=step_id,
+    )
     procs.append(subprocess.Popen(command, env=trainer_env(env, 1)))
   return max(wait_all(procs))
 
@@ -198,7 +222,7 @@ def sbatch_options(script: str) -> dict:
     for line in f:
       if not line.startswith("#SBATCH"):
         continue
-      for word in shlex.split(line[len("#SBATCH"):], comments=True):
+      for word in shlex.split(line[len("#SBATCH") :], comments=True):
         name, _, value = word.lstrip("-").partition("=")
         opts[name] = value
   return opts
@@ -207,24 +231,28 @@ def sbatch_options(script: str) -> dict:
 def slurm_job_id() -> int:
   """A job id whose JAX coordinator port (id % 4096 + 61440) is free here."""
   for _ in range(200):
-    offset = random.randrange(2 ** 12)
+    offset = random.randrange(2**12)
     if port_is_free(SLURM_PORT_BASE + offset):
-      return 2 ** 12 * random.randrange(10, 200) + offset
+      return 2**12 * random.randrange(10, 200) + offset
   raise RuntimeError("stub sbatch: no free port for the job")
 
 
 def sbatch_main(argv: list[str]) -> int:
-  if argv[:1] == ["--run-job"]:                 # the detached job runner
+  if argv[:1] == ["--run-job"]:  # the detached job runner
     return run_job(*argv[1:])
   script = os.path.abspath(argv[-1])
   opts = sbatch_options(script)
   job = slurm_job_id()
   record("slurm", event="submit", job=job, script=script, options=opts)
   with open(os.path.join(sim_dir(), f"sbatch-{job}.err"), "w") as err:
-    runner = subprocess.Popen([sys.executable, os.path.abspath(__file__), "sbatch", "--run-job",
-                               str(job), script], start_new_session=True,
-                              stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT)
-  record("sessions", pid=runner.pid)             # its process group: the job and its steps
+    runner = subprocess.Popen(
+      [sys.executable, os.path.abspath(__file__), "sbatch", "--run-job", str(job), script],
+      start_new_session=True,
+      stdin=subprocess.DEVNULL,
+      stdout=err,
+      stderr=subprocess.STDOUT,
+    )
+  record("sessions", pid=runner.pid)  # its process group: the job and its steps
   print(f"Submitted batch job {job}")
   return 0
 
@@ -237,23 +265,31 @@ def run_job(job: str, script: str) -> int:
   marker = os.path.join(sim_dir(), f"requeue-{job}")
   restart = 0
   while True:
-    env = dict(os.environ, SLURM_JOB_ID=job, SLURM_JOBID=job, SLURM_JOB_NAME=opts.get("job-name", ""),
-               SLURM_JOB_NODELIST="localhost", SLURM_NODELIST="localhost",
-               SLURM_JOB_NUM_NODES=str(nodes), SLURM_NNODES=str(nodes),
-               SLURM_GPUS_ON_NODE=str(gpus),
-               SLURM_CPUS_ON_NODE=os.environ.get("CBERT_SIM_CPUS_ON_NODE", str(gpus)),
-               SLURM_SUBMIT_DIR=os.getcwd())
+    env = dict(
+      os.environ,
+      SLURM_JOB_ID=job,
+      SLURM_JOBID=job,
+      SLURM_JOB_NAME=opts.get("job-name", ""),
+      SLURM_JOB_NODELIST="localhost",
+      SLURM_NODELIST="localhost",
+      SLURM_JOB_NUM_NODES=str(nodes),
+      SLURM_NNODES=str(nodes),
+      SLURM_GPUS_ON_NODE=str(gpus),
+      SLURM_CPUS_ON_NODE=os.environ.get("CBERT_SIM_CPUS_ON_NODE", str(gpus)),
+      SLURM_SUBMIT_DIR=os.getcwd(),
+    )
     if restart:
       env["SLURM_RESTART_COUNT"] = str(restart)
     output = opts.get("output", os.path.join(os.getcwd(), f"slurm-{job}.out"))
     os.makedirs(os.path.dirname(output), exist_ok=True)
     with open(output, "a" if opts.get("open-mode") == "append" or restart else "w") as log:
-      proc = subprocess.Popen(["bash", script], env=env, stdout=log, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL)
+      proc = subprocess.Popen(
+        ["bash", script], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+      )
       record("slurm", event="start", job=int(job), restart=restart, pid=proc.pid)
       rc = proc.wait()
     record("slurm", event="end", job=int(job), restart=restart, rc=rc)
-    if os.path.exists(marker):                  # `scontrol requeue`: back in the queue, run again
+    if os.path.exists(marker):  # `scontrol requeue`: back in the queue, run again
       os.unlink(marker)
       restart += 1
       continue
@@ -287,16 +323,20 @@ def gcloud_main(argv: list[str]) -> int:
     return 2
   workers = int(os.environ.get("CBERT_SIM_TPU_WORKERS", "2"))
   devices = int(os.environ.get("CBERT_SIM_DEVICES", "1"))
-  port = free_port()                            # GceTpuCluster's 8482, moved for parallel tests
+  port = free_port()  # GceTpuCluster's 8482, moved for parallel tests
   procs: list[subprocess.Popen] = []
   forward_signals(procs)
   for i in range(workers):
     env = trainer_env(os.environ, devices)
-    env.update(CBERT_SIMULATE_TPU_VM="1", CBERT_SIM_TPU_WORKER_ID=str(i),
-               CBERT_SIM_TPU_ENDPOINTS=",".join(["localhost"] * workers),
-               JAX_COORDINATOR_PORT=str(port))
-    procs.append(subprocess.Popen(["bash", "-c", flags["command"]], env=env,
-                                  cwd=os.environ.get("HOME", "/")))
+    env.update(
+      CBERT_SIMULATE_TPU_VM="1",
+      CBERT_SIM_TPU_WORKER_ID=str(i),
+      CBERT_SIM_TPU_ENDPOINTS=",".join(["localhost"] * workers),
+      JAX_COORDINATOR_PORT=str(port),
+    )
+    procs.append(
+      subprocess.Popen(["bash", "-c", flags["command"]], env=env, cwd=os.environ.get("HOME", "/"))
+    )
   return max(wait_all(procs))
 
 
@@ -319,9 +359,9 @@ def xpk_parser() -> argparse.ArgumentParser:
 
 
 def xpk_main(argv: list[str]) -> int:
-  if argv[:1] == ["--run-workload"]:           # the detached JobSet controller
+  if argv[:1] == ["--run-workload"]:  # the detached JobSet controller
     return run_workload(json.loads(argv[1]))
-  if argv[:2] == ["workload", "delete"]:        # the JobSet goes: its pods get SIGTERM
+  if argv[:2] == ["workload", "delete"]:  # the JobSet goes: its pods get SIGTERM
     flags = dict(a[2:].partition("=")[::2] for a in argv[2:] if a.startswith("--"))
     record("xpk", event="delete", workload=flags.get("workload"))
     open(os.path.join(sim_dir(), f"xpk-delete-{flags.get('workload')}"), "w").close()
@@ -334,12 +374,18 @@ def xpk_main(argv: list[str]) -> int:
   spec = vars(args)
   record("xpk", event="create", **spec)
   with open(os.path.join(sim_dir(), f"xpk-{args.workload}.err"), "w") as err:
-    controller = subprocess.Popen([sys.executable, os.path.abspath(__file__), "xpk",
-                                   "--run-workload", json.dumps(spec)], start_new_session=True,
-                                  stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT)
+    controller = subprocess.Popen(
+      [sys.executable, os.path.abspath(__file__), "xpk", "--run-workload", json.dumps(spec)],
+      start_new_session=True,
+      stdin=subprocess.DEVNULL,
+      stdout=err,
+      stderr=subprocess.STDOUT,
+    )
   record("sessions", pid=controller.pid)
-  print(f"[XPK] Starting workload create\n[XPK] Task: `Creating Workload` is implemented by "
-        f"stub xpk; workload {args.workload} created")
+  print(
+    f"[XPK] Starting workload create\n[XPK] Task: `Creating Workload` is implemented by "
+    f"stub xpk; workload {args.workload} created"
+  )
   return 0
 
 
@@ -354,24 +400,42 @@ def run_workload(spec: dict) -> int:
   attempt = 0
   while True:
     script = XPK_CONTAINER.format(command=spec["command"], poll=poll)
-    port = str(free_port())                     # GkeTpuCluster's 8482, moved for parallel tests
+    port = str(free_port())  # GkeTpuCluster's 8482, moved for parallel tests
     started = []
     for i in range(pods):
       env = trainer_env(os.environ, devices)
-      env.update(CBERT_SIMULATE_TPU_VM="1", TPU_WORKER_ID=str(i),
-                 TPU_WORKER_HOSTNAMES=",".join(["localhost"] * pods), JAX_COORDINATOR_PORT=port)
+      env.update(
+        CBERT_SIMULATE_TPU_VM="1",
+        TPU_WORKER_ID=str(i),
+        TPU_WORKER_HOSTNAMES=",".join(["localhost"] * pods),
+        JAX_COORDINATOR_PORT=port,
+      )
       with open(os.path.join(logs, f"attempt{attempt}-pod{i}.log"), "w") as log:
-        started.append(subprocess.Popen(["bash", "-c", script], env=env, stdout=log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True))
+        started.append(
+          subprocess.Popen(
+            ["bash", "-c", script],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+          )
+        )
     record("xpk", event="pods", workload=name, attempt=attempt, pids=[p.pid for p in started])
     for p in started:
-      record("sessions", pid=p.pid)              # each pod: its own process group
+      record("sessions", pid=p.pid)  # each pod: its own process group
     deleted = os.path.join(sim_dir(), f"xpk-delete-{name}")
-    rc = watch_pods(started, spec["termination_grace_period_seconds"],
-                    lambda d=deleted: os.path.exists(d))
-    record("xpk", event="attempt", workload=name, attempt=attempt, rc=rc,
-           codes=[p.returncode for p in started])
+    rc = watch_pods(
+      started, spec["termination_grace_period_seconds"], lambda d=deleted: os.path.exists(d)
+    )
+    record(
+      "xpk",
+      event="attempt",
+      workload=name,
+      attempt=attempt,
+      rc=rc,
+      codes=[p.returncode for p in started],
+    )
     if os.path.exists(deleted):
       record("xpk", event="done", workload=name, rc=rc, restarts=attempt, deleted=True)
       return rc
@@ -405,7 +469,7 @@ def watch_pods(procs: list[subprocess.Popen], grace: int, deleted=lambda: False)
   for p in procs:
     while p.poll() is None and time.time() < deadline:
       time.sleep(0.1)
-  for p in procs:                               # the container's processes go with it
+  for p in procs:  # the container's processes go with it
     try:
       os.killpg(p.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -425,13 +489,18 @@ def kill_all(directory: str) -> None:
       pass
 
 
-MAINS = {"sbatch": sbatch_main, "srun": srun_main, "scontrol": scontrol_main,
-         "gcloud": gcloud_main, "xpk": xpk_main}
+MAINS = {
+  "sbatch": sbatch_main,
+  "srun": srun_main,
+  "scontrol": scontrol_main,
+  "gcloud": gcloud_main,
+  "xpk": xpk_main,
+}
 
 
 def main(name: str, argv: list[str]) -> int:
   return MAINS[name](argv)
 
 
-if __name__ == "__main__":                       # python simlib.py <stub> args...
+if __name__ == "__main__":  # python simlib.py <stub> args...
   sys.exit(main(sys.argv[1], sys.argv[2:]))

@@ -16,22 +16,27 @@ CBERT_SIM_RECORD=<file>: append, as one JSON line, what JAX's cluster auto-detec
 this process (`ClusterEnv.auto_detect_unset_distributed_params`: the cluster class, coordinator,
 process count and id, local_device_ids) and the environment it read, for the tests to check.
 """
+
 import os
 
 
 def _simulate_tpu_vm() -> None:
   from jax._src import cloud_tpu_init  # pylint: disable=import-outside-toplevel
+
   # cloud_tpu_init (run when jax is imported, here or in a parent that passed its environment
   # on) found no TPU chip and set TPU_SKIP_MDS_QUERY=1, which makes GceTpuCluster skip the
   # metadata server; on a TPU VM it is not set.
   os.environ.pop("TPU_SKIP_MDS_QUERY", None)
   from jax._src.clusters import cloud_tpu_cluster, cluster  # pylint: disable=import-outside-toplevel
+
   cloud_tpu_init.running_in_cloud_tpu_vm = True
   cluster.running_in_cloud_tpu_vm = True
   cloud_tpu_cluster.running_in_cloud_tpu_vm = True
-  served = {"agent-worker-number": "CBERT_SIM_TPU_WORKER_ID",
-            "worker-network-endpoints": "CBERT_SIM_TPU_ENDPOINTS",
-            "tpu-env": "CBERT_SIM_TPU_ENV"}
+  served = {
+    "agent-worker-number": "CBERT_SIM_TPU_WORKER_ID",
+    "worker-network-endpoints": "CBERT_SIM_TPU_ENDPOINTS",
+    "tpu-env": "CBERT_SIM_TPU_ENV",
+  }
 
   def get_metadata(key):
     value = os.environ.get(served.get(key, ""))
@@ -44,20 +49,42 @@ def _simulate_tpu_vm() -> None:
 
 def _record_detection(path: str) -> None:
   import json  # pylint: disable=import-outside-toplevel
+
   from jax._src.clusters import ClusterEnv  # pylint: disable=import-outside-toplevel
+
   original = ClusterEnv.auto_detect_unset_distributed_params.__func__
 
   def detect(cls, *args, **kwargs):
     result = original(cls, *args, **kwargs)
-    env = next((e.__name__ for e in cls._cluster_types           # the same choice as JAX's
-                if not e.opt_in_only_method and e.is_env_present()), None)
-    keys = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID",
-            "CUDA_VISIBLE_DEVICES", "TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES",
-            "CBERT_SIM_TPU_WORKER_ID", "JAX_COORDINATOR_PORT")
-    line = {"pid": os.getpid(), "cluster": env, "coordinator": result[0],
-            "num_processes": result[1], "process_id": result[2],
-            "local_device_ids": None if result[3] is None else list(result[3]),
-            "env": {k: os.environ[k] for k in keys if k in os.environ}}
+    env = next(
+      (
+        e.__name__
+        for e in cls._cluster_types  # the same choice as JAX's
+        if not e.opt_in_only_method and e.is_env_present()
+      ),
+      None,
+    )
+    keys = (
+      "SLURM_JOB_ID",
+      "SLURM_STEP_NODELIST",
+      "SLURM_NTASKS",
+      "SLURM_PROCID",
+      "SLURM_LOCALID",
+      "CUDA_VISIBLE_DEVICES",
+      "TPU_WORKER_ID",
+      "TPU_WORKER_HOSTNAMES",
+      "CBERT_SIM_TPU_WORKER_ID",
+      "JAX_COORDINATOR_PORT",
+    )
+    line = {
+      "pid": os.getpid(),
+      "cluster": env,
+      "coordinator": result[0],
+      "num_processes": result[1],
+      "process_id": result[2],
+      "local_device_ids": None if result[3] is None else list(result[3]),
+      "env": {k: os.environ[k] for k in keys if k in os.environ},
+    }
     with open(path, "a") as f:
       f.write(json.dumps(line) + "\n")
     return result

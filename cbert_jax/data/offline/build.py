@@ -61,19 +61,21 @@ class CorpusConfig:
     sources: source names in corpus order.
     budget_mb: {source: MB of UTF-8 text kept}; sources not named keep everything.
   """
+
   name: str
   sources: tuple[str, ...]
   budget_mb: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 CONFIGS: dict[str, CorpusConfig] = {
-    # <= 20 MB, no bigbench download: books, speeches, news, mixed sentences, Brown (the
-    # task kit's genre probe reads every Brown file, so the guard drops it today).
-    "small": CorpusConfig("small", ("gutenberg", "sotu", "news", "nlp_corpus", "brown"),
-                          {"gutenberg": 6.0, "sotu": 4.5, "news": 5.5, "nlp_corpus": 2.0,
-                           "brown": 2.0}),
-    "full": CorpusConfig("full", ("gutenberg", "sotu", "news", "nlp_corpus", "brown",
-                                  "bigbench")),
+  # <= 20 MB, no bigbench download: books, speeches, news, mixed sentences, Brown (the
+  # task kit's genre probe reads every Brown file, so the guard drops it today).
+  "small": CorpusConfig(
+    "small",
+    ("gutenberg", "sotu", "news", "nlp_corpus", "brown"),
+    {"gutenberg": 6.0, "sotu": 4.5, "news": 5.5, "nlp_corpus": 2.0, "brown": 2.0},
+  ),
+  "full": CorpusConfig("full", ("gutenberg", "sotu", "news", "nlp_corpus", "brown", "bigbench")),
 }
 SPLIT_SEED = 0
 VAL_FRACTION = 0.02
@@ -89,12 +91,16 @@ def _task_kit_probes(cache_dir: str) -> tuple[dict[str, tuple[str, ...]], list[s
     from cbert_jax.data.tasks import kit as task_kit  # pylint: disable=import-outside-toplevel
     from cbert_jax.data.tasks import tfds as task_tfds  # pylint: disable=import-outside-toplevel
   except ImportError as e:
-    logging.warning("offline corpus: cbert_jax.data.tasks is not importable (%s); the "
-                    "leakage guard uses only the built-in bigbench probe exclusions.", e)
+    logging.warning(
+      "offline corpus: cbert_jax.data.tasks is not importable (%s); the "
+      "leakage guard uses only the built-in bigbench probe exclusions.",
+      e,
+    )
     return {}, [], f"task_kit unavailable: {e}"
   sources = dedupe.normalise_probe_sources(getattr(task_kit, "PROBE_SOURCES", {}))
-  texts = list(task_tfds.all_probe_texts(cache_dir)) if hasattr(
-      task_tfds, "all_probe_texts") else []
+  texts = (
+    list(task_tfds.all_probe_texts(cache_dir)) if hasattr(task_tfds, "all_probe_texts") else []
+  )
   return sources, texts, "task_kit"
 
 
@@ -111,8 +117,7 @@ def probe_sources_fingerprint_now() -> str:
     from cbert_jax.data.tasks import kit as task_kit  # pylint: disable=import-outside-toplevel
   except ImportError:
     return probe_fingerprint({})
-  return probe_fingerprint(
-      dedupe.normalise_probe_sources(getattr(task_kit, "PROBE_SOURCES", {})))
+  return probe_fingerprint(dedupe.normalise_probe_sources(getattr(task_kit, "PROBE_SOURCES", {})))
 
 
 # --- The build --------------------------------------------------------------------------
@@ -121,20 +126,26 @@ def probe_sources_fingerprint_now() -> str:
 @dataclasses.dataclass(frozen=True)
 class Built:
   """The result of `build_documents`: documents per split in corpus order + manifest."""
+
   train: list[readers_lib.Document]
   validation: list[readers_lib.Document]
   manifest: dict[str, Any]
 
 
 def _budget_rank(text: str) -> bytes:
-  return hashlib.blake2b(f"budget\0{text}".encode("utf-8"), digest_size=8).digest()
+  return hashlib.blake2b(f"budget\0{text}".encode(), digest_size=8).digest()
 
 
-def build_documents(config: str | CorpusConfig, archives: Mapping[str, str],
-                    probe_sources: Any = (), probe_texts: Sequence[str] = (),
-                    split_seed: int = SPLIT_SEED, val_fraction: float = VAL_FRACTION,
-                    readers: Mapping[str, Callable[..., list[readers_lib.Document]]] | None = None,
-                    probe_status: str = "given") -> Built:
+def build_documents(
+  config: str | CorpusConfig,
+  archives: Mapping[str, str],
+  probe_sources: Any = (),
+  probe_texts: Sequence[str] = (),
+  split_seed: int = SPLIT_SEED,
+  val_fraction: float = VAL_FRACTION,
+  readers: Mapping[str, Callable[..., list[readers_lib.Document]]] | None = None,
+  probe_status: str = "given",
+) -> Built:
   """Reads, filters, de-duplicates and splits the documents of one corpus config.
 
   Args:
@@ -156,8 +167,9 @@ def build_documents(config: str | CorpusConfig, archives: Mapping[str, str],
   """
   if isinstance(config, str):
     if config not in CONFIGS:
-      raise ConfigError(f"offline corpus: unknown config {config!r}; expected one of "
-                        f"{sorted(CONFIGS)}.")
+      raise ConfigError(
+        f"offline corpus: unknown config {config!r}; expected one of {sorted(CONFIGS)}."
+      )
     config = CONFIGS[config]
   probes = dedupe.normalise_probe_sources(probe_sources)
   timings: dict[str, float] = {}
@@ -168,21 +180,25 @@ def build_documents(config: str | CorpusConfig, archives: Mapping[str, str],
   stats: dict[str, readers_lib.SourceStats] = {}
   for name in config.sources:
     if name not in readers_lib.SOURCES:
-      raise ConfigError(f"offline corpus {config.name}: unknown source {name!r}; expected "
-                        f"one of {sorted(readers_lib.SOURCES)}.")
+      raise ConfigError(
+        f"offline corpus {config.name}: unknown source {name!r}; expected "
+        f"one of {sorted(readers_lib.SOURCES)}."
+      )
     if name not in archives:
       raise ConfigError(f"offline corpus {config.name}: no archive given for source {name!r}.")
     src = readers_lib.SOURCES[name]
     patterns = probes.get(src.package, ()) + probes.get(name, ())
-    is_probe = (lambda m, p=patterns: any(dedupe.member_matches(m, q) for q in p))
+    is_probe = lambda m, p=patterns: any(dedupe.member_matches(m, q) for q in p)
     reader = (readers or {}).get(name, src.reader)
     st = stats[name] = readers_lib.SourceStats()
     t0 = time.perf_counter()
     got = reader(archives[name], is_probe, st)
     timings[f"read_{name}"] = time.perf_counter() - t0
     if not got and not st.members_dropped_probe:
-      raise ConfigError(f"data source {name}: archive {archives[name]} gave no documents; "
-                        f"expected the {src.package} package layout.")
+      raise ConfigError(
+        f"data source {name}: archive {archives[name]} gave no documents; "
+        f"expected the {src.package} package layout."
+      )
     docs += got
   n = len(docs)
   reason = np.array([""] * n, dtype=object)
@@ -234,12 +250,13 @@ def build_documents(config: str | CorpusConfig, archives: Mapping[str, str],
   train, val = [], []
   for i in range(n):
     if reason[i] == "":
-      (val if text_lib.is_val(texts[i], split_seed, val_fraction)
-       else train).append(docs[i])
+      (val if text_lib.is_val(texts[i], split_seed, val_fraction) else train).append(docs[i])
   timings["total"] = time.perf_counter() - start
   if not train:
-    raise ConfigError(f"offline corpus {config.name}: no training documents are left after "
-                      "de-duplication and the leakage guard.")
+    raise ConfigError(
+      f"offline corpus {config.name}: no training documents are left after "
+      "de-duplication and the leakage guard."
+    )
 
   sources_manifest = []
   for name in config.sources:
@@ -253,52 +270,90 @@ def build_documents(config: str | CorpusConfig, archives: Mapping[str, str],
     pkg = fetch.PACKAGES.get(src.package)
     path = archives[name]
     entry = dict(
-        name=name, package=src.package, version=pkg.version if pkg else None,
-        license=pkg.license if pkg else None, url=pkg.url if pkg else None,
-        archive=os.path.basename(path), archive_bytes=os.path.getsize(path),
-        sha256=fetch.sha256_file(path), members_read=st.members_read,
-        members_dropped_probe=st.members_dropped_probe, docs_read=st.docs_read,
-        text_bytes_read=st.text_bytes_read, dropped=dict(sorted(dropped.items())),
-        docs_kept=len(kept), text_bytes_kept=sum(len(t.encode("utf-8")) for t in kept),
-        budget_mb=config.budget_mb.get(name))
+      name=name,
+      package=src.package,
+      version=pkg.version if pkg else None,
+      license=pkg.license if pkg else None,
+      url=pkg.url if pkg else None,
+      archive=os.path.basename(path),
+      archive_bytes=os.path.getsize(path),
+      sha256=fetch.sha256_file(path),
+      members_read=st.members_read,
+      members_dropped_probe=st.members_dropped_probe,
+      docs_read=st.docs_read,
+      text_bytes_read=st.text_bytes_read,
+      dropped=dict(sorted(dropped.items())),
+      docs_kept=len(kept),
+      text_bytes_kept=sum(len(t.encode("utf-8")) for t in kept),
+      budget_mb=config.budget_mb.get(name),
+    )
     if st.tasks:
       entry["tasks"] = dict(sorted(st.tasks.items()))
     sources_manifest.append(entry)
   train_texts, val_texts = [d.text for d in train], [d.text for d in val]
   manifest = dict(
-      corpus=f"offline_{config.name}", build_version=BUILD_VERSION,
-      sources=sources_manifest,
-      normaliser=dict(version=text_lib.NORMALISER_VERSION,
-                      min_doc_chars=text_lib.MIN_DOC_CHARS, max_doc_chars=readers_lib.MAX_DOC_CHARS,
-                      bigbench_min_chars=readers_lib.BIGBENCH_MIN_CHARS),
-      dedupe=dict(exact="lower-cased \\w+ words", near=dict(
-          method="minhash-lsh (numpy)", shingle_words=dedupe.SHINGLE, num_perm=dedupe.NUM_PERM,
-          bands=dedupe.BANDS, rows=dedupe.ROWS, jaccard=dedupe.JACCARD, confirm="exact jaccard")),
-      leakage=dict(status=probe_status, probe_sources=probes,
-                   probe_fingerprint=probe_fingerprint(probes),
-                   probe_texts=len(probe_texts), ngram_words=dedupe.PROBE_NGRAM,
-                   short_min_words=dedupe.PROBE_MIN_WORDS,
-                   builtin_bigbench_exclusions=list(readers_lib.BIGBENCH_PROBE_TASKS)),
-      split=dict(val_fraction=val_fraction, split_seed=split_seed, unit="document"),
-      counts=dict(
-          train=dict(docs=len(train), chars=sum(map(len, train_texts)),
-                     bytes=sum(len(t.encode("utf-8")) for t in train_texts)),
-          validation=dict(docs=len(val), chars=sum(map(len, val_texts)),
-                          bytes=sum(len(t.encode("utf-8")) for t in val_texts))),
-      content_hash=text_lib.content_hash([train_texts, val_texts]),
-      timings={k: round(v, 2) for k, v in timings.items()},
+    corpus=f"offline_{config.name}",
+    build_version=BUILD_VERSION,
+    sources=sources_manifest,
+    normaliser=dict(
+      version=text_lib.NORMALISER_VERSION,
+      min_doc_chars=text_lib.MIN_DOC_CHARS,
+      max_doc_chars=readers_lib.MAX_DOC_CHARS,
+      bigbench_min_chars=readers_lib.BIGBENCH_MIN_CHARS,
+    ),
+    dedupe=dict(
+      exact="lower-cased \\w+ words",
+      near=dict(
+        method="minhash-lsh (numpy)",
+        shingle_words=dedupe.SHINGLE,
+        num_perm=dedupe.NUM_PERM,
+        bands=dedupe.BANDS,
+        rows=dedupe.ROWS,
+        jaccard=dedupe.JACCARD,
+        confirm="exact jaccard",
+      ),
+    ),
+    leakage=dict(
+      status=probe_status,
+      probe_sources=probes,
+      probe_fingerprint=probe_fingerprint(probes),
+      probe_texts=len(probe_texts),
+      ngram_words=dedupe.PROBE_NGRAM,
+      short_min_words=dedupe.PROBE_MIN_WORDS,
+      builtin_bigbench_exclusions=list(readers_lib.BIGBENCH_PROBE_TASKS),
+    ),
+    split=dict(val_fraction=val_fraction, split_seed=split_seed, unit="document"),
+    counts=dict(
+      train=dict(
+        docs=len(train),
+        chars=sum(map(len, train_texts)),
+        bytes=sum(len(t.encode("utf-8")) for t in train_texts),
+      ),
+      validation=dict(
+        docs=len(val),
+        chars=sum(map(len, val_texts)),
+        bytes=sum(len(t.encode("utf-8")) for t in val_texts),
+      ),
+    ),
+    content_hash=text_lib.content_hash([train_texts, val_texts]),
+    timings={k: round(v, 2) for k, v in timings.items()},
   )
   return Built(train=train, validation=val, manifest=manifest)
 
 
-def build(config: str, cache_dir: str = "", split_seed: int = SPLIT_SEED,
-          val_fraction: float = VAL_FRACTION) -> Built:
+def build(
+  config: str, cache_dir: str = "", split_seed: int = SPLIT_SEED, val_fraction: float = VAL_FRACTION
+) -> Built:
   """Top-level entry: fetches the archives (cached) and the probe lists, then builds."""
   if config not in CONFIGS:
-    raise ConfigError(f"offline corpus: unknown config {config!r}; expected one of "
-                      f"{sorted(CONFIGS)}.")
-  archives = {name: fetch.fetch(readers_lib.SOURCES[name].package, cache_dir)
-              for name in CONFIGS[config].sources}
+    raise ConfigError(
+      f"offline corpus: unknown config {config!r}; expected one of {sorted(CONFIGS)}."
+    )
+  archives = {
+    name: fetch.fetch(readers_lib.SOURCES[name].package, cache_dir)
+    for name in CONFIGS[config].sources
+  }
   probe_sources, probe_texts, status = _task_kit_probes(fetch.cache_root(cache_dir))
-  return build_documents(config, archives, probe_sources, probe_texts, split_seed,
-                         val_fraction, probe_status=status)
+  return build_documents(
+    config, archives, probe_sources, probe_texts, split_seed, val_fraction, probe_status=status
+  )

@@ -26,11 +26,11 @@ from cbert_jax.data import text as text_lib
 from cbert_jax.errors import ConfigError
 
 # Leakage guard and dedupe parameters (recorded in the manifest).
-PROBE_NGRAM = 13          # GPT-3 decontamination used 13-grams
-PROBE_MIN_WORDS = 8       # shorter probe texts are matched only exactly
-SHINGLE = 5               # word 5-grams for MinHash
+PROBE_NGRAM = 13  # GPT-3 decontamination used 13-grams
+PROBE_MIN_WORDS = 8  # shorter probe texts are matched only exactly
+SHINGLE = 5  # word 5-grams for MinHash
 NUM_PERM = 96
-BANDS, ROWS = 16, 6       # P(candidate | J=0.8) = 1-(1-0.8**6)**16 = 0.992
+BANDS, ROWS = 16, 6  # P(candidate | J=0.8) = 1-(1-0.8**6)**16 = 0.992
 JACCARD = 0.8
 
 
@@ -74,8 +74,9 @@ def normalise_probe_sources(spec: Any) -> dict[str, tuple[str, ...]]:
       out.setdefault(str(package), []).extend(str(p) for p in patterns)
   except (TypeError, ValueError) as e:
     raise ConfigError(
-        "tasks.kit.PROBE_SOURCES: expected {package: member patterns} or (package, pattern) "
-        f"pairs, got {spec!r:.200}.") from e
+      "tasks.kit.PROBE_SOURCES: expected {package: member patterns} or (package, pattern) "
+      f"pairs, got {spec!r:.200}."
+    ) from e
   return {k: tuple(sorted(set(v))) for k, v in sorted(out.items())}
 
 
@@ -109,8 +110,7 @@ def _mix(x: np.ndarray) -> np.ndarray:
 _MULTS = _mix(np.arange(1, 64, dtype=np.uint64)) | np.uint64(1)
 
 
-def _ngram_hashes(mixed: np.ndarray, offsets: np.ndarray, n: int
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def _ngram_hashes(mixed: np.ndarray, offsets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
   """Hashes of every word n-gram that lies inside one text, and the text of each.
 
   h(i) = sum_k mixed[i+k] * M_k (mod 2^64): the same words give the same hash wherever
@@ -123,7 +123,7 @@ def _ngram_hashes(mixed: np.ndarray, offsets: np.ndarray, n: int
   h = np.zeros(m, dtype=np.uint64)
   with np.errstate(over="ignore"):
     for k in range(n):
-      h += mixed[k:k + m] * _MULTS[k]
+      h += mixed[k : k + m] * _MULTS[k]
   doc = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))[:m]
   valid = np.arange(m) + n <= offsets[doc + 1]
   return h[valid], doc[valid]
@@ -138,10 +138,12 @@ def _sorted_unique(x: np.ndarray) -> np.ndarray:
 # --- Leakage guard ----------------------------------------------------------------------
 
 
-def leakage_flags(texts: Sequence[str], probe_texts: Sequence[str],
-                  vocab: dict[str, int] | None = None,
-                  words: tuple[np.ndarray, np.ndarray] | None = None,
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def leakage_flags(
+  texts: Sequence[str],
+  probe_texts: Sequence[str],
+  vocab: dict[str, int] | None = None,
+  words: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
   """Which texts leak a probe: (exact normalised match, shared long n-gram), bool arrays.
 
   A text leaks if its normalised words equal a probe text's; or it shares a
@@ -193,9 +195,15 @@ def leakage_flags(texts: Sequence[str], probe_texts: Sequence[str],
 # --- Near-duplicate detection -----------------------------------------------------------
 
 
-def near_duplicates(words: tuple[np.ndarray, np.ndarray], alive: np.ndarray | None = None,
-                    num_perm: int = NUM_PERM, bands: int = BANDS, rows: int = ROWS,
-                    threshold: float = JACCARD, seed: int = 0) -> np.ndarray:
+def near_duplicates(
+  words: tuple[np.ndarray, np.ndarray],
+  alive: np.ndarray | None = None,
+  num_perm: int = NUM_PERM,
+  bands: int = BANDS,
+  rows: int = ROWS,
+  threshold: float = JACCARD,
+  seed: int = 0,
+) -> np.ndarray:
   """Marks documents that are near copies of an earlier one (bool array).
 
   MinHash signatures over word `SHINGLE`-grams, LSH with `bands` x `rows`; each
@@ -207,8 +215,9 @@ def near_duplicates(words: tuple[np.ndarray, np.ndarray], alive: np.ndarray | No
     alive: documents to consider (others are ignored); default all.
   """
   if bands * rows != num_perm:
-    raise ConfigError(f"near_duplicates: bands*rows must equal num_perm, got {bands}x{rows}"
-                      f" != {num_perm}.")
+    raise ConfigError(
+      f"near_duplicates: bands*rows must equal num_perm, got {bands}x{rows} != {num_perm}."
+    )
   ids, offsets = words
   n_docs = len(offsets) - 1
   alive = np.ones(n_docs, bool) if alive is None else alive
@@ -228,13 +237,17 @@ def near_duplicates(words: tuple[np.ndarray, np.ndarray], alive: np.ndarray | No
   with np.errstate(over="ignore"):
     for j in range(num_perm):
       # Multiply-shift hashing: the top 32 bits of a*h+b are a good universal hash.
-      sig[:, j] = np.minimum.reduceat(((h * a[j] + b[j]) >> np.uint64(32)).astype(np.uint32),
-                                      starts)
+      sig[:, j] = np.minimum.reduceat(
+        ((h * a[j] + b[j]) >> np.uint64(32)).astype(np.uint32), starts
+      )
   # LSH: documents whose band slices agree are candidates.
   pairs = set()
   for band in range(bands):
-    key = np.ascontiguousarray(sig[:, band * rows:(band + 1) * rows]).view(
-        np.dtype((np.void, 4 * rows))).ravel()
+    key = (
+      np.ascontiguousarray(sig[:, band * rows : (band + 1) * rows])
+      .view(np.dtype((np.void, 4 * rows)))
+      .ravel()
+    )
     order = np.argsort(key, kind="stable")
     sorted_key = key[order]
     same = sorted_key[1:] == sorted_key[:-1]
@@ -252,7 +265,7 @@ def near_duplicates(words: tuple[np.ndarray, np.ndarray], alive: np.ndarray | No
 
   def shingles(k: int) -> np.ndarray:
     if k not in cache:
-      cache[k] = _sorted_unique(h[starts[k]:ends[k]])
+      cache[k] = _sorted_unique(h[starts[k] : ends[k]])
     return cache[k]
 
   parent = list(range(len(docs)))

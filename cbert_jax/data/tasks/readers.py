@@ -17,13 +17,13 @@ import tarfile
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 
-from cbert_jax.data import cache_entry
-from cbert_jax.data import fetch
+from cbert_jax.data import cache_entry, fetch
 from cbert_jax.data import text as text_lib
 from cbert_jax.data.tasks import spec as spec_lib
 from cbert_jax.errors import ConfigError
 
 _URL_RE = re.compile(r"(?:https?://|www\.|pic\.twitter\.com/)\S*", re.IGNORECASE)
+
 
 def _archive_name(path: str) -> str:
   return os.path.basename(path)
@@ -66,16 +66,19 @@ def read_sentiment(path: str, cache_dir: str = "") -> list[spec_lib.Example]:
     raise ConfigError(f"{where}: expected a bz2-compressed UTF-8 CSV ({e})") from e
   reader = csv.DictReader(io.StringIO(text))
   if not reader.fieldnames or not {"category", "text"} <= set(reader.fieldnames):
-    raise ConfigError(f"{where}: expected a CSV header with columns 'category' and 'text', got "
-                      f"{reader.fieldnames}")
+    raise ConfigError(
+      f"{where}: expected a CSV header with columns 'category' and 'text', got {reader.fieldnames}"
+    )
   out = []
   for i, row in enumerate(reader, start=2):
     category = row.get("category")
     if category == "plot":  # plot synopses carry no sentiment label
       continue
     if category not in ("fresh", "rotten") or row.get("text") is None:
-      raise ConfigError(f"{where} line {i}: expected category fresh|rotten|plot and a text, got "
-                        f"category={category!r}")
+      raise ConfigError(
+        f"{where} line {i}: expected category fresh|rotten|plot and a text, got "
+        f"category={category!r}"
+      )
     out.append(spec_lib.Example(row["text"], 1 if category == "fresh" else 0))
   return out
 
@@ -89,10 +92,12 @@ def read_news_topic(path: str, cache_dir: str = "") -> list[spec_lib.Example]:
     if not name.startswith(spec_lib.BBC_PREFIX):
       continue
     seen = True
-    folder = name[len(spec_lib.BBC_PREFIX):].split("/")[0]
+    folder = name[len(spec_lib.BBC_PREFIX) :].split("/")[0]
     if folder not in spec_lib.BBC_FOLDERS:
-      raise ConfigError(f"{_archive_name(path)}:{name}: expected a topic folder in "
-                        f"{sorted(spec_lib.BBC_FOLDERS)}, got {folder!r}")
+      raise ConfigError(
+        f"{_archive_name(path)}:{name}: expected a topic folder in "
+        f"{sorted(spec_lib.BBC_FOLDERS)}, got {folder!r}"
+      )
     raw = text_lib.decode_utf8_or_cp1252(data, f"{_archive_name(path)}:{name}").strip()
     title, _, body = raw.partition("\n")
     title, body = title.strip(), body.strip()
@@ -102,8 +107,9 @@ def read_news_topic(path: str, cache_dir: str = "") -> list[spec_lib.Example]:
     joined = title + ("" if title[-1] in ".!?" else ".") + " " + body
     out.append(spec_lib.Example(joined, spec_lib.BBC_TOPICS.index(spec_lib.BBC_FOLDERS[folder])))
   if not seen:
-    raise ConfigError(f"{_archive_name(path)}: expected .txt members under {spec_lib.BBC_PREFIX!r}; "
-                      "found none")
+    raise ConfigError(
+      f"{_archive_name(path)}: expected .txt members under {spec_lib.BBC_PREFIX!r}; found none"
+    )
   return out
 
 
@@ -124,15 +130,19 @@ def read_tweet_source(path: str, cache_dir: str = "") -> list[spec_lib.Example]:
     raise ConfigError(f"{where}: expected a zip holding {spec_lib.HEALTHTWEETS_CSV!r} ({e})") from e
   reader = csv.DictReader(io.StringIO(text_lib.decode_utf8_or_cp1252(data, where)))
   if not reader.fieldnames or not {"source_id", "text"} <= set(reader.fieldnames):
-    raise ConfigError(f"{where}/{spec_lib.HEALTHTWEETS_CSV}: expected columns 'source_id' and 'text', got "
-                      f"{reader.fieldnames}")
+    raise ConfigError(
+      f"{where}/{spec_lib.HEALTHTWEETS_CSV}: expected columns 'source_id' and 'text', got "
+      f"{reader.fieldnames}"
+    )
   out = []
   for i, row in enumerate(reader, start=2):
     source = (row.get("source_id") or "").rsplit("-", 1)[0]
     if source not in spec_lib.HEALTH_SOURCES or row.get("text") is None:
-      raise ConfigError(f"{where}/{spec_lib.HEALTHTWEETS_CSV} line {i}: expected source_id "
-                        f"'<account>-<tweet id>' with account in {spec_lib.HEALTH_SOURCES}, got "
-                        f"{row.get('source_id')!r}")
+      raise ConfigError(
+        f"{where}/{spec_lib.HEALTHTWEETS_CSV} line {i}: expected source_id "
+        f"'<account>-<tweet id>' with account in {spec_lib.HEALTH_SOURCES}, got "
+        f"{row.get('source_id')!r}"
+      )
     text = strip_urls(row["text"])
     if text:
       out.append(spec_lib.Example(text, spec_lib.HEALTH_SOURCES.index(source)))
@@ -140,11 +150,11 @@ def read_tweet_source(path: str, cache_dir: str = "") -> list[spec_lib.Example]:
 
 
 _DETOK = [
-    (re.compile(r"\s+([.,;:!?%)\]}])"), r"\1"),   # no space before closing punctuation
-    (re.compile(r"([(\[{$])\s+"), r"\1"),          # nor after opening brackets / currency
-    (re.compile(r"``\s*"), "\u201c"),              # Brown's `` and '' quote tokens
-    (re.compile(r"\s*''"), "\u201d"),
-    (re.compile(r"\s+(n't|'s|'re|'ve|'ll|'d|'m)\b", re.IGNORECASE), r"\1"),
+  (re.compile(r"\s+([.,;:!?%)\]}])"), r"\1"),  # no space before closing punctuation
+  (re.compile(r"([(\[{$])\s+"), r"\1"),  # nor after opening brackets / currency
+  (re.compile(r"``\s*"), "\u201c"),  # Brown's `` and '' quote tokens
+  (re.compile(r"\s*''"), "\u201d"),
+  (re.compile(r"\s+(n't|'s|'re|'ve|'ll|'d|'m)\b", re.IGNORECASE), r"\1"),
 ]
 
 
@@ -174,13 +184,19 @@ def brown_chunks(text: str, where: str) -> list[str]:
     group: list[list[str]] = []
     for words in sentences:
       group.append(words)
-      if len(group) >= spec_lib.BROWN_MAX_SENTENCES or sum(map(len, group)) >= spec_lib.BROWN_TARGET_WORDS:
+      if (
+        len(group) >= spec_lib.BROWN_MAX_SENTENCES
+        or sum(map(len, group)) >= spec_lib.BROWN_TARGET_WORDS
+      ):
         chunks.append(group)
         group = []
     if group:
       chunks.append(group)
-  return [detokenize([w for s in g for w in s]) for g in chunks
-          if sum(map(len, g)) >= spec_lib.BROWN_MIN_WORDS]
+  return [
+    detokenize([w for s in g for w in s])
+    for g in chunks
+    if sum(map(len, g)) >= spec_lib.BROWN_MIN_WORDS
+  ]
 
 
 def read_genre(path: str, cache_dir: str = "") -> list[spec_lib.Example]:
@@ -195,13 +211,17 @@ def read_genre(path: str, cache_dir: str = "") -> list[spec_lib.Example]:
     genre = spec_lib.BROWN_GENRES.get(base[1])
     where = f"{_archive_name(path)}:{name}"
     if genre is None:
-      raise ConfigError(f"{where}: expected the genre letter (2nd letter of the file name) in "
-                        f"{''.join(spec_lib.BROWN_GENRES)}, got {base[1]!r}")
+      raise ConfigError(
+        f"{where}: expected the genre letter (2nd letter of the file name) in "
+        f"{''.join(spec_lib.BROWN_GENRES)}, got {base[1]!r}"
+      )
     for chunk in brown_chunks(text_lib.decode_utf8_or_cp1252(data, where), where):
       out.append(spec_lib.Example(chunk, labels.index(genre), group=base))
   if not out:
-    raise ConfigError(f"{_archive_name(path)}: expected Brown files {spec_lib.BROWN_PREFIX}<genre><nn> "
-                      "(e.g. package/ca01); found none")
+    raise ConfigError(
+      f"{_archive_name(path)}: expected Brown files {spec_lib.BROWN_PREFIX}<genre><nn> "
+      "(e.g. package/ca01); found none"
+    )
   return out
 
 
@@ -219,7 +239,9 @@ def read_graded_sentiment(path: str, cache_dir: str = "") -> list[spec_lib.Examp
     raise ConfigError(f"{outer}: expected a tar archive ({e})") from e
   where = f"{outer}/{spec_lib.VADER_INNER}"
   if data is None:
-    raise ConfigError(f"{outer}: expected a member {spec_lib.VADER_INNER!r}; the archive does not have it")
+    raise ConfigError(
+      f"{outer}: expected a member {spec_lib.VADER_INNER!r}; the archive does not have it"
+    )
   out = []
   for i, line in enumerate(text_lib.decode_utf8_or_cp1252(data, where).splitlines(), start=1):
     if not line.strip():
@@ -232,8 +254,9 @@ def read_graded_sentiment(path: str, cache_dir: str = "") -> list[spec_lib.Examp
       if not -4.0 <= score <= 4.0:
         raise ValueError(f"score {score} outside [-4, 4]")
     except ValueError as e:
-      raise ConfigError(f"{where} line {i}: expected 'id<TAB>mean rating in [-4, 4]<TAB>text' "
-                        f"({e})") from e
+      raise ConfigError(
+        f"{where} line {i}: expected 'id<TAB>mean rating in [-4, 4]<TAB>text' ({e})"
+      ) from e
     out.append(spec_lib.Example(fields[2], score))
   return out
 
@@ -264,8 +287,10 @@ def bigbench_task_json(path: str, task: str, cache_dir: str = "") -> dict:
     else:
       found = _stream_bigbench(path, wanted)
       if task not in found:
-        raise ConfigError(f"{_archive_name(path)}: expected a member "
-                          f"'{spec_lib.BIGBENCH_TASK_DIR}{task}/task.json'; the archive does not have it")
+        raise ConfigError(
+          f"{_archive_name(path)}: expected a member "
+          f"'{spec_lib.BIGBENCH_TASK_DIR}{task}/task.json'; the archive does not have it"
+        )
       for t, data in found.items():
         _memo[(os.path.realpath(path), size, t)] = data
         _write_cache(on_disk[t], data)
@@ -314,8 +339,9 @@ def _read_cache(path: str, cache_root: str) -> bytes | None:
   """A cached extract, checked in full against its sha256 sidecar (they are a few MB);
   None if absent or damaged (moved aside; the caller streams the tarball again)."""
   try:
-    return cache_entry.load_verified(path, "full", _load_extract, cache_root=cache_root,
-                                     what="task kit extract")
+    return cache_entry.load_verified(
+      path, "full", _load_extract, cache_root=cache_root, what="task kit extract"
+    )
   except ConfigError:
     return None  # unreadable (permissions): the tarball is the source of truth
 
@@ -335,8 +361,9 @@ def _target_label(example: dict, names: Sequence[str], where: str) -> int:
     try:
       scores = ast.literal_eval(scores)
     except (ValueError, SyntaxError) as e:
-      raise ConfigError(f"{where}: target_scores is a string that does not parse as a dict "
-                        f"({e}): {scores[:80]!r}") from e
+      raise ConfigError(
+        f"{where}: target_scores is a string that does not parse as a dict ({e}): {scores[:80]!r}"
+      ) from e
   if not isinstance(scores, dict) or set(scores) != set(names):
     raise ConfigError(f"{where}: expected target_scores with keys {list(names)}, got {scores!r}")
   best = [k for k, v in scores.items() if v == max(scores.values())]
@@ -350,7 +377,9 @@ def _vitaminc_pairs(path: str, cache_dir: str) -> list[tuple[str, str, int]]:
   task = bigbench_task_json(path, spec_lib.VITAMINC, cache_dir)
   out = []
   for i, ex in enumerate(task["examples"]):
-    where = f"{_archive_name(path)}:{spec_lib.BIGBENCH_TASK_DIR}{spec_lib.VITAMINC}/task.json example {i}"
+    where = (
+      f"{_archive_name(path)}:{spec_lib.BIGBENCH_TASK_DIR}{spec_lib.VITAMINC}/task.json example {i}"
+    )
     inp = ex.get("input") if isinstance(ex, dict) else None
     if not isinstance(inp, str) or inp.count("\nClaim: ") != 1:
       raise ConfigError(f"{where}: expected input 'evidence\\nClaim: claim'")
@@ -377,8 +406,10 @@ def read_claim_evidence_retrieval(path: str, cache_dir: str = "") -> spec_lib.Re
   for evidence, claim, label in pairs:
     if spec_lib.VITAMINC_LABELS[label] != "Neither":
       relevant.setdefault(claim, set()).add(evidence)
-  return spec_lib.RetrievalRaw(documents=tuple(e for e, _, _ in pairs),
-                      queries=tuple((c, tuple(sorted(r))) for c, r in relevant.items()))
+  return spec_lib.RetrievalRaw(
+    documents=tuple(e for e, _, _ in pairs),
+    queries=tuple((c, tuple(sorted(r))) for c, r in relevant.items()),
+  )
 
 
 def read_question_paragraph(path: str, cache_dir: str = "") -> spec_lib.RetrievalRaw:
@@ -393,11 +424,14 @@ def read_question_paragraph(path: str, cache_dir: str = "") -> spec_lib.Retrieva
   for i, ex in enumerate(task["examples"]):
     inp = ex.get("input") if isinstance(ex, dict) else None
     if not isinstance(inp, str) or inp.count("\ncontext: ") != 1:
-      raise ConfigError(f"{_archive_name(path)}:{spec_lib.BIGBENCH_TASK_DIR}{spec_lib.DISFL_QA}/task.json example "
-                        f"{i}: expected input 'question\\ncontext: paragraph'")
+      raise ConfigError(
+        f"{_archive_name(path)}:{spec_lib.BIGBENCH_TASK_DIR}{spec_lib.DISFL_QA}/task.json example "
+        f"{i}: expected input 'question\\ncontext: paragraph'"
+      )
     question, paragraph = (text_lib.collapse_whitespace(s) for s in inp.split("\ncontext: "))
     if question and paragraph:
       relevant.setdefault(question, set()).add(paragraph)
   docs = tuple(p for ps in relevant.values() for p in ps)
-  return spec_lib.RetrievalRaw(documents=docs,
-                      queries=tuple((q, tuple(sorted(r))) for q, r in relevant.items()))
+  return spec_lib.RetrievalRaw(
+    documents=docs, queries=tuple((q, tuple(sorted(r))) for q, r in relevant.items())
+  )

