@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from cbert_jax import distributed
+from cbert_jax import distributed, peer_watch
 from tests.test_cli import ROOT, cli
 from tests.test_multiprocess import free_port
 
@@ -134,14 +134,14 @@ def test_survivor_of_a_dead_peer_prints_one_line_and_exits_in_bounded_time(kille
 
 
 def test_peer_failure_message_names_the_dead_process():
-  msg = distributed.peer_failure_message(3, 4, 25, "h:1", coordinator_gone=True)
+  msg = peer_watch.peer_failure_message(3, 4, 25, "h:1", coordinator_gone=True)
   assert msg.startswith("process 0 of 4 (the coordinator at h:1) stopped responding: ")
   assert "This is process 3 of 4" in msg and "Check process 0's log" in msg
-  msg = distributed.peer_failure_message(3, 4, 25, "h:1", coordinator_gone=False)
+  msg = peer_watch.peer_failure_message(3, 4, 25, "h:1", coordinator_gone=False)
   assert msg.startswith("another process (process 0's log names it) stopped responding")
-  msg = distributed.peer_failure_message(0, 4, 25, "h:1")
+  msg = peer_watch.peer_failure_message(0, 4, 25, "h:1")
   assert msg.startswith("one of processes 1..3 (the coordination service's error logged just above")
-  msg = distributed.peer_failure_message(1, 2, 7.5, "h:1", stage="shutdown")
+  msg = peer_watch.peer_failure_message(1, 2, 7.5, "h:1", stage="shutdown")
   assert msg.startswith(
     "process 0 of 2 (the coordinator at h:1) stopped responding while this "
     "process waited, at exit, for every process to finish: "
@@ -169,8 +169,8 @@ def test_terminate_hook_leaves_other_terminations_alone(tmp_path):
   """Only std::bad_cast (JAX's callback) is a lost peer; any other std::terminate still aborts."""
   code = (
     "import ctypes, ctypes.util\n"
-    "from cbert_jax import distributed\n"
-    "hook = distributed._TerminateHook(lambda: print('hooked', flush=True))\n"
+    "from cbert_jax import peer_watch\n"
+    "hook = peer_watch._TerminateHook(lambda: print('hooked', flush=True))\n"
     "assert hook.exception_name() is None\n"
     "lib = ctypes.CDLL(ctypes.util.find_library('stdc++'))\n"
     "getattr(lib, '_ZSt9terminatev')()\n"

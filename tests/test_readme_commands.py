@@ -257,6 +257,27 @@ def test_the_readme_starts_with_the_two_commands_ci_runs():
     assert "python -m pytest -q -n 2 tests" in f.read().split("\n")
 
 
+def test_every_cited_test_exists():
+  """The docs cite the test that checks a behaviour as `test_x.py::test_name`: it must exist."""
+  cited = 0
+  problems = []
+  for doc in doc_files():
+    with open(doc) as f:
+      text = f.read()
+    for number, line in enumerate(text.splitlines(), start=1):
+      for path, name in re.findall(r"(test_[A-Za-z0-9_]+\.py)::([A-Za-z0-9_]+)", line):
+        cited += 1
+        source = os.path.join(ROOT, "tests", path)
+        if not os.path.isfile(source):
+          problems.append(f"{os.path.relpath(doc, ROOT)}:{number}: tests/{path} does not exist")
+          continue
+        with open(source) as f:
+          if not re.search(rf"^def {name}\b", f.read(), re.M):
+            problems.append(f"{os.path.relpath(doc, ROOT)}:{number}: no {name} in tests/{path}")
+  assert cited >= 20, cited
+  assert not problems, "\n".join(problems)
+
+
 def github_anchor(heading: str) -> str:
   """The anchor GitHub gives a Markdown heading."""
   text = re.sub(r"`|\*\*|__", "", heading.strip().lower())

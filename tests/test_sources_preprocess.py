@@ -17,7 +17,7 @@ import zstandard
 from array_record.python import array_record_module
 
 from cbert_jax.data import corpus as corpus_lib
-from cbert_jax.data import packing, pipeline, prepare, shards, sources
+from cbert_jax.data import packing, pipeline, prepare, shard_tasks, shards, sources
 from cbert_jax.data import text as text_lib
 from cbert_jax.data import tokenizer as tokenizer_lib
 from cbert_jax.errors import ConfigError
@@ -249,7 +249,7 @@ def _read_shards(out_dir, index, split):
 
 def test_preprocess_preserves_tokens_and_boundaries(tmp_path, corpus_dir, tok, monkeypatch):
   # A tiny flush threshold exercises carrying a cut document across flushes.
-  monkeypatch.setattr(shards, "_FLUSH_TOKENS", 100)
+  monkeypatch.setattr(shard_tasks, "_FLUSH_TOKENS", 100)
   index = _build(corpus_dir, tmp_path / "out", tok)
   srcs = sources.expand_sources(_cfg(tmp_path, sources=f"{corpus_dir}/*"))
   tasks = shards.plan_tasks(srcs, 1)
