@@ -22,14 +22,9 @@ import os
 import re
 import shutil
 
+import jax  # noqa: E402
 import numpy as np
 import pytest
-
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("sentence_transformers")
-
-import jax  # noqa: E402
 import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
@@ -328,3 +323,28 @@ def test_card_shows_the_probe_scores_of_the_exported_step(tmp_path):
   assert "| task | x |" in text and "/some/workdir" not in text and "all 0.2500" in text
   assert "step_20" not in text
   assert "No probe suite" in "\n".join(card_lib._eval_section(str(tmp_path), 3))  # pylint: disable=protected-access
+
+
+def readme_snippets() -> list[str]:
+  """The ```python blocks of the README's "Use your encoder" section."""
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    text = f.read()
+  section = text.split("## Use your encoder", 1)[1].split("\n## ", 1)[0]
+  return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_the_readme_snippets_give_the_probe_features(exported):
+  """What a user copies from the README (the export path swapped for a tiny export) runs and
+  gives the probes' mean-pooled features of the same two texts."""
+  run, d = exported["crossbert"]
+  snippets = readme_snippets()
+  assert len(snippets) == 2 and all('"runs/smoke_export"' in code for code in snippets)
+  seq_len = int(run.config.data.seq_len)
+  feat = features.Featurizer(run.graphdef, run.params, batch_size=8, seq_len=seq_len)
+  texts = ["A sentence to embed.", "Another one."]
+  want = feat(features.encode_texts(texts, run.tokenizer, seq_len))  # [2, d]
+  for code in snippets:
+    scope: dict = {}
+    exec(code.replace('"runs/smoke_export"', repr(d)), scope)  # noqa: S102
+    got = scope["emb"].numpy() if hasattr(scope["emb"], "numpy") else scope["emb"]
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOL)
