@@ -22,22 +22,22 @@ import os
 import re
 import shutil
 
-import jax  # noqa: E402
+import jax
 import numpy as np
 import pytest
-import torch  # noqa: E402
-from flax import nnx  # noqa: E402
-from safetensors.numpy import load_file  # noqa: E402
-from sentence_transformers import SentenceTransformer  # noqa: E402
-from transformers import AutoModel, AutoTokenizer  # noqa: E402
+import torch
+from flax import nnx
+from safetensors.numpy import load_file
+from sentence_transformers import SentenceTransformer
+from transformers import AutoModel, AutoTokenizer
 
-from cbert_jax import trained  # noqa: E402
-from cbert_jax.data import tokenizer as tokenizer_lib  # noqa: E402
-from cbert_jax.evaluators import features  # noqa: E402
-from cbert_jax.export import __main__ as export_cli  # noqa: E402
-from cbert_jax.export import card as card_lib  # noqa: E402
-from cbert_jax.export import hf_tokenizer, llama  # noqa: E402
-from tests.test_train import TINY  # noqa: E402
+from cbert_jax import trained
+from cbert_jax.data import tokenizer as tokenizer_lib
+from cbert_jax.evaluators import features
+from cbert_jax.export import __main__ as export_cli
+from cbert_jax.export import card as card_lib
+from cbert_jax.export import hf_tokenizer, llama
+from tests.test_train import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ("bert", "crossbert", "electra")
