@@ -31,7 +31,7 @@ from safetensors.numpy import load_file
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModel, AutoTokenizer
 
-from cbert_jax import trained
+from cbert_jax import embed, trained
 from cbert_jax.data import tokenizer as tokenizer_lib
 from cbert_jax.evaluators import features
 from cbert_jax.export import __main__ as export_cli
@@ -343,6 +343,9 @@ def test_the_readme_snippets_give_the_probe_features(exported):
   feat = features.Featurizer(run.graphdef, run.params, batch_size=8, seq_len=seq_len)
   texts = ["A sentence to embed.", "Another one."]
   want = feat(features.encode_texts(texts, run.tokenizer, seq_len))  # [2, d]
+  # cbert_jax.embed's vectors are the same (length buckets, its own batching).
+  jax_emb = embed.Embedder(run, seq_len=seq_len, batch_size=8)(texts)
+  np.testing.assert_allclose(jax_emb, want, rtol=0, atol=1e-5)
   for code in snippets:
     scope: dict = {}
     exec(code.replace('"runs/smoke_export"', repr(d)), scope)  # noqa: S102
