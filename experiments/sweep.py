@@ -29,6 +29,7 @@ Scales:
 
 from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
+from cbert_jax.scaling import members as members_lib
 
 # The paper's ladder (SPEC §5 default shapes): CrossBERT gets all 9 rungs, BERT the first 8.
 PAPER_SIZES = (
@@ -113,9 +114,7 @@ def get_sweep(arg=None) -> list[str]:
   return members
 
 
-def member_name(model: str, size: str, cms: bool = True) -> str:
-  """The member's sub-workdir: bert_d64L2, crossbert_d96L3, crossbert-nocms_d96L3."""
-  return f"{model}{'' if cms or model != 'crossbert' else '-nocms'}_{size}"
+member_name = members_lib.member_name  # bert_d64L2, crossbert_d96L3, crossbert-nocms_d96L3
 
 
 def get_config(arg=None):

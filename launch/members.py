@@ -231,7 +231,7 @@ def load_members(
     name = (
       experiment.workdir_name(member_arg)
       if hasattr(experiment, "workdir_name")
-      else members_lib.member_name(cfg)
+      else members_lib.config_member_name(cfg)
     )
     members.append(Member(name, member_arg, os.path.join(root, name) if root else "", cfg))
   return scale, command_path(path), select(members, only, f"the {scale} sweep")

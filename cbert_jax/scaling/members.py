@@ -84,9 +84,14 @@ def _set(config: ml_collections.ConfigDict, path: str, value) -> None:
     node[leaf] = value
 
 
-def member_name(config: ml_collections.ConfigDict) -> str:
-  cms = config.masking.cms or config.model_name != "crossbert"
-  return f"{config.model_name}{'' if cms else '-nocms'}_{config.model.size or 'custom'}"
+def member_name(model: str, size: str, cms: bool = True) -> str:
+  """A sweep member's name and sub-workdir: bert_d64L2, crossbert_d96L3, crossbert-nocms_d96L3."""
+  return f"{model}{'' if cms or model != 'crossbert' else '-nocms'}_{size}"
+
+
+def config_member_name(config: ml_collections.ConfigDict) -> str:
+  """`member_name` of a member's config."""
+  return member_name(config.model_name, config.model.size or "custom", config.masking.cms)
 
 
 def plan(
@@ -118,7 +123,7 @@ def plan(
     devices = jax.device_count() if cfg.num_devices <= 0 else cfg.num_devices
     if not cfg.sweep.target_devices or cfg.sweep.target_devices == devices:
       config_lib.validate(cfg, devices)
-    name = experiment.workdir_name(arg) if hasattr(experiment, "workdir_name") else member_name(cfg)
+    name = experiment.workdir_name(arg) if hasattr(experiment, "workdir_name") else config_member_name(cfg)
     members.append((name, arg, cfg))
   if not members:
     raise ConfigError(
