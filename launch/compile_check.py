@@ -121,7 +121,9 @@ def load_member(config_spec: str, module, arg: str, overrides: list[str]):
     raise ConfigError(f"{arg or path}: {message.split('ConfigError: ')[-1]}") from e
   config = config_lib.resolve(config)
   name = (
-    module.workdir_name(arg) if hasattr(module, "workdir_name") else members_lib.config_member_name(config)
+    module.workdir_name(arg)
+    if hasattr(module, "workdir_name")
+    else members_lib.config_member_name(config)
   )
   return name, config
 

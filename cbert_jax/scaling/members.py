@@ -123,7 +123,11 @@ def plan(
     devices = jax.device_count() if cfg.num_devices <= 0 else cfg.num_devices
     if not cfg.sweep.target_devices or cfg.sweep.target_devices == devices:
       config_lib.validate(cfg, devices)
-    name = experiment.workdir_name(arg) if hasattr(experiment, "workdir_name") else config_member_name(cfg)
+    name = (
+      experiment.workdir_name(arg)
+      if hasattr(experiment, "workdir_name")
+      else config_member_name(cfg)
+    )
     members.append((name, arg, cfg))
   if not members:
     raise ConfigError(
