@@ -49,6 +49,13 @@ def _ci(ci, spec=".3f"):
   return f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else ""
 
 
+def _boot(info) -> str:
+  """How a bootstrap interval was computed, e.g. ' (exact, 4/256 skipped)'."""
+  if not info:
+    return ""
+  return f" ({info['method']}, {info['skipped']}/{info['resamples']} skipped)"
+
+
 def claims(members, loss_fits, probe_fits, ratios, eff) -> list[str]:
   """SPEC §6's four claims, each stated with this sweep's numbers, whichever way they come out."""
   out = []
@@ -104,7 +111,8 @@ def claims(members, loss_fits, probe_fits, ratios, eff) -> list[str]:
     if lf:
       p = lf["power_law"]
       loss_part = (
-        f" Its validation loss falls as C^{p['alpha']:.3f}{_ci(p['alpha_ci'])} "
+        f" Its validation loss falls as C^{p['alpha']:.3f} (90%: bootstrap"
+        f"{_ci(p['alpha_ci']) or ' -'}, t{_ci(p.get('alpha_t_ci')) or ' -'}) "
         f"over {lf['n_points']} sizes."
       )
     probes = []
@@ -181,8 +189,8 @@ def markdown(root, members, loss_fits, probe_fits, ratios, eff, plots) -> str:
     "",
     "## Fits",
     "",
-    "| arch | quantity | law | exponent / slope [90% bootstrap] | points |",
-    "|---|---|---|---|---|",
+    "| arch | quantity | law | exponent / slope [90% bootstrap] | [90% t] | points |",
+    "|---|---|---|---|---|---|",
   ]
   for arch in ARCHS:
     f = loss_fits.get(arch)
@@ -190,22 +198,28 @@ def markdown(root, members, loss_fits, probe_fits, ratios, eff, plots) -> str:
       p = f["power_law"]
       lines.append(
         f"| {arch} | val loss | a C^alpha, a={p['a']:.3g} | alpha {p['alpha']:.4f}"
-        f"{_ci(p['alpha_ci'], '.4f')} | {f['n_points']} |"
+        f"{_ci(p['alpha_ci'], '.4f')}{_boot(p.get('bootstrap'))} "
+        f"| {_ci(p.get('alpha_t_ci'), '.4f').strip() or '-'} | {f['n_points']} |"
       )
       if "saturating" in f:
         s = f["saturating"]
+        e = f"e={s['e']:.3f}" if s.get("e") is not None else f"e not identified ({s['e_note']})"
         lines.append(
-          f"| {arch} | val loss | e + b C^-beta, e={s['e']:.3f} | beta {s['beta']:.4f} "
-          f"| {f['n_points']} |"
+          f"| {arch} | val loss | e + b C^-beta, {e} | beta {s['beta']:.4f} | - | {f['n_points']} |"
         )
     for key, t in probe_fits.get(arch, {}).items():
       lines.append(
         f"| {arch} | {key} | s0 + slope log10 C | slope {t['slope_per_decade']:+.4f}"
-        f"{_ci(t['slope_ci'], '+.4f')}, Spearman {t['spearman']:+.2f} | {t['n_points']} |"
+        f"{_ci(t['slope_ci'], '+.4f')}{_boot(t.get('bootstrap'))}, Spearman "
+        f"{t['spearman']:+.2f} | {_ci(t.get('slope_t_ci'), '+.4f').strip() or '-'} | {t['n_points']} |"
       )
   lines += [
     "",
-    "With 4-9 sizes the intervals are wide; an exponent whose interval spans 0 is not a trend.",
+    "With 4-9 sizes the intervals are wide; an exponent whose interval spans 0 is not a trend. "
+    "Bootstrap: percentiles of the resampling distribution, exact (every distinct resample, "
+    "weighted) up to 10 sizes, resamples with all C equal skipped (counted in brackets); t: "
+    "least-squares slope +- t(n-2) x standard error, in log-log space for the loss. A "
+    "saturating floor e is given only when it is interior to the fit's bounds [0, min loss].",
     "",
     "## Plots",
     "",

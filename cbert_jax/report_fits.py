@@ -5,12 +5,15 @@ the final step's offline probe results) into one dict per member; `fit_loss`, `f
 `throughput_ratios` and `cms_efficiency` compute the numbers that report.py states and
 report_plots.py draws.
 
-Fits: loss vs C as L = e + b C^-beta (`scaling.fit.fit_saturating`, >= 4 sizes) and as a pure
-power law with bootstrap intervals; probe score vs C as score = s0 + slope * log10(C) by least
-squares (slope = change per decade of compute) with a bootstrap interval, plus Spearman's rank
-correlation (1 = rises monotonically). BERT's MLM loss (20% masked, from the corrupted full row)
-and CrossBERT's (50% predicted from the other half) are different tasks: compare each one's trend,
-not their levels. A member without probe results (or unfinished) is listed and left out of fits.
+Fits: loss vs C as L = e + b C^-beta (`scaling.fit.fit_saturating`, >= 4 sizes; its floor e is
+None, with the reason, unless it is interior to the optimiser's bounds) and as a pure power law;
+probe score vs C as score = s0 + slope * log10(C) by least squares (slope = change per decade of
+compute), plus Spearman's rank correlation (1 = rises monotonically). Every exponent and slope
+carries two 90% intervals: the percentile bootstrap (exact over every distinct resample up to 10
+sizes, else 10,000 draws; `scaling.fit`) and the t-interval of the least-squares slope. BERT's
+MLM loss (20% masked, from the corrupted full row) and CrossBERT's (50% predicted from the other
+half) are different tasks: compare each one's trend, not their levels. A member without probe
+results (or unfinished) is listed and left out of fits.
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ def fit_loss(members: list[dict], arch: str) -> dict | None:
     return None
   c = np.array([m["compute"] for m in pts])
   loss = np.array([m["final_loss"] for m in pts])
-  out = {"n_points": len(pts), "power_law": fit_lib.fit_power_law_ci(c, loss, n=500).to_dict()}
+  out = {"n_points": len(pts), "power_law": fit_lib.fit_power_law_ci(c, loss).to_dict()}
   if len(pts) >= 4:
     try:
       out["saturating"] = fit_lib.fit_saturating(c, loss).to_dict()
@@ -121,21 +124,23 @@ def fit_loss(members: list[dict], arch: str) -> dict | None:
   return out
 
 
-def trend(x: np.ndarray, y: np.ndarray, n_boot: int = 1000, seed: int = 0) -> dict:
-  """y = s0 + slope * log10(x): slope per decade with a 90% bootstrap interval; Spearman rho."""
+def trend(x: np.ndarray, y: np.ndarray, n_boot: int = fit_lib.N_DRAWS, seed: int = 0) -> dict:
+  """y = s0 + slope * log10(x): slope per decade with 90% bootstrap (exact when small, else
+  `n_boot` draws) and t-intervals; Spearman rho."""
   from scipy import stats  # pylint: disable=import-outside-toplevel
 
   lx = np.log10(x)
   slope, s0 = np.polyfit(lx, y, 1)
-  ci = fit_lib.bootstrap(
-    lambda xs, ys: {"slope": float(np.polyfit(np.log10(xs), ys, 1)[0])}, x, y, n=n_boot, seed=seed
-  )
+  boot = fit_lib.bootstrap_line(lx, np.asarray(y, np.float64), n_boot, seed)
+  t = fit_lib.t_interval(lx, y)
   # Spearman's rho is undefined for a constant score (reported as 0: no trend)
   rho = (float(stats.spearmanr(x, y)[0]) if np.ptp(y) > 0 else 0.0) if len(x) >= 3 else float("nan")
   return {
     "slope_per_decade": float(slope),
     "intercept": float(s0),
-    "slope_ci": ci.get("slope"),
+    "slope_ci": boot.ci(boot.slopes),
+    "slope_t_ci": t["slope"] if t else None,
+    "bootstrap": boot.info(),
     "spearman": rho,
     "n_points": int(len(x)),
     "first": float(y[np.argmin(x)]),

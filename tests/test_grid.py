@@ -1,13 +1,15 @@
 """The hyperparameter-law grid: `cbert_jax.scaling.grid fit` recovers known exponents from a
 synthetic grid (losses from a bowl whose optimum follows lr* = a C^alpha, B* = b C^beta), writes a
-laws file the sweep reads, skips unfinished members and warns about optima on a grid's edge;
-every member of experiments/hparam_grid.py resolves to its own workdir with the B and LR it
-names."""
+laws file the sweep reads, skips unfinished members; it refuses (exit 2, nothing written) a fit on
+fewer than 3 sizes, with an optimum on a grid's edge or with an implausible exponent, unless the
+check's flag overrides it, and then records the override (and the sweep warns); every member of
+experiments/hparam_grid.py resolves to its own workdir with the B and LR it names."""
 
 import importlib.util
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -73,12 +75,12 @@ def write_member(
   return wd
 
 
-def bowl(compute, rows, lr):
+def bowl(compute, rows, lr, lr_a=LR_A, lr_alpha=LR_ALPHA):
   """Final loss: a level falling with C plus a quadratic bowl in log lr and log B."""
   b_tokens = rows * SEQ_LEN
   return (
     3.0 * compute**-0.05
-    + 0.3 * math.log(lr / (LR_A * compute**LR_ALPHA)) ** 2
+    + 0.3 * math.log(lr / (lr_a * compute**lr_alpha)) ** 2
     + 0.2 * math.log(b_tokens / (B_A * compute**B_BETA)) ** 2
   )
 
@@ -97,13 +99,13 @@ SIZES = [
 OFFSETS = [0.1, -0.15, 0.05, -0.05, 0.15, -0.1, 0.0]
 
 
-def make_grid(root, sizes=SIZES, lr_shift=0.0):
-  """A 5 x 5 grid per size around the true optimum (shifted by `lr_shift` octaves); returns
-  {(model, size): the best member's (name, C, N, rows, lr)}."""
+def make_grid(root, sizes=SIZES, lr_shift=0.0, lr_a=LR_A, lr_alpha=LR_ALPHA):
+  """A 5 x 5 grid per size around the true optimum (shifted by `lr_shift` octaves; the optimum
+  lr* = lr_a C^lr_alpha); returns {(model, size): the best member's (name, C, N, rows, lr)}."""
   best = {}
   for (model, size, n), u in zip(sizes, OFFSETS):
     compute = 120.0 * n * n
-    lr0, rows0 = LR_A * compute**LR_ALPHA, B_A * compute**B_BETA / SEQ_LEN
+    lr0, rows0 = lr_a * compute**lr_alpha, B_A * compute**B_BETA / SEQ_LEN
     cands = []
     for i in range(-2, 3):
       for j in range(-2, 3):
@@ -112,7 +114,7 @@ def make_grid(root, sizes=SIZES, lr_shift=0.0):
         name = f"{model}_{size}_b{rows}_lr{lr:.3g}"
         if os.path.exists(os.path.join(root, name)):
           continue  # rounding made two points equal
-        loss = bowl(compute, rows, lr)
+        loss = bowl(compute, rows, lr, lr_a, lr_alpha)
         write_member(root, name, model, size, int(n), compute, rows, lr, loss)
         cands.append((loss, name, compute, n, rows, lr))
     best[(model, size)] = min(cands)[1:]
@@ -125,7 +127,12 @@ def test_fit_recovers_exponents_writes_laws_and_plot_the_sweep_reads(tmp_path, c
   assert grid_lib.main(["fit", "--grid", root, "--bootstrap", "100"]) == 0
   out = capsys.readouterr()
   assert "lr* =" in out.out and "B* (tokens) =" in out.out and "d128L3" in out.out
+  # 7 sizes: the exact bootstrap (7^7 ordered resamples, the 7 constant ones skipped) and t.
+  assert "exact bootstrap over 823543 resamples, 7 skipped" in out.out and "; t [" in out.out
+  assert "overridden" not in out.out + out.err
   laws = laws_lib.load(os.path.join(root, "laws.json"))
+  assert laws.overridden == () and laws.provenance["exponent_bounds"]["lr"] == [-0.5, 0.0]
+  assert all(not c["overridden"] and c["passed"] for c in laws.provenance["checks"].values())
   # The exact least-squares fit of the best grid points, and close to the bowl's true exponents.
   c = np.array([b[1] for b in best.values()])
   n = np.array([b[2] for b in best.values()])
@@ -141,6 +148,8 @@ def test_fit_recovers_exponents_writes_laws_and_plot_the_sweep_reads(tmp_path, c
     assert law.alpha == pytest.approx(alpha, abs=1e-9) and law.a == pytest.approx(math.exp(log_a))
     assert law.n_points == len(SIZES)
     assert law.alpha_ci[0] <= law.alpha <= law.alpha_ci[1]
+    assert law.alpha_t_ci[0] < law.alpha < law.alpha_t_ci[1] and law.ci_level == 0.9
+    assert law.bootstrap == {"method": "exact", "resamples": 7**7, "skipped": 7}
   assert laws.lr.alpha == pytest.approx(LR_ALPHA, abs=0.03)
   assert laws.batch_tokens.alpha == pytest.approx(B_BETA, abs=0.03)
   assert laws.lr_n.alpha == pytest.approx(2 * LR_ALPHA, abs=0.06)  # C ∝ N^2 here
@@ -161,7 +170,8 @@ def test_fit_recovers_exponents_writes_laws_and_plot_the_sweep_reads(tmp_path, c
     == 0
   )
   bert = laws_lib.load(out_file)
-  assert bert.lr.n_points == 4 and bert.lr.alpha_ci is None
+  assert bert.lr.n_points == 4 and bert.lr.alpha_ci is None and bert.lr.bootstrap is None
+  assert bert.lr.alpha_t_ci is not None
   assert {r["model"] for r in bert.provenance["runs"]} == {"bert"}
   assert os.path.exists(str(tmp_path / "fits" / "laws.png"))
   # experiments/sweep.py reads the file through sweep.laws: the member's LR and batch follow it.
@@ -179,7 +189,7 @@ def test_fit_recovers_exponents_writes_laws_and_plot_the_sweep_reads(tmp_path, c
     assert m.optim.lr == pytest.approx(want_lr) and m.batch_size == want_rows
 
 
-def test_unfinished_skipped_diverged_kept_and_edge_warned(tmp_path, capsys):
+def test_unfinished_skipped_diverged_kept_and_edge_refused_unless_allowed(tmp_path, capsys, caplog):
   root = str(tmp_path / "grid")
   # Grids shifted 3 octaves below the optimum LR: the best is on the highest-LR edge.
   best = make_grid(root, SIZES[:3], lr_shift=-3.0)
@@ -208,11 +218,30 @@ def test_unfinished_skipped_diverged_kept_and_edge_warned(tmp_path, capsys):
   # A torn last line (a crash mid-write) is ignored.
   with open(os.path.join(root, best[("bert", "d64L2")][0], "metrics.jsonl"), "a") as f:
     f.write('{"step": 100, "eval/lo')
-  assert grid_lib.main(["fit", "--grid", root, "--bootstrap", "50"]) == 0
-  err = capsys.readouterr().err
+  # Refused: one line naming the sizes on an edge and the flag; nothing written.
+  assert grid_lib.main(["fit", "--grid", root, "--bootstrap", "50"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and root in err and "fit refused" in err, err
+  assert "bert d64L2 (B " in err and "bert d96L3 (B " in err and "highest lr" in err
+  assert "bert d32L2" not in err and "(override: --allow_edges)" in err
+  assert not os.path.exists(os.path.join(root, "laws.json"))
+  assert not os.path.exists(os.path.join(root, "laws.png"))
+  # Overridden: written, with the override recorded, and the sweep's load warns.
+  assert grid_lib.main(["fit", "--grid", root, "--bootstrap", "50", "--allow_edges"]) == 0
+  out = capsys.readouterr()
+  err = out.err
   assert "1 unfinished member(s) skipped: bert_d32L2_b999_lr0.5 (step 40/100)" in err
   assert "bert d64L2: the best run" in err and "highest lr" in err and "may lie outside" in err
-  laws = laws_lib.load(os.path.join(root, "laws.json"))
+  assert "check edges overridden (--allow_edges)" in err and "checks overridden: edges" in out.out
+  with open(os.path.join(root, "laws.json")) as f:
+    assert json.load(f)["overridden"] == ["edges"]
+  with caplog.at_level("WARNING"):
+    laws = laws_lib.load(os.path.join(root, "laws.json"))
+  assert "fitted with its checks overridden (edges)" in caplog.text
+  assert laws.overridden == ("edges",) and laws.source.endswith("; checks overridden: edges")
+  checks = laws.provenance["checks"]
+  assert checks["edges"]["overridden"] and "bert d64L2" in checks["edges"]["detail"]
+  assert checks["few_sizes"] == {"passed": True, "detail": "", "overridden": False}
   prov = laws.provenance
   assert prov["skipped"] == [{"name": "bert_d32L2_b999_lr0.5", "reason": "step 40/100"}]
   assert prov["diverged"] == ["bert_d32L2_b8_lr9"]
@@ -220,12 +249,74 @@ def test_unfinished_skipped_diverged_kept_and_edge_warned(tmp_path, capsys):
   assert runs["d32L2"]["name"] == best[("bert", "d32L2")][0]
   assert "highest lr" in runs["d64L2"]["edge"] and "highest lr" in runs["d96L3"]["edge"]
   assert "highest lr" not in runs["d32L2"]["edge"]  # the diverged lr=9 run bounds that grid
-  # With the optimum inside the grid, no edge warning.
+  # With the optimum inside the grid, no edge warning, nothing overridden.
   inner = str(tmp_path / "inner")
   make_grid(inner, SIZES[:3])
-  result = grid_lib.fit_grid(inner, n_boot=0, plot=False)
+  result = grid_lib.fit_grid(inner, n_boot=0, plot=False, allow=("edges",))
   assert not any("edge" in w for w in result.warnings) and not result.skipped
   assert result.plot_path is None and os.path.exists(os.path.join(inner, "laws.json"))
+  assert result.laws.overridden == () and "overridden" not in result.laws.source
+
+
+def test_few_sizes_refused_unless_allowed_and_every_failed_check_named(tmp_path, capsys):
+  two = str(tmp_path / "two")
+  make_grid(two, SIZES[:2])
+  assert grid_lib.main(["fit", "--grid", two, "--no_plot"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and two in err, err
+  assert "rest on 2 sizes (bert d32L2, bert d64L2); need at least 3" in err
+  assert "(override: --allow_few_sizes)" in err and "--allow_edges" not in err
+  assert not os.path.exists(os.path.join(two, "laws.json"))
+  assert grid_lib.main(["fit", "--grid", two, "--no_plot", "--allow_few_sizes"]) == 0
+  capsys.readouterr()
+  laws = laws_lib.load(os.path.join(two, "laws.json"))
+  assert laws.overridden == ("few_sizes",)
+  # Two points: no t-interval; the exact bootstrap has one fit left (the line through both).
+  assert laws.lr.alpha_t_ci is None and laws.lr.alpha_ci == pytest.approx((laws.lr.alpha,) * 2)
+  assert laws.lr.bootstrap == {"method": "exact", "resamples": 4, "skipped": 2}
+  # Two sizes, both on an edge: both checks named, each with its flag; both flags override both.
+  edged = str(tmp_path / "edged")
+  make_grid(edged, SIZES[:2], lr_shift=-3.0)
+  assert grid_lib.main(["fit", "--grid", edged, "--no_plot", "--allow_few_sizes"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "(override: --allow_edges)" in err
+  assert "--allow_few_sizes" not in err  # that one is overridden
+  assert grid_lib.main(["fit", "--grid", edged, "--no_plot"]) == 2
+  err = capsys.readouterr().err
+  assert "(override: --allow_few_sizes)" in err and "(override: --allow_edges)" in err
+  argv = ["fit", "--grid", edged, "--no_plot", "--allow_few_sizes", "--allow_edges"]
+  assert grid_lib.main(argv) == 0
+  capsys.readouterr()
+  assert laws_lib.load(os.path.join(edged, "laws.json")).overridden == ("few_sizes", "edges")
+  with pytest.raises(ValueError, match="unknown check"):
+    grid_lib.fit_grid(edged, allow=("everything",))
+
+
+def test_implausible_exponent_refused_unless_allowed_and_the_sweep_warns(tmp_path, capsys, caplog):
+  # The issue's short grid: lr* growing with compute (C^+0.31).
+  root = str(tmp_path / "grid")
+  make_grid(root, SIZES[:4], lr_a=1e-6, lr_alpha=0.31)
+  assert grid_lib.main(["fit", "--grid", root, "--no_plot"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and root in err, err
+  assert re.search(r"lr\*\(C\) exponent \+0\.3\d+ outside \[-0\.5, 0\]", err), err
+  assert re.search(r"lr\*\(N\) exponent \+0\.[67]\d+ outside \[-1, 0\]", err), err
+  assert "B*(C)" not in err and "(override: --allow_implausible)" in err
+  assert not os.path.exists(os.path.join(root, "laws.json"))
+  assert grid_lib.main(["fit", "--grid", root, "--no_plot", "--allow_implausible"]) == 0
+  assert "check implausible overridden" in capsys.readouterr().err
+  path = os.path.join(root, "laws.json")
+  laws = laws_lib.load(path)
+  assert laws.overridden == ("implausible",) and laws.lr.alpha == pytest.approx(0.31, abs=0.03)
+  assert "lr*(C) exponent +0.3" in laws.provenance["checks"]["implausible"]["detail"]
+  # A sweep member planned with these laws warns and records them (laws_source).
+  sweep = load_module("sweep_for_implausible_test", os.path.join(ROOT, "experiments", "sweep.py"))
+  m = sweep.get_config("model=bert,size=d32L2")
+  m.sweep.laws = path
+  with caplog.at_level("WARNING"):
+    m = config_lib.resolve(m)
+  assert f"sweep.laws: {path} was fitted with its checks overridden (implausible)" in caplog.text
+  assert m.sweep.laws_source.endswith("checks overridden: implausible")
 
 
 def test_bad_grid_input_is_one_line_naming_the_path_exit_2(tmp_path, capsys):

@@ -1,7 +1,8 @@
 r"""Fit the hyperparameter laws from a finished batch-size x LR grid (SPEC §5).
 
   python -m cbert_jax.scaling.grid fit --grid runs/hparam_grid_cpu \
-      [--out FILE] [--model bert|crossbert|all] [--bootstrap 1000] [--seed 0]
+      [--out FILE] [--model bert|crossbert|all] [--bootstrap 10000] [--seed 0] \
+      [--allow_few_sizes] [--allow_edges] [--allow_implausible]
 
 Reads every member workdir under `--grid` (the subdirectories with a config.json, as
 `experiments/hparam_grid.py` run by `python -m cbert_jax.main` leaves them): the member's resolved
@@ -11,16 +12,44 @@ total_steps) and its metrics.jsonl (the validation loss `eval/loss` at the final
     them; a member that diverged (non-finite loss, or a FAILED file saying so) stays in the grid
     as a loss of +inf: it bounds the grid, it is never the best;
   * per (model, size), the member with the lowest final validation loss is the optimum (B*, lr*),
-    B* in tokens = rows x seq_len; a warning names every size whose optimum sits on the edge of
-    its grid (lowest/highest LR or batch tried: the true optimum may lie outside; widen it);
-  * lr* = a C^alpha and B* = b C^beta by least squares in log space (`fit.fit_power_law_ci`, with
-    90% bootstrap intervals), and the same against N; `--model all` (default) pools both
-    architectures' optima into one law, `--model bert|crossbert` fits one;
+    B* in tokens = rows x seq_len;
+  * lr* = a C^alpha and B* = b C^beta by least squares in log space (`fit.fit_power_law_ci`: 90%
+    percentile-bootstrap intervals, exact over every distinct resample up to 10 sizes, else
+    `--bootstrap` draws; and 90% t-intervals beside them), and the same against N; `--model all`
+    (default) pools both architectures' optima into one law, `--model bert|crossbert` fits one;
+  * refuses (one line naming every failed check and its override flag, exit 2, nothing written)
+    a fit that fails a check, unless that check is overridden (`CHECKS`):
+      few_sizes    fewer than 3 sizes (optima with distinct C and N): a line through 2 points has
+                   no residual, its bootstrap interval is a point and its t-interval undefined;
+                   override: --allow_few_sizes
+      edges        a size whose optimum is at the lowest or highest LR or batch its grid tried
+                   (or whose grid tried only one): the true optimum may lie outside (widen the
+                   grid); a diverged member beyond the best bounds the grid; --allow_edges
+      implausible  an exponent outside `EXPONENT_BOUNDS` (below); --allow_implausible
+    an overridden check is recorded in laws.json (`overridden`, and `provenance["checks"]`), in
+    the laws' `source`, and loading such a file for a sweep logs a warning;
   * writes the laws (`laws.HyperLaws`, `laws.save`) to `--out` (default `<grid>/laws.json`) with
     provenance -- the grid directory, the runs used (name, size, C, N, chosen B and lr, loss),
-    the runs skipped and why, the models pooled, when -- and `source` "fit: <grid> (<n> sizes),
-    <date>"; draws `<out dir>/laws.png` (log-log: lr* and B* against C and N, fitted lines with
-    bootstrap bands, every grid point coloured by its loss above its size's best); prints a table.
+    the runs skipped and why, the models pooled, the checks and exponent bounds, when -- and
+    `source` "fit: <grid> (<n> sizes), <date>"; draws `<out dir>/laws.png` (log-log: lr* and B*
+    against C and N, fitted lines with bootstrap bands, every grid point coloured by its loss
+    above its size's best); prints a table.
+
+Exponent bounds (`EXPONENT_BOUNDS`), fixed from the literature before looking at any grid:
+  * lr*(C) exponent in [-0.5, 0]. The optimal LR should not grow with compute: DeepSeek LLM (Bi et
+    al. 2024, arXiv 2401.02954) fit lr* ∝ C^-0.125 (Porian et al. 2024, arXiv 2406.19146, fit
+    optimal-LR and batch laws of the same power-law form). The steepest fall theory suggests is
+    Adam's 1/width rule for hidden weights (muP, Yang et al. 2022): width grows at most as N^1/2
+    (at a fixed depth; N^1/3 at a fixed aspect ratio), and C ∝ N^2 at the sweep's fixed tokens
+    per parameter, so lr ∝ C^-1/4 at the steepest; -0.5 leaves twice that.
+  * B*(C) exponent in [0, 0.6]. The optimal batch should not shrink with compute: DeepSeek LLM fit
+    B* ∝ C^0.327 (tokens); Kaplan et al. (2020)'s critical batch B_crit ∝ L^(-1/0.21) with
+    L ∝ C^-0.050 gives about C^0.24. At a fixed tokens per parameter D ∝ C^1/2, so beta = 0.5
+    already keeps the number of steps D/B constant as compute grows; 0.6 allows 0.1 of noise
+    above that, past which bigger runs would take markedly fewer steps.
+  * Against N (law_axis=params): C ∝ N^2 at fixed tokens per parameter, so the same bounds
+    doubled: lr*(N) in [-1, 0], B*(N) in [0, 1.2].
+  The check is on the point estimate; both intervals are printed beside it.
 
 The sweep reads the file through `sweep.laws` (`cbert_jax.scaling.plan` loads it for every member):
 
@@ -29,7 +58,8 @@ The sweep reads the file through `sweep.laws` (`cbert_jax.scaling.plan` loads it
 
 (`law_axis=params` uses the fits against N.) Until a fit exists the sweep uses the shipped
 defaults, DeepSeek LLM's laws (`laws.DEFAULT`; its `source` says so). Bad input (no such
-directory, no member workdirs, fewer than 2 complete sizes) is one line naming the path, exit 2.
+directory, no member workdirs, fewer than 2 complete sizes, a refused fit) is one line naming the
+path, exit 2.
 """
 
 from __future__ import annotations
@@ -41,6 +71,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Collection
 
 import numpy as np
 
@@ -49,7 +80,22 @@ from cbert_jax import plotting
 from cbert_jax.scaling import fit as fit_lib
 from cbert_jax.scaling import laws as laws_lib
 
-CI_LEVEL = 0.9  # bootstrap interval level (fit.bootstrap's default)
+CI_LEVEL = fit_lib.LEVEL  # the intervals' level (bootstrap and t)
+MIN_SIZES = 3  # sizes a law needs (check few_sizes)
+# Plausible exponents per law (check implausible); the module docstring gives the reasons.
+EXPONENT_BOUNDS = {
+  "lr": (-0.5, 0.0),
+  "batch_tokens": (0.0, 0.6),
+  "lr_n": (-1.0, 0.0),
+  "batch_tokens_n": (0.0, 1.2),
+}
+LAW_NAMES = {"lr": "lr*(C)", "batch_tokens": "B*(C)", "lr_n": "lr*(N)", "batch_tokens_n": "B*(N)"}
+# The refusal checks and the CLI flag that overrides each.
+CHECKS = {
+  "few_sizes": "--allow_few_sizes",
+  "edges": "--allow_edges",
+  "implausible": "--allow_implausible",
+}
 MODELS = ("bert", "crossbert")
 MARKERS = {"bert": "o", "crossbert": "s", "crossbert-nocms": "^"}
 LAWS_FILE, PLOT_FILE = "laws.json", "laws.png"
@@ -251,21 +297,65 @@ def _fit_axis(x, y, n_boot: int, seed: int) -> fit_lib.PowerLaw:
   return fit_lib.fit_power_law_ci(x, y, n=n_boot, seed=seed, level=CI_LEVEL)
 
 
+def _describe(o: Optimum) -> str:
+  b = o.best
+  return f"{b.arch} {b.size} (B {b.batch_size} rows, lr {b.lr:.3g}: {' and '.join(o.edges)})"
+
+
+def checks(optima: list[Optimum], fits: dict[str, fit_lib.PowerLaw]) -> dict[str, str]:
+  """{check: what failed} for every refusal check (`CHECKS`) the fit fails."""
+  failed = {}
+  sizes = min(
+    len(optima), len({o.best.compute for o in optima}), len({o.best.n_params for o in optima})
+  )
+  if sizes < MIN_SIZES:
+    failed["few_sizes"] = (
+      f"the laws rest on {sizes} sizes ({', '.join(f'{o.best.arch} {o.best.size}' for o in optima)}"
+      f"); need at least {MIN_SIZES} for a slope with an interval"
+    )
+  edged = [o for o in optima if o.edges]
+  if edged:
+    failed["edges"] = (
+      f"{len(edged)} size(s) with the optimum on an edge of the grid: "
+      + ", ".join(map(_describe, edged))
+      + "; the optimum may lie outside (widen the grid and rerun)"
+    )
+  bad = [
+    f"{LAW_NAMES[k]} exponent {fits[k].alpha:+.3f} outside [{lo:g}, {hi:g}]"
+    for k, (lo, hi) in EXPONENT_BOUNDS.items()
+    if k in fits and not lo <= fits[k].alpha <= hi
+  ]
+  if bad:
+    failed["implausible"] = "implausible exponents: " + ", ".join(bad)
+  return failed
+
+
 def fit_grid(
   grid: str,
   out: str | None = None,
   model: str = "all",
-  n_boot: int = 1000,
+  n_boot: int = fit_lib.N_DRAWS,
   seed: int = 0,
   plot: bool = True,
   command: str = "",
+  allow: Collection[str] = (),
 ) -> FitResult:
   """Reads the grid, fits the laws, writes laws.json (and laws.png); see the module docstring.
-  `command`: how it was invoked, for the provenance (the CLI passes its command line)."""
+  `n_boot`: bootstrap draws when the exact bootstrap is too large (0 = no bootstrap). `allow`:
+  the refusal checks (`CHECKS`) to override; a failed check not in it raises GridError before
+  anything is written. `command`: how it was invoked, for the provenance (the CLI passes its
+  command line)."""
+  unknown = sorted(set(allow) - set(CHECKS))
+  if unknown:
+    raise ValueError(f"allow: unknown check(s) {unknown}; known: {sorted(CHECKS)}")
   members = read_grid(grid)
   optima, skipped, warnings = select(members, model)
   grid_abs = os.path.abspath(grid)
-  if len(optima) < 2 or len({o.best.compute for o in optima}) < 2:
+  if (
+    len(optima) < 2
+    or len({o.best.compute for o in optima}) < 2
+    or len({o.best.n_params for o in optima}) < 2
+  ):
     have = ", ".join(f"{o.best.arch} {o.best.size}" for o in optima) or "none"
     raise GridError(
       f"--grid {grid!r}: {len(optima)} size(s) complete ({have}; "
@@ -288,6 +378,15 @@ def fit_grid(
     "lr_n": _fit_axis(n, lr, n_boot, seed),
     "batch_tokens_n": _fit_axis(n, bt, n_boot, seed),
   }
+  failed = checks(optima, fits)
+  refused = [k for k in CHECKS if k in failed and k not in allow]
+  if refused:
+    raise GridError(
+      f"--grid {grid!r}: fit refused: "
+      + "; ".join(f"{failed[k]} (override: {CHECKS[k]})" for k in refused)
+    )
+  overridden = [k for k in CHECKS if k in failed]
+  warnings += [f"check {k} overridden ({CHECKS[k]}): {failed[k]}" for k in overridden]
   created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
   models = sorted({o.best.arch for o in optima})
   provenance = {
@@ -298,9 +397,16 @@ def fit_grid(
     "n_definition": defs[0],
     "selection": "lowest eval/loss at the final step per (model, size)",
     "n_bootstrap": n_boot,
+    "exact_bootstrap_limit": fit_lib.EXACT_LIMIT,
     "ci_level": CI_LEVEL,
     "seed": seed,
     "command": command or "cbert_jax.scaling.grid.fit_grid (Python)",
+    "checks": {
+      k: {"passed": k not in failed, "detail": failed.get(k, ""), "overridden": k in failed}
+      for k in CHECKS
+    },
+    "min_sizes": MIN_SIZES,
+    "exponent_bounds": {k: list(v) for k, v in EXPONENT_BOUNDS.items()},
     "runs": [
       {
         "name": o.best.name,
@@ -320,13 +426,17 @@ def fit_grid(
     "diverged": [m.name for o in optima for m in o.members if m.state == "diverged"],
     "skipped": [{"name": m.name, "reason": m.reason} for m in skipped],
   }
+  source = f"fit: {grid_abs} ({len(optima)} sizes), {created[:10]}"
+  if overridden:
+    source += f"; checks overridden: {', '.join(overridden)}"
   laws = laws_lib.HyperLaws(
     lr=fits["lr"],
     batch_tokens=fits["batch_tokens"],
     lr_n=fits["lr_n"],
     batch_tokens_n=fits["batch_tokens_n"],
-    source=f"fit: {grid_abs} ({len(optima)} sizes), {created[:10]}",
+    source=source,
     provenance=provenance,
+    overridden=tuple(overridden),
   )
   laws_path = out or os.path.join(grid, LAWS_FILE)
   laws_lib.save(laws_path, laws)
@@ -346,23 +456,16 @@ def fit_grid(
 
 # --------------------------------------------------------------------------------- plots ---
 def _band(x, y, xs, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
-  """Bootstrap percentile band of the fitted line at `xs` (None without a bootstrap)."""
+  """Bootstrap percentile band of the fitted line at `xs` (exact or `n_boot` draws, as the
+  laws' intervals; None without a bootstrap)."""
   if n_boot <= 0:
     return None
-  ci = fit_lib.bootstrap(
-    lambda a, b: {str(i): float(v) for i, v in enumerate(fit_lib.fit_power_law(a, b)(xs))},
-    x,
-    y,
-    n=n_boot,
-    seed=seed,
-    level=CI_LEVEL,
-  )
-  if len(ci) != len(xs):
+  boot = fit_lib.bootstrap_line(np.log(x), np.log(y), n_boot, seed)
+  if not boot.weights.size:
     return None
-  return (
-    np.array([ci[str(i)][0] for i in range(len(xs))]),
-    np.array([ci[str(i)][1] for i in range(len(xs))]),
-  )
+  log_y = boot.intercepts[:, None] + boot.slopes[:, None] * np.log(xs)[None, :]
+  lo, hi = fit_lib.percentiles(log_y, boot.weights, CI_LEVEL)
+  return np.exp(lo), np.exp(hi)
 
 
 def _profile(o: Optimum, ykey: str) -> dict[float, float]:
@@ -445,7 +548,7 @@ def draw(
         color="tab:red",
         alpha=0.15,
         lw=0,
-        label=f"{int(CI_LEVEL * 100)}% bootstrap band",
+        label=f"{int(CI_LEVEL * 100)}% bootstrap band ({(law.bootstrap or {}).get('method')})",
       )
     ci = f" [{law.alpha_ci[0]:.3f}, {law.alpha_ci[1]:.3f}]" if law.alpha_ci else ""
     ax.plot(
@@ -475,9 +578,25 @@ def draw(
 
 
 # ---------------------------------------------------------------------------------- table ---
-def _ci(law: fit_lib.PowerLaw, key: str) -> str:
-  ci = getattr(law, f"{key}_ci")
-  return f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else ""
+def _ci(ci: tuple[float, float] | None, spec: str = ".3g") -> str:
+  return f"[{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else "-"
+
+
+def describe_law(name: str, law: fit_lib.PowerLaw, x: str) -> list[str]:
+  """Two lines: the law, then its exponent's bootstrap and t-intervals."""
+  boot = law.bootstrap or {}
+  how = (
+    f"{boot['method']} bootstrap over {boot['resamples']} resamples, {boot['skipped']} skipped "
+    "(all x equal)"
+    if boot
+    else "no bootstrap"
+  )
+  level = int(round(100 * (law.ci_level or CI_LEVEL)))
+  return [
+    f"{name} = {law.a:.4g} * {x}^{law.alpha:.4f}  ({law.n_points} sizes)",
+    f"    {x} exponent {level}%: bootstrap {_ci(law.alpha_ci, '.4f')} ({how}); "
+    f"t {_ci(law.alpha_t_ci, '.4f')}" + ("" if law.alpha_t_ci else " (needs >= 3 sizes)"),
+  ]
 
 
 def table(result: FitResult) -> str:
@@ -511,10 +630,7 @@ def table(result: FitResult) -> str:
     ("lr*", lv.lr_n, "N"),
     ("B* (tokens)", lv.batch_tokens_n, "N"),
   ):
-    lines.append(
-      f"{name} = {law.a:.4g}{_ci(law, 'a')} * {x}^{law.alpha:.4f}{_ci(law, 'alpha')}"
-      f"  ({law.n_points} sizes, {int(CI_LEVEL * 100)}% bootstrap intervals)"
-    )
+    lines += describe_law(name, law, x)
   lines += ["", f"source: {lv.source}", f"written: {result.laws_path}"]
   if result.plot_path:
     lines.append(f"plot: {result.plot_path}")
@@ -541,10 +657,20 @@ def main(argv=None) -> int:
     help="fit one architecture's optima, or pool them (all)",
   )
   f.add_argument(
-    "--bootstrap", type=int, default=1000, help="bootstrap resamples for the intervals (0 = none)"
+    "--bootstrap",
+    type=int,
+    default=fit_lib.N_DRAWS,
+    help="bootstrap draws for the intervals when the exact bootstrap (every distinct resample, "
+    "up to 10 sizes) is too large (0 = no bootstrap)",
   )
   f.add_argument("--seed", type=int, default=0, help="bootstrap seed")
   f.add_argument("--no_plot", action="store_true", help=f"skip {PLOT_FILE}")
+  for check, flag in CHECKS.items():
+    f.add_argument(
+      flag,
+      action="store_true",
+      help=f"fit even when check {check} fails (recorded in the laws file as overridden)",
+    )
   ns = parser.parse_args(argv)
   if ns.bootstrap < 0:
     parser.error(f"--bootstrap must be >= 0, got {ns.bootstrap}")
@@ -553,7 +679,14 @@ def main(argv=None) -> int:
       ["python -m cbert_jax.scaling.grid", *(argv if argv is not None else sys.argv[1:])]
     )
     result = fit_grid(
-      ns.grid, ns.out, ns.model, ns.bootstrap, ns.seed, plot=not ns.no_plot, command=command
+      ns.grid,
+      ns.out,
+      ns.model,
+      ns.bootstrap,
+      ns.seed,
+      plot=not ns.no_plot,
+      command=command,
+      allow=[k for k, flag in CHECKS.items() if getattr(ns, flag.lstrip("-"))],
     )
   except GridError as e:
     print(f"grid error: {e}", file=sys.stderr)

@@ -14,6 +14,8 @@ import dataclasses
 import json
 import os
 
+from absl import logging
+
 from cbert_jax.errors import ConfigError
 from cbert_jax.scaling.fit import PowerLaw
 
@@ -28,6 +30,8 @@ class HyperLaws:
   provenance: dict = dataclasses.field(default_factory=dict)
   lr_n: PowerLaw | None = None  # lr(N), N = the sweep's n_definition
   batch_tokens_n: PowerLaw | None = None  # B(N) in tokens
+  # The fit's refusal checks that were overridden (grid.CHECKS: few_sizes, edges, implausible)
+  overridden: tuple[str, ...] = ()
 
   def to_dict(self) -> dict:
     out = {
@@ -35,6 +39,7 @@ class HyperLaws:
       "batch_tokens": self.batch_tokens.to_dict(),
       "source": self.source,
       "provenance": self.provenance,
+      "overridden": list(self.overridden),
     }
     if self.lr_n is not None and self.batch_tokens_n is not None:
       out |= {"lr_n": self.lr_n.to_dict(), "batch_tokens_n": self.batch_tokens_n.to_dict()}
@@ -55,15 +60,7 @@ class HyperLaws:
 
   @classmethod
   def from_dict(cls, d: dict) -> HyperLaws:
-    def law(x):
-      return PowerLaw(
-        a=float(x["a"]),
-        alpha=float(x["alpha"]),
-        n_points=int(x.get("n_points", 0)),
-        a_ci=tuple(x["a_ci"]) if x.get("a_ci") else None,
-        alpha_ci=tuple(x["alpha_ci"]) if x.get("alpha_ci") else None,
-      )
-
+    law = PowerLaw.from_dict
     return cls(
       lr=law(d["lr"]),
       batch_tokens=law(d["batch_tokens"]),
@@ -71,6 +68,7 @@ class HyperLaws:
       provenance=dict(d.get("provenance", {})),
       lr_n=law(d["lr_n"]) if d.get("lr_n") else None,
       batch_tokens_n=law(d["batch_tokens_n"]) if d.get("batch_tokens_n") else None,
+      overridden=tuple(str(c) for c in d.get("overridden", ())),
     )
 
 
@@ -82,12 +80,13 @@ DEFAULT = HyperLaws(
 
 
 def load(path: str) -> HyperLaws:
-  """The constants in `path` (written by the fit command); DEFAULT when path is ""."""
+  """The constants in `path` (written by the fit command); DEFAULT when path is "". Laws fitted
+  with a refusal check overridden (`overridden`) load, with a warning naming the checks."""
   if not path:
     return DEFAULT
   try:
     with open(path) as f:
-      return HyperLaws.from_dict(json.load(f))
+      laws = HyperLaws.from_dict(json.load(f))
   except FileNotFoundError as e:
     raise ConfigError(
       f"sweep.laws: no such file {path!r} (written by `python -m "
@@ -95,6 +94,14 @@ def load(path: str) -> HyperLaws:
     ) from e
   except (ValueError, KeyError, TypeError) as e:
     raise ConfigError(f"sweep.laws: {path!r} is not a laws file ({type(e).__name__}: {e})") from e
+  if laws.overridden:
+    logging.warning(
+      "sweep.laws: %s was fitted with its checks overridden (%s); see its provenance['checks'] "
+      "before trusting the LR and batch it gives",
+      path,
+      ", ".join(laws.overridden),
+    )
+  return laws
 
 
 def save(path: str, laws: HyperLaws) -> None:
