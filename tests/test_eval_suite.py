@@ -19,6 +19,7 @@ from tests.test_train import tiny_config
 def eval_config(cache, **kw):
   c = tiny_config(cache, total_steps=2, checkpoint_every=2, **kw)
   c.evals.tasks = "toy_cls,toy_reg,toy_pair,toy_retrieval"
+  c.evals.probes = "ridge,logreg,knn"
   c.evals.seq_len = 16
   c.evals.batch_size = 32
   return c
@@ -43,11 +44,28 @@ def test_mode_eval_on_a_trained_checkpoint_writes_json_and_table(
   assert results["toy_cls"]["knn"]["test"] > 0.95
   assert results["toy_reg"]["ridge"]["test"] > 0.8  # Spearman
   assert 0 <= results["toy_retrieval"]["test"]["ndcg@10"] <= 1
-  assert set(results["average"]) >= {"ridge", "knn", "retrieval", "all"}
+  assert set(results["average"]) >= {"ridge", "logreg", "knn", "retrieval", "all"}
+  # Logistic regression: class-label tasks only, with its selection and convergence facts.
+  logreg = results["toy_cls"]["logreg"]
+  assert logreg["test"] > 0.95 and "logreg" in results["toy_pair"]
+  assert "logreg" not in results["toy_reg"] and "ridge" in results["toy_reg"]
+  assert logreg["C"] in [c for c, _ in logreg["curve"]] and len(logreg["curve"]) == 7
+  assert logreg["heldout"] == dict(map(tuple, logreg["curve"]))[logreg["C"]]
+  assert logreg["edge"] in (None, "low", "high") and isinstance(logreg["converged"], bool)
+  assert logreg["n_iter"] <= logreg["max_iter"] and isinstance(logreg["unconverged"], list)
+  assert results["average"]["logreg"] == pytest.approx(
+    np.mean([results[t]["logreg"]["test"] for t in ("toy_cls", "toy_pair")])
+  )
+  for probe, param in (("ridge", "lambda"), ("knn", "k")):  # the same schema for every probe
+    entry = results["toy_cls"][probe]
+    assert entry[param] in [v for v, _ in entry["curve"]] and "edge" in entry
   table = capsys.readouterr().out
   assert (
     "| toy_cls | classification | accuracy |" in table and saved_path.with_suffix(".md").exists()
   )
+  assert "| ridge dev | ridge test | logreg dev | logreg test | kNN dev | kNN test |" in table
+  row = next(line for line in table.splitlines() if line.startswith("| toy_reg |"))
+  assert row.split("|")[6:8] == [" - ", " - "]  # regression: no logreg
 
   # A tokenizer.model that is not the run's (config.json records its sha256) is one clear error.
   conf_path = tmp_path / "config.json"
@@ -154,3 +172,39 @@ def test_pooler_unfrozen_runs_and_none_is_unchanged(toy_tasks, tiny_backbone):
   assert suite.pooler_modes(_pooler_evals("frozen, unfrozen")) == ["frozen", "unfrozen"]
   with pytest.raises(ConfigError, match="evals.pooler: unknown mode 'frozn'"):
     suite.task_names(_pooler_evals("frozn"))
+  bad = _pooler_evals("none")
+  bad.probes = "ridge,logistic"
+  with pytest.raises(ConfigError, match="evals.probes: unknown probe 'logistic'"):
+    suite.task_names(bad)
+
+
+def test_markdown_and_average_with_logreg_edges_and_unconverged_fits():
+  """The table, the averages and the selection notes from a hand-made results dict."""
+  entry = lambda test, **kw: {"dev": test - 0.1, "test": test, "heldout": 0.5, "edge": None, **kw}
+  results = {
+    "a": {
+      "kind": "classification",
+      "metric": "accuracy",
+      "ridge": entry(0.6, **{"lambda": 10.0}),
+      "logreg": entry(
+        0.7, C=100.0, edge="high", converged=False, n_iter=1000, max_iter=1000, unconverged=[100.0]
+      ),
+      "knn": entry(0.5, k=1, edge="low"),
+    },
+    "b": {"kind": "regression", "metric": "spearman", "ridge": entry(0.2, **{"lambda": 1.0})},
+  }
+  avg = suite.average(results)
+  assert avg == pytest.approx({"ridge": 0.4, "logreg": 0.7, "knn": 0.5, "all": 0.4})
+  assert list(avg) == ["ridge", "logreg", "knn", "all"]
+  results["average"] = avg
+  table = suite.markdown(results)
+  assert (
+    "| a | classification | accuracy | 0.5000 | 0.6000 | 0.6000 | 0.7000 | 0.4000 | 0.5000 |"
+    in (table)
+  )
+  assert "| b | regression | spearman | 0.1000 | 0.2000 | - | - | - | - |" in table
+  assert "* a logreg: C = 100 is the high edge of its grid" in table
+  assert "* a logreg: the final fit did not converge (1000 of at most 1000 iterations)" in table
+  assert "* a logreg: held-out fits that did not converge: C = 100" in table
+  assert "* a knn: k = 1 is the low edge of its grid" in table
+  assert "logreg: classification and pair tasks only" in table

@@ -1,13 +1,16 @@
-"""Frozen-feature probes: features from a tiny model, ridge/kNN probes, selection hygiene."""
+"""Frozen-feature probes: features from a tiny model, ridge/logreg/kNN probes, selection hygiene,
+the kNN tie rule."""
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from sklearn.linear_model import Ridge
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression, Ridge
 
 from cbert_jax import config_lib, sharding
 from cbert_jax.errors import ConfigError
@@ -32,7 +35,7 @@ def _linear(n, d=12, seed=0):
   return x, x @ np.random.RandomState(7).randn(d) + 3.0
 
 
-@pytest.mark.parametrize("probe", [probes.ridge_probe, probes.knn_probe])
+@pytest.mark.parametrize("probe", [probes.ridge_probe, probes.logreg_probe, probes.knn_probe])
 def test_separable_classes_are_solved(probe):
   x, y = _blobs(600)
   xd, yd = _blobs(300, seed=1)
@@ -94,13 +97,69 @@ def test_classification_ridge_is_one_vs_rest_sklearn_on_standardised_features():
   np.testing.assert_array_equal(probes.fit_ridge(x, y, 5.0, "classification")(xq), ref)
 
 
+# ------------------------------------------------------------------- logistic regression ---
+def test_logreg_equals_sklearn_with_the_chosen_c_on_standardised_features():
+  x, y = _blobs(300, classes=4, sep=0.5)
+  xq = _blobs(120, classes=4, seed=2, sep=0.5)[0]
+  res = probes.logreg_probe(x, y, {"q": (xq, np.zeros(len(xq), int))}, kind="pair", metric="mcc")
+  c = res.selection.value
+  assert res.probe == "logreg" and res.param == "C" and c in probes.DEFAULT_CS
+  assert res.fit["converged"] and 0 < res.fit["n_iter"] < res.fit["max_iter"]
+  mean, std = x.mean(0), x.std(0)
+  ref = LogisticRegression(C=c, max_iter=probes.LOGREG_MAX_ITER).fit((x - mean) / std, y)
+  predict, info = probes.fit_logreg(x, y, c)
+  np.testing.assert_array_equal(predict(xq), ref.predict((xq - mean) / std))
+  assert info == res.fit
+  # The held-out curve: each C refit on the fit part of train's own split, standardised with all
+  # of train (as ridge); spot-check one candidate against sklearn directly.
+  fit, held = probes.holdout_split(len(y), 0.2, 0)
+  z = (x - mean) / std
+  c0 = probes.DEFAULT_CS[2]
+  acc = LogisticRegression(C=c0, max_iter=1000).fit(z[fit], y[fit]).predict(z[held])
+  assert res.selection.scores[c0] == probes.score("mcc", y[held], acc)
+
+
+def test_logreg_edge_is_reported_and_interior_is_not():
+  x, y = _blobs(300, classes=4, sep=0.5)
+  sel = probes.select_logreg_c(x, y, kind="classification", metric="accuracy")
+  assert sel.edge is None and min(probes.DEFAULT_CS) < sel.value < max(probes.DEFAULT_CS)
+  assert len(set(sel.scores.values())) > 1
+  low = probes.select_logreg_c(x, y, kind="classification", metric="accuracy", cs=(1e-4, 1e-3))
+  assert low.value == 1e-3 and low.edge == "high"
+  assert probes.Selection(1.0, {1.0: 0.5, 2.0: 0.4}).edge == "low"
+  assert probes.Selection(1.0, {1.0: 0.5}).edge is None
+
+
+def test_logreg_reports_non_convergence_and_is_deterministic():
+  x, y = _blobs(200, classes=3, sep=0.5)
+  xd, yd = _blobs(100, classes=3, seed=1, sep=0.5)
+  run = lambda: probes.logreg_probe(
+    x, y, {"dev": (xd, yd)}, kind="classification", metric="accuracy", max_iter=2
+  )
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", ConvergenceWarning)  # caught and reported, never leaked
+    a, b = run(), run()
+  assert a.fit == {"converged": False, "n_iter": 2, "max_iter": 2}
+  assert a.selection.unconverged  # the large-C held-out fits need more than 2 steps
+  assert a.selection == b.selection and a.scores == b.scores
+
+
+def test_logreg_refuses_regression_and_handles_one_class():
+  x, y = _linear(60)
+  with pytest.raises(ConfigError, match="logistic-regression probe needs class labels"):
+    probes.logreg_probe(x, y, {}, kind="regression", metric="spearman")
+  predict, info = probes.fit_logreg(x, np.full(60, 4), 1.0)
+  assert (predict(x[:5]) == 4).all() and info["converged"]
+
+
+# --------------------------------------------------------------------------------------- kNN ---
 def _brute_knn(train_x, train_y, query_x, k, kind):
-  """Reference: full similarity matrix, explicit per-query loops."""
+  """Reference: full similarity matrix, explicit per-query loops (no ties in its data)."""
   nrm = lambda a: a / np.linalg.norm(a, axis=1, keepdims=True)
   sim = nrm(query_x) @ nrm(train_x).T  # [M, N]
   out = []
   for row in sim:
-    nb = np.argsort(-row)[:k]
+    nb = np.argsort(-row, kind="stable")[:k]
     if kind == "regression":
       out.append(train_y[nb].mean())
       continue
@@ -128,8 +187,100 @@ def test_knn_equals_brute_force(kind, monkeypatch):
       np.testing.assert_array_equal(got, ref)
 
 
+def _tie_data(seed=0, n=40, m=60, d=5, classes=4):
+  """kNN data whose similarities are exact, with ties everywhere.
+
+  Train rows are positive multiples of axis vectors (several per axis: exact duplicates after
+  normalisation); query entries are in {0, 1, 2, 4}, so the cosine of a query with a train row on
+  axis a is q[a] * u exactly (u = 1/|q| rounded once; scaling by a power of 2 is exact) and
+  every sum of them is exact. The reference below therefore works with the integers q[a] alone.
+  Returns train_x [n, d], axes [n], train_y [n], query_x [m, d] (integer-valued).
+  """
+  rs = np.random.RandomState(seed)
+  axes = rs.randint(0, d, n)
+  train_x = np.eye(d)[axes] * rs.choice([1.0, 3.0, 0.5], n)[:, None]
+  query_x = rs.choice([0.0, 1.0, 2.0, 4.0], (m, d))
+  query_x[query_x.sum(1) == 0, 0] = 1.0
+  return train_x, axes, rs.randint(0, classes, n), query_x
+
+
+def _tie_rule_reference(axes, train_y, query_x, k):
+  """The documented rule, by hand: neighbours by (similarity desc, train index asc); votes by
+  (count, summed similarity, -class id), on the exact integer similarities."""
+  idx, preds = [], []
+  for q in query_x:
+    sim = q[axes]  # integer multiples of the same u > 0
+    nb = sorted(range(len(axes)), key=lambda i: (-sim[i], i))[:k]
+    idx.append(nb)
+    votes = {}
+    for i in nb:
+      cnt, tot = votes.get(train_y[i], (0, 0.0))
+      votes[train_y[i]] = (cnt + 1, tot + sim[i])
+    preds.append(max(votes, key=lambda c: (*votes[c], -c)))
+  return np.array(idx), np.array(preds)
+
+
+@pytest.mark.parametrize("chunk", [1024, 7])
+def test_knn_tie_rule_equals_the_reference_on_exact_ties(chunk, monkeypatch):
+  monkeypatch.setattr(probes, "_KNN_CHUNK", chunk)
+  vote_ties = boundary_ties = 0
+  for seed in range(3):
+    train_x, axes, train_y, query_x = _tie_data(seed)
+    for k in (1, 4, 6, 10):
+      idx, sim = probes.nearest(train_x, query_x, k)
+      ref_idx, ref_pred = _tie_rule_reference(axes, train_y, query_x, k)
+      np.testing.assert_array_equal(idx, ref_idx)
+      np.testing.assert_array_equal(
+        probes._knn_predict(idx, sim, train_y, k, "classification"), ref_pred
+      )
+      # The data must exercise both rules, not just allow them.
+      full = query_x[:, axes]  # [m, n] integer similarities
+      kth = -np.sort(-full, axis=1)[:, k - 1 : k]  # the k-th largest
+      boundary_ties += int(((full >= kth).sum(1) > k).sum())  # more candidates than places
+      onehot = train_y[ref_idx][:, :, None] == np.arange(4)
+      counts = onehot.sum(1)
+      vote_ties += int(((counts == counts.max(1, keepdims=True)).sum(1) > 1).sum())
+  assert boundary_ties > 50 and vote_ties > 50
+
+
+def test_knn_vote_ties_by_summed_similarity_then_class_id():
+  train_y = np.array([0, 1, 2, 1, 0, 2])
+  idx = np.array([[1, 0, 3, 4], [1, 0, 3, 4], [0, 1, 2, 5]])  # neighbours, most similar first
+  sim = np.array(
+    [
+      [0.9, 0.9, 0.8, 0.8],  # 2-2 votes, equal sums (1.7, 1.7) -> the lower class id, 0
+      [0.9, 0.85, 0.8, 0.7],  # 2-2 votes, class 1 sums 1.7 > class 0's 1.55 -> 1
+      [0.99, 0.98, 0.3, 0.2],  # class 2 has 2 votes (sum 0.5) -> 2, whatever the sums
+    ],
+    np.float32,
+  )
+  got = probes._knn_predict(idx, sim, train_y, 4, "classification")
+  np.testing.assert_array_equal(got, [0, 1, 2])
+  three = probes._knn_predict(
+    np.array([[2, 1, 0]]), np.full((1, 3), 0.5, np.float32), train_y, 3, "classification"
+  )
+  np.testing.assert_array_equal(three, [0])  # 1-1-1, equal sums -> class 0
+
+
+def test_knn_duplicated_training_rows_tie_exactly_lower_index_first():
+  rs = np.random.RandomState(0)
+  x, xq = rs.randn(80, 24).astype(np.float32), rs.randn(30, 24).astype(np.float32)
+  for src, dst in [(3, 50), (3, 77), (10, 11), (60, 2)]:
+    x[dst] = x[src]  # exact duplicates, at lower and higher positions
+  idx, sim = probes.nearest(x, xq, 80)  # every row ranked
+  for row_idx, row_sim in zip(idx, sim):
+    pos = {int(i): j for j, i in enumerate(row_idx)}
+    for group in ([3, 50, 77], [10, 11], [2, 60]):
+      assert len({float(row_sim[pos[i]]) for i in group}) == 1  # bit-identical similarities
+      assert [pos[i] for i in group] == sorted(pos[i] for i in group)  # lower index first
+      assert max(pos[i] for i in group) - min(pos[i] for i in group) == len(group) - 1
+  # Ranked by (similarity desc, index asc) throughout.
+  keys = [list(zip(-s.astype(np.float64), i)) for i, s in zip(idx, sim)]
+  assert all(kk == sorted(kk) for kk in keys)
+
+
 # -------------------------------------------------------------------- selection hygiene -----
-@pytest.mark.parametrize("probe", ["ridge", "knn"])
+@pytest.mark.parametrize("probe", ["ridge", "logreg", "knn"])
 def test_selection_ignores_the_eval_split(probe):
   x, y = _blobs(300, sep=0.7)
   xd, yd = _blobs(200, seed=1, sep=0.7)
@@ -142,7 +293,8 @@ def test_selection_ignores_the_eval_split(probe):
 
 
 @pytest.mark.parametrize(
-  "probe,selector", [("ridge", "select_ridge_lambda"), ("knn", "select_knn_k")]
+  "probe,selector",
+  [("ridge", "select_ridge_lambda"), ("logreg", "select_logreg_c"), ("knn", "select_knn_k")],
 )
 def test_selection_code_never_receives_eval_arrays(probe, selector, monkeypatch):
   x, y = _blobs(200)

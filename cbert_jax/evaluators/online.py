@@ -8,8 +8,8 @@ lines give the paper's figure of frozen probe quality over training next to the 
 def flatten(results: dict) -> dict[str, float]:
   """{task: {...}, "average": {...}} -> {"probe/<task>/<probe>": test score, "probe/avg/<k>": ...}.
 
-  Probe tasks give their ridge and kNN test scores; retrieval tasks their metric (e.g. ndcg@10)
-  with mean-pooled features, and with the contrastive pooler where it ran.
+  Probe tasks give their ridge, logreg and kNN test scores (those that ran); retrieval tasks their
+  metric (e.g. ndcg@10) with mean-pooled features, and with the contrastive pooler where it ran.
   """
   out = {}
   for task, r in results.items():
@@ -21,7 +21,7 @@ def flatten(results: dict) -> dict[str, float]:
         if key in r:
           out[f"probe/{task}/{key}_{r['metric']}"] = float(r[key]["test"][r["metric"]])
     else:
-      for probe in ("ridge", "knn"):
+      for probe in ("ridge", "logreg", "knn"):
         if probe in r:
           out[f"probe/{task}/{probe}"] = float(r[probe]["test"])
   return out

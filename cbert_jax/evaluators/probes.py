@@ -1,26 +1,39 @@
-"""Ridge and kNN probes on frozen features, and the layer-wise table (SPEC §6).
+"""Ridge, logistic-regression and kNN probes of frozen features; the layer-wise table (SPEC §6).
 
-Protocol, the same for both probes:
+Protocol, the same for every probe:
   1. split train into a fit part and a held-out part (seeded; `holdout_fraction`);
-  2. choose the hyper-parameter (ridge λ, kNN k) by the task metric on the held-out part;
+  2. choose the hyper-parameter (ridge λ, logistic-regression C, kNN k) by the task metric on the
+     held-out part;
   3. refit on *all* of train with the chosen value;
   4. score every evaluation set (dev, test) with the task metric.
 
-Selection can never see evaluation data, by construction: `select_ridge_lambda` and
-`select_knn_k` take only training arrays, and `ridge_probe` / `knn_probe` hand the eval sets
+Selection can never see evaluation data, by construction: `select_ridge_lambda`,
+`select_logreg_c` and `select_knn_k` take only training arrays, and the probes hand the eval sets
 to the final scoring alone (tests/test_probes.py checks this with a spy and garbage labels).
 
 Kinds: "classification" and "pair" (labels are class ids; pair features come from
-`features.combine_pair`) and "regression" (float targets).
+`features.combine_pair`) and "regression" (float targets). The logistic-regression probe is for
+class labels only: it refuses "regression".
+
+kNN tie rule (deterministic, independent of how numpy partitions or sorts): neighbours are ranked
+by cosine similarity, higher first, and equal similarities by training-example index, lower
+first; so among the k nearest, a tie at the k-th similarity keeps the lower-indexed training
+examples. Identical (L2-normalised) training rows get bit-identical similarities by construction
+(each distinct row's similarity is computed once). The vote: most neighbours wins; a tie in
+votes goes to the larger summed similarity of the tied classes' neighbours, then to the lower
+class id (classes sorted as `np.unique` sorts them).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import scipy.stats
+from sklearn import exceptions as sk_exceptions
+from sklearn import linear_model as sk_linear
 from sklearn import metrics as sk_metrics
 
 from cbert_jax.errors import ConfigError
@@ -28,6 +41,10 @@ from cbert_jax.errors import ConfigError
 KINDS = ("classification", "pair", "regression")
 DEFAULT_LAMBDAS = np.logspace(-3, 4, 15)
 DEFAULT_KS = (1, 3, 5, 10, 20, 50)
+# Logistic regression: inverse L2 strength C on a log grid, and the L-BFGS iteration cap (bounded
+# time; a fit that hits it is reported as unconverged, never silently accepted).
+DEFAULT_CS = tuple(float(c) for c in np.logspace(-4, 2, 7))
+LOGREG_MAX_ITER = 1000
 # kNN similarities are computed for this many queries at a time: [chunk, N_train] floats, never
 # an [N, N] matrix.
 _KNN_CHUNK = 1024
@@ -65,12 +82,27 @@ class Selection:
   """The outcome of hyper-parameter selection on the held-out part of train.
 
   Attributes:
-    value: the chosen λ or k.
+    value: the chosen λ, C or k.
     scores: held-out metric per candidate value, in sweep order.
+    unconverged: candidates whose fit on the fit part stopped at the iteration cap (or whose
+      solver reported a failure) before converging; logistic regression only, else empty.
   """
 
   value: float
   scores: dict[float, float]
+  unconverged: tuple[float, ...] = ()
+
+  @property
+  def edge(self) -> str | None:
+    """ "low" / "high" when the chosen value is the smallest / largest candidate (the optimum may
+    lie outside the grid), None when it is interior or there was only one candidate."""
+    if len(self.scores) < 2:
+      return None
+    if self.value == min(self.scores):
+      return "low"
+    if self.value == max(self.scores):
+      return "high"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,13 +110,15 @@ class ProbeResult:
   """A probe's report.
 
   Attributes:
-    probe: "ridge" or "knn".
+    probe: "ridge", "logreg" or "knn".
     metric: the task metric.
-    param: "lambda" or "k".
+    param: "lambda", "C" or "k".
     selection: the chosen value and the held-out scores that chose it.
     scores: the metric on each evaluation set, by name.
     extra: further metrics reported (never used for selection) per evaluation set, e.g. GLUE's
       accuracy next to MRPC's F1: {set name: {metric: value}}; empty unless `also` was given.
+    fit: facts about the final fit on all of train (logreg: {"converged", "n_iter",
+      "max_iter"}); empty for ridge and kNN (closed form / no fit).
   """
 
   probe: str
@@ -93,6 +127,7 @@ class ProbeResult:
   selection: Selection
   scores: dict[str, float]
   extra: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+  fit: dict = dataclasses.field(default_factory=dict)
 
 
 def _check(x: np.ndarray, y: np.ndarray, kind: str, metric: str, field: str):
@@ -316,6 +351,137 @@ def ridge_probe(
   )
 
 
+# ------------------------------------------------------------------------ logistic regression ---
+def _check_classes(kind: str) -> None:
+  if kind == "regression":
+    raise ConfigError(
+      "kind: the logistic-regression probe needs class labels (classification or pair), got "
+      "'regression'; regression tasks are probed by ridge and kNN only."
+    )
+
+
+def _logreg_standardised(
+  z: np.ndarray, y: np.ndarray, c: float, max_iter: int, seed: int
+) -> tuple[Callable[[np.ndarray], np.ndarray], dict]:
+  """`fit_logreg` on features that are already standardised: (predict(z_new), fit facts)."""
+  classes = np.unique(y)
+  if len(classes) < 2:
+    info = {"converged": True, "n_iter": 0, "max_iter": int(max_iter)}
+    return (lambda z_new: np.full(len(z_new), classes[0])), info
+  model = sk_linear.LogisticRegression(
+    C=float(c), solver="lbfgs", max_iter=int(max_iter), random_state=seed
+  )
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always", sk_exceptions.ConvergenceWarning)
+    model.fit(z, y)
+  failed = False
+  for w in caught:
+    if issubclass(w.category, sk_exceptions.ConvergenceWarning):
+      failed = True  # reported through the result instead
+    else:  # not ours to swallow
+      warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+  n_iter = int(np.max(model.n_iter_))
+  info = {
+    "converged": not failed and n_iter < max_iter,
+    "n_iter": n_iter,
+    "max_iter": int(max_iter),
+  }
+  return model.predict, info
+
+
+def fit_logreg(
+  x: np.ndarray, y: np.ndarray, c: float, *, max_iter: int = LOGREG_MAX_ITER, seed: int = 0
+) -> tuple[Callable[[np.ndarray], np.ndarray], dict]:
+  """L2-regularised logistic regression on x standardised with x's own statistics.
+
+  scikit-learn's `LogisticRegression(C=c, solver="lbfgs")`: the multinomial (softmax) loss for 3
+  or more classes, the binary logistic loss for 2; intercept unpenalised; objective
+  ½‖W‖² + C · Σ log-loss. L-BFGS is deterministic; `random_state=seed` is fixed all the same.
+  A single class in y gives the constant predictor (nothing to fit).
+
+  Returns:
+    (predict(x_new) -> class predictions [m], {"converged": bool, "n_iter": int,
+    "max_iter": int}). `converged` is False when L-BFGS stopped at `max_iter` or reported a
+    failure (scikit-learn's ConvergenceWarning, which is caught and turned into this flag; other
+    warnings pass through).
+  """
+  std = _Standardizer(np.asarray(x, np.float64))
+  predict, info = _logreg_standardised(std(x), np.asarray(y), c, max_iter, seed)
+  return (lambda x_new: predict(std(x_new))), info
+
+
+def select_logreg_c(
+  train_x: np.ndarray,
+  train_y: np.ndarray,
+  *,
+  kind: str,
+  metric: str,
+  cs: Sequence[float] = DEFAULT_CS,
+  holdout_fraction: float = 0.2,
+  seed: int = 0,
+  max_iter: int = LOGREG_MAX_ITER,
+) -> Selection:
+  """Chooses C on the held-out part of train (the same split as ridge). Training arrays only.
+
+  As ridge: standardisation statistics from all of train; one fit per C on the fit part (each
+  from scratch, so a candidate's score never depends on the others), scored on the held-out part.
+  Candidates whose fit did not converge are listed in `Selection.unconverged`.
+  """
+  x, y = _check(train_x, train_y, kind, metric, "train")
+  _check_classes(kind)
+  cs = [float(c) for c in cs]
+  if not cs or min(cs) <= 0:
+    raise ConfigError(f"cs: need at least one value, all > 0, got {cs}.")
+  fit, held = holdout_split(len(y), holdout_fraction, seed)
+  std = _Standardizer(np.asarray(x, np.float64))
+  z = std(x)
+  scores, unconverged = {}, []
+  for c in cs:
+    predict, info = _logreg_standardised(z[fit], y[fit], c, max_iter, seed)
+    scores[c] = score(metric, y[held], predict(z[held]))
+    if not info["converged"]:
+      unconverged.append(c)
+  return Selection(_choose(scores), scores, tuple(unconverged))
+
+
+def logreg_probe(
+  train_x: np.ndarray,
+  train_y: np.ndarray,
+  eval_sets: Mapping[str, tuple],
+  *,
+  kind: str,
+  metric: str,
+  cs: Sequence[float] = DEFAULT_CS,
+  holdout_fraction: float = 0.2,
+  seed: int = 0,
+  max_iter: int = LOGREG_MAX_ITER,
+  also: Sequence[str] = (),
+) -> ProbeResult:
+  """Logistic-regression probe: C chosen on held-out train, refit on all of train, scored.
+
+  Classification and pair tasks only (ConfigError for "regression"). Arguments as `ridge_probe`,
+  with `cs` the C sweep and `max_iter` the L-BFGS cap. The result's `fit` says whether the final
+  fit converged; `selection.unconverged` lists the C whose held-out fit did not.
+  """
+  _check(train_x, train_y, kind, metric, "train")
+  _check_classes(kind)
+  sel = select_logreg_c(
+    train_x,
+    train_y,
+    kind=kind,
+    metric=metric,
+    cs=cs,
+    holdout_fraction=holdout_fraction,
+    seed=seed,
+    max_iter=max_iter,
+  )
+  predict, info = fit_logreg(
+    np.asarray(train_x), np.asarray(train_y), sel.value, max_iter=max_iter, seed=seed
+  )
+  scores, extra = _eval_scores(predict, eval_sets, kind, metric, np.shape(train_x)[1], also)
+  return ProbeResult("logreg", metric, "C", sel, scores, extra, info)
+
+
 # ------------------------------------------------------------------------------------ kNN ------
 def _normalize(x: np.ndarray) -> np.ndarray:
   """Rows scaled to unit L2 norm (zero rows stay zero), float32."""
@@ -323,24 +489,47 @@ def _normalize(x: np.ndarray) -> np.ndarray:
   return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
-def nearest(train_x: np.ndarray, query_x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-  """The k most cosine-similar train rows of each query, most similar first.
+def _top_k(sim: np.ndarray, k: int) -> np.ndarray:
+  """Indices [c, k] of each row's k largest entries, ordered by (value descending, index
+  ascending): the module's tie rule, whatever numpy's partition and sort do internally.
 
-  Computed in chunks of queries ([chunk, N_train] similarities at a time), never [N, N].
+  Only the *value* of each row's k-th largest entry is taken from `np.partition` (it is the same
+  for any correct selection algorithm); which entries are kept is then decided by value and index
+  alone: all entries above it, and the lowest-indexed entries equal to it, k in all.
+  """
+  kth = -np.partition(-sim, k - 1, axis=1)[:, k - 1 : k]  # [c, 1] the k-th largest value
+  above = sim > kth  # fewer than k per row
+  at = sim == kth  # at least one per row
+  need = k - above.sum(1, keepdims=True)  # [c, 1], >= 1
+  keep = above | (at & (np.cumsum(at, axis=1, dtype=np.int64) <= need))  # exactly k per row
+  idx = np.nonzero(keep)[1].reshape(sim.shape[0], k)  # row-major: ascending index in each row
+  order = np.argsort(-np.take_along_axis(sim, idx, axis=1), axis=1, kind="stable")
+  return np.take_along_axis(idx, order, axis=1)  # stable: equal values stay in index order
+
+
+def nearest(train_x: np.ndarray, query_x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+  """The k most cosine-similar train rows of each query: similarity descending, ties by lower
+  train index (the module's tie rule).
+
+  Similarities are float32 dot products of L2-normalised rows, computed once per *distinct*
+  normalised train row, so duplicated training examples tie exactly; a NaN similarity (a NaN
+  feature) ranks below every number. Computed in chunks of queries ([chunk, N_train]
+  similarities at a time), never [N, N].
 
   Returns:
     (idx [M, k] int, sim [M, k] float32).
   """
   tr, q = _normalize(train_x), _normalize(query_x)  # [N, d], [M, d]
+  uniq, inverse = np.unique(tr, axis=0, return_inverse=True)  # [U, d], [N]
+  inverse = np.reshape(inverse, -1)
   k = min(int(k), tr.shape[0])
   idx_out, sim_out = [], []
   for start in range(0, q.shape[0], _KNN_CHUNK):
-    sim = q[start : start + _KNN_CHUNK] @ tr.T  # [c, N]
-    top = np.argpartition(-sim, k - 1, axis=1)[:, :k]  # [c, k] unordered
-    top_sim = np.take_along_axis(sim, top, axis=1)
-    order = np.argsort(-top_sim, axis=1, kind="stable")
-    idx_out.append(np.take_along_axis(top, order, axis=1))
-    sim_out.append(np.take_along_axis(top_sim, order, axis=1))
+    sim = (q[start : start + _KNN_CHUNK] @ uniq.T)[:, inverse]  # [c, N]
+    sim = np.where(np.isnan(sim), -np.inf, sim)
+    top = _top_k(sim, k)  # [c, k]
+    idx_out.append(top)
+    sim_out.append(np.take_along_axis(sim, top, axis=1))
   return np.concatenate(idx_out), np.concatenate(sim_out)
 
 
@@ -352,10 +541,13 @@ def _knn_predict(
   kind: str,
   classes: np.ndarray | None = None,
 ) -> np.ndarray:
-  """Predictions [M] from the first k of precomputed neighbours (idx, sim [M, >=k]).
+  """Predictions [M] from the first k of precomputed neighbours (idx, sim [M, >=k], in
+  `nearest`'s order).
 
-  Regression: the plain mean of the neighbours' targets. Classification: a plain majority
-  vote; ties between classes go to the larger summed similarity (then the smaller class id).
+  Regression: the plain mean of the neighbours' targets. Classification: a plain majority vote;
+  ties between classes go to the larger summed similarity, then the smaller class id. The sums
+  are accumulated neighbour by neighbour in `nearest`'s order, so two classes whose neighbours
+  have the same similarities get bit-identical sums (a true tie, resolved by class id).
   """
   idx, sim = idx[:, :k], sim[:, :k].astype(np.float64)  # [M, k]
   ny = train_y[idx]  # [M, k]
@@ -364,9 +556,13 @@ def _knn_predict(
   classes = np.unique(train_y) if classes is None else classes
   onehot = ny[:, :, None] == classes[None, None, :]  # [M, k, C]
   counts = onehot.sum(1)  # [M, C]
-  sims = (onehot * sim[:, :, None]).sum(1)  # [M, C] in [-k, k]
-  # Tie-break term in (-1/2, 1/2): never outweighs a difference of one vote.
-  return classes[np.argmax(counts + sims / (2 * k + 2), axis=1)]
+  sums = np.zeros(counts.shape)  # [M, C]
+  for j in range(k):  # sequential on purpose (see the docstring)
+    sums += np.where(onehot[:, j], sim[:, j, None], 0.0)
+  best = counts == counts.max(1, keepdims=True)  # most votes
+  tied_sums = np.where(best, sums, -np.inf)
+  best &= tied_sums == tied_sums.max(1, keepdims=True)  # then the largest summed similarity
+  return classes[np.argmax(best, axis=1)]  # then the first (smallest) class id
 
 
 def select_knn_k(
@@ -413,8 +609,9 @@ def knn_probe(
   """Cosine kNN probe: k chosen on held-out train; eval sets' neighbours come from all of train.
 
   Features are L2-normalised (cosine similarity), not standardised. Classification: majority
-  vote (ties -> larger summed similarity); regression: mean of the neighbours' targets.
-  Arguments as `ridge_probe`, with `ks` the k sweep.
+  vote; regression: mean of the neighbours' targets. Ties follow the module's rule (similarity
+  ties by lower train index; vote ties by summed similarity, then lower class id). Arguments as
+  `ridge_probe`, with `ks` the k sweep.
   """
   sel = select_knn_k(
     train_x, train_y, kind=kind, metric=metric, ks=ks, holdout_fraction=holdout_fraction, seed=seed
@@ -437,7 +634,7 @@ def knn_probe(
 
 
 # ------------------------------------------------------------------------------- layer-wise ---
-PROBES = {"ridge": ridge_probe, "knn": knn_probe}
+PROBES = {"ridge": ridge_probe, "logreg": logreg_probe, "knn": knn_probe}
 
 
 def layerwise(
@@ -455,10 +652,11 @@ def layerwise(
   Args:
     train_x: [L + 1, N, d] (Featurizer with layers="all"); train_y: [N].
     eval_sets: name -> (x [L + 1, M, d], y [M]).
-    kind, metric, probe_kw: as `ridge_probe` / `knn_probe`. probe: "ridge" or "knn".
+    kind, metric, probe_kw: as the probe's function. probe: a key of PROBES ("logreg" needs
+      class labels).
 
   Returns:
-    One row per layer: {"layer", <param> (chosen λ or k), "heldout" (its held-out score),
+    One row per layer: {"layer", <param> (chosen λ, C or k), "heldout" (its held-out score),
     <eval name>: score, ...}; layer 0 is the embeddings.
   """
   if probe not in PROBES:

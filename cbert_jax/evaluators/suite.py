@@ -1,10 +1,12 @@
-"""The offline probe suite: every task of the task kit, frozen features, ridge and kNN probes.
+"""The offline probe suite: every task of the task kit, frozen features, ridge/logreg/kNN probes.
 
 For each task (cbert_jax/data/TASKS.md):
   * classification / regression / pair: mean-pooled frozen features of train, dev and test; the
-    ridge and kNN probes choose their regularisation / k on a held-out part of *train* only and
-    report the task's metric on dev and test (pairs: SentEval features [u, v, |u - v|, u * v]);
-    with `layers="all"`, the ridge probe on every layer (the paper's Table 1 shape);
+    probes of `evals.probes` (ridge, logreg, knn) choose their regularisation (λ, C) / k on a
+    held-out part of *train* only and report the task's metric on dev and test (pairs: SentEval
+    features [u, v, |u - v|, u * v]); logreg (logistic regression) runs on class labels only, so
+    regression tasks have no "logreg" entry; with `layers="all"`, the ridge probe on every layer
+    (the paper's Table 1 shape);
   * retrieval: queries and corpus embedded with the same mean-pooled features, cosine search,
     nDCG@10 / MRR@10 / recall@k on dev and test;
   * retrieval with the contrastive pooler (SPEC §6; `evals.pooler` = none | frozen | unfrozen |
@@ -31,6 +33,8 @@ from cbert_jax.evaluators import pooler as pooler_lib
 from cbert_jax.evaluators import probes, retrieval
 
 POOLER_MODES = ("frozen", "unfrozen")
+# Every probe `evals.probes` may name, in table order.
+PROBE_NAMES = ("ridge", "logreg", "knn")
 
 
 def _cap(split: dict, n: int, seed: int) -> dict:
@@ -50,13 +54,39 @@ def eval_splits(task) -> list[str]:
   return [name for name in task.splits if name != "train"]
 
 
+def probe_entry(res: probes.ProbeResult) -> dict:
+  """A probe's JSON entry in the results (see `probe_task`)."""
+  sel = res.selection
+  entry = {
+    **{name: float(v) for name, v in res.scores.items()},
+    res.param: float(sel.value),
+    "heldout": float(sel.scores[sel.value]),
+    "curve": [[float(v), float(s)] for v, s in sel.scores.items()],
+    "edge": sel.edge,
+  }
+  if res.probe == "logreg":
+    entry.update(
+      converged=bool(res.fit["converged"]),
+      n_iter=int(res.fit["n_iter"]),
+      max_iter=int(res.fit["max_iter"]),
+      unconverged=[float(c) for c in sel.unconverged],
+    )
+  return entry
+
+
 def probe_task(task, featurizer, tokenizer, seq_len: int, ecfg) -> dict:
-  """Ridge / kNN (and layer-wise ridge) probes of one classification, regression or pair task.
+  """The `evals.probes` probes (and layer-wise ridge) of one classification, regression or pair
+  task.
 
   Rows with "texts_a"/"texts_b" are pairs (SentEval features), whatever the target kind, so
   GLUE's STS-B (pair regression) goes through the same code as the offline pair task. Returns
-  {"kind", "metric", "headline_split", "sizes", probe: {split: score, ..., param, "heldout"},
-  ["extra": {probe: {split: {metric: value}}}], ["layerwise": rows]}.
+  {"kind", "metric", "headline_split", "sizes", probe: entry, ["extra": {probe: {split: {metric:
+  value}}}], ["layerwise": rows]}, where a probe's entry is
+  {<split>: score, ..., <param> ("lambda" | "C" | "k"): chosen value, "heldout": its held-out
+  score, "curve": [[value, held-out score], ...] in sweep order, "edge": "low" | "high" when the
+  chosen value is the grid's smallest / largest, else None}; logreg's entry adds "converged" and
+  "n_iter" / "max_iter" (the final fit on all of train) and "unconverged" (the C whose held-out
+  fit did not converge). Regression tasks have no "logreg" entry (no class labels).
   """
   enc = lambda texts: features_lib.encode_texts(list(texts), tokenizer, seq_len)
   splits = {
@@ -82,14 +112,21 @@ def probe_task(task, featurizer, tokenizer, seq_len: int, ecfg) -> dict:
   layered = np.ndim(feats["train"]) == 3  # [L + 1, N, d]
   last = (lambda x: x[-1]) if layered else (lambda x: x)
   evals = {name: (last(feats[name]), labels[name]) for name in splits if name != "train"}
-  for probe in [p.strip() for p in ecfg.probes.split(",") if p.strip()]:
-    fn = {"ridge": probes.ridge_probe, "knn": probes.knn_probe}[probe]
+  for probe in probe_names(ecfg):
+    if probe == "logreg" and kind == "regression":
+      continue  # logistic regression needs class labels
+    fn = probes.PROBES[probe]
     res = fn(last(feats["train"]), labels["train"], evals, kind=kind, metric=task.metric, also=also)
-    out[probe] = {
-      **{name: float(v) for name, v in res.scores.items()},
-      res.param: float(res.selection.value),
-      "heldout": float(res.selection.scores[res.selection.value]),
-    }
+    out[probe] = probe_entry(res)
+    if probe == "logreg" and (not res.fit["converged"] or res.selection.unconverged):
+      logging.warning(
+        "%s: logistic regression did not converge (at most %d iterations): final fit converged: "
+        "%s; held-out fits that did not: C in %s",
+        task.name,
+        res.fit["max_iter"],
+        res.fit["converged"],
+        list(res.selection.unconverged),
+      )
     if res.extra:
       out.setdefault("extra", {})[probe] = res.extra
   if layered:
@@ -106,6 +143,17 @@ def probe_task(task, featurizer, tokenizer, seq_len: int, ecfg) -> dict:
       for r in rows
     ]
   return out
+
+
+def probe_names(ecfg) -> list[str]:
+  """The probes of `evals.probes`, in the given order; ConfigError naming the field."""
+  names = [p.strip() for p in ecfg.probes.split(",") if p.strip()]
+  for probe in names:
+    if probe not in PROBE_NAMES:
+      raise ConfigError(
+        f"evals.probes: unknown probe {probe!r}; expected a comma list of {', '.join(PROBE_NAMES)}"
+      )
+  return names
 
 
 def pooler_modes(ecfg) -> list[str]:
@@ -261,9 +309,7 @@ def task_names(ecfg) -> list[str]:
   for name in names:
     if name not in known:
       raise ConfigError(f"evals.tasks: unknown task {name!r}; known: {', '.join(known)}")
-  for probe in [p.strip() for p in ecfg.probes.split(",") if p.strip()]:
-    if probe not in ("ridge", "knn"):
-      raise ConfigError(f"evals.probes: unknown probe {probe!r}; expected ridge and/or knn")
+  probe_names(ecfg)
   if ecfg.layers not in ("final", "all"):
     raise ConfigError(f"evals.layers must be final|all, got {ecfg.layers!r}")
   pooler_modes(ecfg)  # fail before any model is loaded
@@ -324,12 +370,15 @@ def headline(task_result: dict) -> float:
 def average(results: dict) -> dict:
   """Mean test score per probe over probe tasks, and the mean headline over all tasks.
 
+  Each probe's mean is over the tasks it ran on: "logreg" has no regression tasks, so its mean is
+  over fewer tasks than ridge's and kNN's (compare them per task, not by these means).
+
   With the pooler on, also `retrieval_pooler_<mode>`: the mean test metric of the pooled retrieval
   (kept out of "all", whose meaning must not depend on `evals.pooler`).
   """
   tasks = {k: v for k, v in results.items() if k != "average"}
   out = {}
-  for probe in ("ridge", "knn"):
+  for probe in PROBE_NAMES:
     vals = [v[probe][v.get("headline_split", "test")] for v in tasks.values() if probe in v]
     if vals:
       out[probe] = float(np.mean(vals))
@@ -347,14 +396,16 @@ def average(results: dict) -> dict:
 
 
 def markdown(results: dict, title: str = "") -> str:
-  """One row per task: metric, ridge dev/test, kNN dev/test (or retrieval nDCG/MRR/recall).
+  """One row per task: metric, ridge dev/test, logreg dev/test, kNN dev/test (retrieval: its
+  metric in the ridge columns).
 
   With pooled retrieval results, a second table follows: test only, the pooler trained on dev.
   """
   lines = [f"### {title}", ""] if title else []
   lines += [
-    "| task | kind | metric | ridge dev | ridge test | kNN dev | kNN test |",
-    "|---|---|---|---|---|---|---|",
+    "| task | kind | metric | ridge dev | ridge test | logreg dev | logreg test | kNN dev "
+    "| kNN test |",
+    "|---|---|---|---|---|---|---|---|---|",
   ]
   fmt = lambda x: f"{x:.4f}" if isinstance(x, float) else "-"
   for name, r in results.items():
@@ -363,13 +414,15 @@ def markdown(results: dict, title: str = "") -> str:
     if r["kind"] == "retrieval":
       key = r["metric"]  # e.g. ndcg@10
       lines.append(
-        f"| {name} | retrieval | {r['metric']} | {fmt(r['dev'][key])} | {fmt(r['test'][key])} | - | - |"
+        f"| {name} | retrieval | {r['metric']} | {fmt(r['dev'][key])} | {fmt(r['test'][key])} "
+        "| - | - | - | - |"
       )
     else:
       g = lambda p, s, r=r: r[p][s] if p in r else None
       lines.append(
         f"| {name} | {r['kind']} | {r['metric']} | {fmt(g('ridge', 'dev'))} | "
-        f"{fmt(g('ridge', 'test'))} | {fmt(g('knn', 'dev'))} | {fmt(g('knn', 'test'))} |"
+        f"{fmt(g('ridge', 'test'))} | {fmt(g('logreg', 'dev'))} | {fmt(g('logreg', 'test'))} | "
+        f"{fmt(g('knn', 'dev'))} | {fmt(g('knn', 'test'))} |"
       )
   pooled = [
     (name, r)
@@ -394,10 +447,44 @@ def markdown(results: dict, title: str = "") -> str:
   return "\n".join(lines + markdown_footer(results, "test"))
 
 
+def selection_notes(results: dict) -> list[str]:
+  """One line per probe result whose chosen value is on its grid's edge or whose logistic
+  regression did not converge (both are also in the JSON: "edge", "converged", "unconverged")."""
+  notes = []
+  for name, r in results.items():
+    if name == "average" or not isinstance(r, dict):
+      continue
+    for probe in PROBE_NAMES:
+      e = r.get(probe)
+      if not isinstance(e, dict):
+        continue
+      param = {"ridge": "lambda", "logreg": "C", "knn": "k"}[probe]
+      if e.get("edge"):
+        notes.append(
+          f"{name} {probe}: {param} = {e[param]:.4g} is the {e['edge']} edge of its grid"
+        )
+      if e.get("converged") is False:
+        notes.append(
+          f"{name} {probe}: the final fit did not converge ({e['n_iter']} of at most "
+          f"{e['max_iter']} iterations)"
+        )
+      if e.get("unconverged"):
+        cs = ", ".join(f"{c:.4g}" for c in e["unconverged"])
+        notes.append(f"{name} {probe}: held-out fits that did not converge: C = {cs}")
+  return notes
+
+
 def markdown_footer(results: dict, split_label: str) -> list[str]:
-  """The lines every suite's table ends with: the averages, then each layer-wise ridge table."""
+  """The lines every suite's table ends with: the averages, notes on the probes' selection
+  (grid edges, unconverged fits), then each layer-wise ridge table."""
   avg = results.get("average", {})
   lines = ["", f"average ({split_label}): " + ", ".join(f"{k} {v:.4f}" for k, v in avg.items())]
+  probed = [r for k, r in results.items() if k != "average" and isinstance(r, dict)]
+  if "logreg" in avg and any("ridge" in r and "logreg" not in r for r in probed):
+    lines.append("(logreg: classification and pair tasks only; its mean covers fewer tasks)")
+  notes = selection_notes(results)
+  if notes:
+    lines += ["", "selection notes:", ""] + [f"* {n}" for n in notes]
   for name, r in results.items():
     if name != "average" and "layerwise" in r:
       lines += ["", f"layer-wise ridge, {name}:", "", probes.markdown_table(r["layerwise"])]
