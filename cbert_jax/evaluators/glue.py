@@ -207,7 +207,7 @@ def run(
 
   GLUE is prepared in `evals.glue_data_dir`, default `<cache_dir>/tfds` (next to the task kit).
 
-  Returns {"glue/<task>": probe_task result, ..., "average": {ridge, knn, all}} where every
+  Returns {"glue/<task>": probe_task result, ..., "average": {ridge, logreg, knn, all}} where every
   score is on the task's headline split (MNLI: matched; mismatched is in the task's entry).
   """
   names = list(tasks) if tasks is not None else task_names(ecfg.get("glue_tasks", ""))
@@ -236,9 +236,12 @@ def run(
 
 
 def markdown(results: dict, title: str = "") -> str:
-  """One row per (task, validation split): metric, ridge, kNN, and the extra metrics."""
+  """One row per (task, validation split): metric, ridge, logreg, kNN, and the extra metrics."""
   lines = [f"### {title}", ""] if title else []
-  lines += ["| task | split | metric | ridge | kNN | also (ridge) |", "|---|---|---|---|---|---|"]
+  lines += [
+    "| task | split | metric | ridge | logreg | kNN | also (ridge) |",
+    "|---|---|---|---|---|---|---|",
+  ]
   fmt = lambda x: "-" if x is None else f"{x:.4f}"
   for name, r in results.items():
     if name == "average":
@@ -248,6 +251,6 @@ def markdown(results: dict, title: str = "") -> str:
       also = ", ".join(f"{m} {v:.4f}" for m, v in extra.items()) or "-"
       lines.append(
         f"| {name} | {split} | {r['metric']} | {fmt(r.get('ridge', {}).get(split))} | "
-        f"{fmt(r.get('knn', {}).get(split))} | {also} |"
+        f"{fmt(r.get('logreg', {}).get(split))} | {fmt(r.get('knn', {}).get(split))} | {also} |"
       )
   return "\n".join(lines + suite.markdown_footer(results, "headline splits"))
