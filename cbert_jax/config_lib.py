@@ -74,6 +74,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 2  # how many recent checkpoints to keep
   c.eval_every = 0  # steps between validation-loss evals; 0 = only at the end
   c.eval_batches = 4  # validation batches per eval (fixed rows, fixed masks)
+  c.final_validation = True  # at the end of a run: the training loss on every validation row,
+  # masks from a fixed key (cbert_jax/validation.py) -> workdir/eval/val_full-step_<N>.json
   c.stop_after_step = 0  # > 0: checkpoint and exit after this step, as on preemption
   c.allow_config_change = False  # resume a workdir whose config.json differs in fields that
   # change the run (the error lists them; cbert_jax/workdir.py)

@@ -30,6 +30,7 @@ from cbert_jax import (
   plotting,
   sharding,
   steps,
+  validation,
   workdir_lock,
 )
 from cbert_jax import metrics as metrics_lib
@@ -60,6 +61,7 @@ class Summary:
   signal: str | None = None  # "SIGTERM" / "SIGINT" when a signal stopped the run (main: exit 130
   # for SIGINT)
   already_finished: bool = False  # the workdir's run had reached total_steps; nothing was done
+  val_full: dict | None = None  # the end-of-run full-split validation record (validation.record)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> Summary:
@@ -282,6 +284,49 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
       )
     return online.flatten(res)
 
+  def final_validation(step: int) -> tuple[dict, dict]:
+    """The full-split validation metric (cbert_jax/validation.py) of the current parameters:
+    every process computes it, process 0 writes eval/val_full-step_<step>.json. Returns (its
+    record, metrics for the final eval row: val_full/*, time/final_validation_s)."""
+    with timers.span("final_validation"), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+      res = validation.full_split_loss(
+        graphdef,
+        params,
+        data.val,
+        mesh=mesh,
+        rules=rules,
+        batch_size=batch_size,
+        model_name=config.model_name,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        log=logging.info,
+      )
+    seconds = timers.totals()["final_validation"]
+    path = (
+      validation.write(workdir, step, res, config.model_name)
+      if is_primary
+      else "process 0's workdir"
+    )
+    out = {"val_full/loss": res.loss, "val_full/masked_acc": res.masked_acc}
+    if res.half is not None:
+      out["val_full/half_loss"] = res.half["loss"]
+    logging.info(
+      "full-split validation at step %d: loss %.4f, masked_acc %.4f over %d rows / %d targets "
+      "(eval/loss on the first %d rows: %s) in %.1fs; wrote %s",
+      step,
+      res.loss,
+      res.masked_acc,
+      res.rows,
+      res.target_tokens,
+      config.eval_batches * batch_size,
+      last_eval.get("eval/loss"),
+      seconds,
+      path,
+    )
+    return validation.record(step, res, config.model_name), out | {
+      "time/final_validation_s": seconds
+    }
+
   # ------------------------------------------------------------------ loop ---
   def save(step: int) -> None:
     """Checkpoint `step` (call `sync` first: only steps known to be finite are saved)."""
@@ -384,6 +429,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
   progress = progress_lib.Progress(total_steps, start_step)
   first_loss = last_loss = float("nan")
   last_eval: dict = {}
+  val_full = None
   step = start_step
   data_index = int(train_iter.get_state()["next_index"])  # global batches consumed so far
   rollbacks = 0
@@ -495,10 +541,16 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     # ------------------------------------------------------------- finish ---
     if not stopped_early:
       last_eval = evaluate()
-      writer.write(step, last_eval)
       logging.info("final eval at step %d: %s", step, last_eval)
       if checkpointer.latest_step() != step:
         save(step)
+      final_row = dict(last_eval)
+      try:
+        if config.final_validation:  # after the last checkpoint: a failure here loses no training
+          val_full, extra = final_validation(step)
+          final_row |= extra
+      finally:
+        writer.write(step, final_row)  # the final eval row (with val_full/*): the last row
   finally:
     checkpointer.close()
     writer.close()
@@ -520,6 +572,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     stopped_early=stopped_early,
     workdir=workdir,
     signal=stop["name"] if stopped_early and stop["signal"] else None,
+    val_full=val_full,
   )
 
 

@@ -33,6 +33,7 @@ RESUMABLE = (
   "keep_checkpoints",  # how often to log / checkpoint
   "eval_every",
   "eval_batches",
+  "final_validation",  # the full-split validation loss at the end (cbert_jax/validation.py)
   "evals.",  # evaluation during and after training
   "plot",  # metrics.png at the end
   "num_devices",

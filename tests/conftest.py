@@ -64,7 +64,9 @@ def trained_run(tmp_path_factory, cache_dir):
       from tests.test_train import tiny_config  # pylint: disable=import-outside-toplevel
 
       workdir = str(tmp_path_factory.mktemp(f"trained_{model}"))
-      train.run(tiny_config(cache_dir, model, total_steps=2, checkpoint_every=2), workdir)
+      config = tiny_config(cache_dir, model, total_steps=2, checkpoint_every=2)
+      config.final_validation = True  # eval/val_full-step_2.json, read by test_validation.py
+      train.run(config, workdir)
       runs[model] = workdir
     return runs[model]
 

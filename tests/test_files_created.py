@@ -16,6 +16,7 @@ SKIP_IN_REPO = {".git", ".venv", ".venv-ci", "__pycache__", ".pytest_cache"}
 WORKDIR_FILES = {
   "checkpoints",
   "config.json",
+  "eval",  # eval/val_full-step_<N>.json: the full-split validation loss (config.final_validation)
   "metrics.jsonl",
   "metrics.png",
   "parameters.txt",
@@ -109,3 +110,6 @@ def test_a_run_writes_only_its_workdir_and_cache_and_resumes_without_loss(tmp_pa
   records = [json.loads(line) for line in (w / "metrics.jsonl").read_text().splitlines()]
   assert [m["step"] for m in records if "train/loss" in m] == [1, 2, 3, 4, 5]
   assert [m["step"] for m in records if "eval/loss" in m] == [3, 5]  # each invocation's final eval
+  # each invocation's full-split validation loss, in the final eval row and in eval/
+  assert [m["step"] for m in records if "val_full/loss" in m] == [3, 5]
+  assert sorted(os.listdir(w / "eval")) == ["val_full-step_3.json", "val_full-step_5.json"]

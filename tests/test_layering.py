@@ -36,6 +36,7 @@ LAYER_OF_PREFIX = {  # longest matching prefix wins
   "cbert_jax.evaluate": 2,
   "cbert_jax.sweep": 2,
   "cbert_jax.trained": 2,  # a run read back from its workdir (beside evaluate)
+  "cbert_jax.validation": 2,  # the full-split validation loss (the trainer's end, a CLI)
   "cbert_jax.main": 3,
   "cbert_jax.embed": 3,
   "cbert_jax.export": 3,  # the entry points

@@ -30,6 +30,7 @@ def tiny_config(cache_dir, model="crossbert", **overrides):
   c.optim.warmup_steps = 2
   c.peak_flops = 1e11  # skip the start-up matmul measurement in tests
   c.plot = False
+  c.final_validation = False  # tests/test_validation.py and the trained_run fixture turn it on
   for key, value in overrides.items():
     node = c
     *parents, leaf = key.split(".")

@@ -29,12 +29,13 @@ NOT_EXPORTED = {
 
 
 def eval_files(workdir: str, step: int) -> list[str]:
-  """The suites' result files of `step`: eval/[<suite>-]step_<N>[-<hash>].json, sorted."""
+  """The suites' result files of `step`: eval/[<suite>-]step_<N>[-<hash>].json, sorted (not
+  eval/val_full-step_<N>.json, the full-split validation loss of cbert_jax/validation.py)."""
   pattern = re.compile(rf"^(?:[\w.]+-)?step_{step}(?:-[0-9a-f]+)?\.json$")
   return sorted(
     p
     for p in glob.glob(os.path.join(workdir, "eval", "*.json"))
-    if pattern.match(os.path.basename(p))
+    if pattern.match(os.path.basename(p)) and not os.path.basename(p).startswith("val_full-")
   )
 
 
