@@ -55,7 +55,14 @@ def toy_tasks(monkeypatch):
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory, cache_dir):
   """A factory: `trained_run(model)` is the workdir of a tiny `model` run (d32L2, 2 steps, one
-  checkpoint), trained once per session and shared by the tests that read trained runs back."""
+  checkpoint, the full-split validation file), trained once per test session and shared by the
+  tests that read trained runs back. Under xdist the workers share it: the first to need a run
+  trains it under a file lock, the others wait and reuse it (pytest-xdist's documented pattern).
+  Tests copy a run before changing it."""
+  import fcntl  # pylint: disable=import-outside-toplevel
+
+  base = tmp_path_factory.getbasetemp()
+  shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this session's root
   runs = {}
 
   def get(model: str = "crossbert") -> str:
@@ -63,11 +70,15 @@ def trained_run(tmp_path_factory, cache_dir):
       from cbert_jax import train  # pylint: disable=import-outside-toplevel
       from tests.test_train import tiny_config  # pylint: disable=import-outside-toplevel
 
-      workdir = str(tmp_path_factory.mktemp(f"trained_{model}"))
-      config = tiny_config(cache_dir, model, total_steps=2, checkpoint_every=2)
-      config.final_validation = True  # eval/val_full-step_2.json, read by test_validation.py
-      train.run(config, workdir)
-      runs[model] = workdir
+      workdir = shared / f"trained_{model}"
+      with open(shared / f"trained_{model}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (workdir / "TRAINED").exists():
+          config = tiny_config(cache_dir, model, total_steps=2, checkpoint_every=2)
+          config.final_validation = True  # eval/val_full-step_2.json, read by test_validation.py
+          train.run(config, str(workdir))
+          (workdir / "TRAINED").touch()
+      runs[model] = str(workdir)
     return runs[model]
 
   return get

@@ -32,6 +32,7 @@ def cli(workdir, cache_dir, *extra, config="experiments/smoke.py"):
     "--config.peak_flops=1e11",
     "--config.plot=false",
     "--config.eval_batches=1",
+    "--config.final_validation=false",  # tested in test_validation.py and test_files_created.py
     *extra,
   ]
 

@@ -24,6 +24,7 @@ def sweep(root, cache) -> subprocess.CompletedProcess:
     f"--config.data.cache_dir={cache}",
     "--config.peak_flops=1e11",
     "--config.plot=false",
+    "--config.final_validation=false",
     "--config.eval_batches=1",
     "--config.total_steps=2",
   ]

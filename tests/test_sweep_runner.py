@@ -34,6 +34,7 @@ def tiny_overrides(cache) -> dict:
     "peak_flops": 1e11,
     "plot": False,
     "eval_batches": 1,
+    "final_validation": False,
   }
 
 

@@ -71,6 +71,7 @@ def get_config(arg=None):
   c.data.vocab_size = 400
   c.optim.warmup_steps = 2
   c.peak_flops = 1e11  # skip the start-up matmul measurement
+  c.final_validation = False  # not what the launch simulations test
   c.plot = False
   c.sweep.target_devices = SCALES[scale]
   c.evals.tasks = TOY_TASK
