@@ -73,6 +73,7 @@ import numpy as np
 from flax import nnx
 
 from cbert_jax import checkpoint as ckpt_lib
+from cbert_jax import metrics as metrics_lib
 from cbert_jax import sharding, trained
 from cbert_jax.data import prepare, settings
 from cbert_jax.errors import CheckpointError, ConfigError
@@ -266,7 +267,7 @@ def full_split_loss(
 
 # ------------------------------------------------------------------------------ files ---
 def output_path(workdir: str, step: int) -> str:
-  return os.path.join(workdir, "eval", f"val_full-step_{int(step)}.json")
+  return metrics_lib.val_full_path(workdir, step)
 
 
 def record(step: int, result: Result, model_name: str, seed: int = MASK_SEED) -> dict:

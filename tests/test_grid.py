@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from cbert_jax import config_lib
+from cbert_jax import metrics as metrics_lib
 from cbert_jax.scaling import grid as grid_lib
 from cbert_jax.scaling import laws as laws_lib
 from cbert_jax.scaling import members as members_lib
@@ -41,10 +42,25 @@ def load_module(name, path):
 
 
 def write_member(
-  root, name, model, size, n, compute, rows, lr, loss, final_step=None, total_steps=100, failed=""
+  root,
+  name,
+  model,
+  size,
+  n,
+  compute,
+  rows,
+  lr,
+  loss,
+  final_step=None,
+  total_steps=100,
+  failed="",
+  eval_loss=None,
+  val_full=True,
 ):
-  """A member workdir as train.run leaves it: config.json and metrics.jsonl (eval/loss at the
-  end), optionally cut short at `final_step` or marked FAILED."""
+  """A member workdir as train.run leaves it: config.json, metrics.jsonl (eval/loss at the end:
+  `eval_loss`, default `loss`) and, for a finished run (unless `val_full` is False), the
+  full-split validation record with `loss`; optionally cut short at `final_step` or marked
+  FAILED."""
   wd = os.path.join(root, name)
   os.makedirs(wd)
   cfg = {
@@ -65,10 +81,14 @@ def write_member(
     {"step": 10, "train/loss": loss + 1.0},
     {"step": last // 2, "eval/loss": loss + 0.5},
     {"step": last, "train/loss": loss + 0.1},
-    {"step": last, "eval/loss": loss},
+    {"step": last, "eval/loss": loss if eval_loss is None else eval_loss},
   ]
   with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
     f.write("".join(json.dumps(r) + "\n" for r in rows_out))
+  if val_full and final_step is None and not failed:
+    os.makedirs(os.path.join(wd, "eval"))
+    with open(metrics_lib.val_full_path(wd, total_steps), "w") as f:
+      json.dump({"step": total_steps, "loss": loss, "masked_acc": 0.1}, f)
   if failed:
     with open(os.path.join(wd, "FAILED"), "w") as f:
       f.write(failed + "\n")
@@ -161,8 +181,9 @@ def test_fit_recovers_exponents_writes_laws_and_plot_the_sweep_reads(tmp_path, c
   assert prov["models"] == ["bert", "crossbert"] and prov["skipped"] == [] and prov["created"]
   assert prov["grid"] == os.path.abspath(root) and "grid fit --grid" in prov["command"]
   assert laws.source.startswith(f"fit: {os.path.abspath(root)} (7 sizes), 20")
-  with open(os.path.join(root, "laws.png"), "rb") as f:
-    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  for png in ("laws.png", "grid.png"):
+    with open(os.path.join(root, png), "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   # One architecture alone; another output path (the plot goes next to it).
   out_file = str(tmp_path / "fits" / "bert.json")
   assert (
@@ -256,6 +277,39 @@ def test_unfinished_skipped_diverged_kept_and_edge_refused_unless_allowed(tmp_pa
   assert not any("edge" in w for w in result.warnings) and not result.skipped
   assert result.plot_path is None and os.path.exists(os.path.join(inner, "laws.json"))
   assert result.laws.overridden == () and "overridden" not in result.laws.source
+
+
+def test_members_are_judged_by_the_full_split_loss_unless_told_otherwise(tmp_path, capsys):
+  """The default metric is the full-split validation loss; eval/loss (the first rows of the
+  split) only with --metric eval_loss; a finished member without the full-split record is
+  skipped with the backfill command, never judged by eval/loss instead."""
+  root = str(tmp_path / "grid")
+  best = make_grid(root, SIZES[:3])
+  model, size, n = SIZES[1]
+  compute = 120.0 * n * n
+  winner = best[(model, size)]
+  # A member whose eval/loss beats the size's best but whose full-split loss does not ...
+  write_member(root, "decoy", model, size, int(n), compute, 7, 0.0123, 99.0, eval_loss=-1.0)
+  # ... and one whose full-split record is missing (a run from before val_full).
+  write_member(root, "old", model, size, int(n), compute, 9, 0.0123, -2.0, val_full=False)
+  assert grid_lib.main(["fit", "--grid", root, "--no_plot", "--bootstrap", "0"]) == 0
+  out = capsys.readouterr()
+  assert "old (finished, but no eval/val_full-step_100.json" in out.err
+  assert "python -m cbert_jax.validation --root GRID" in out.err
+  laws = laws_lib.load(os.path.join(root, "laws.json"))
+  assert laws.provenance["metric"] == "val_full" and "full-split" in laws.provenance["selection"]
+  runs = {(r["model"], r["size"]): r for r in laws.provenance["runs"]}
+  assert runs[model, size]["name"] == winner[0]
+  result = grid_lib.fit_grid(root, n_boot=0, plot=False, metric="eval_loss")
+  eval_runs = {(r["model"], r["size"]): r["name"] for r in result.laws.provenance["runs"]}
+  assert result.laws.provenance["metric"] == "eval_loss" and not result.skipped
+  assert eval_runs[model, size] == "old"  # eval/loss -2.0 is the lowest there
+  with pytest.raises(ValueError, match="metric"):
+    grid_lib.fit_grid(root, metric="loss")
+  # The record is where cbert_jax.validation writes it.
+  from cbert_jax import validation  # pylint: disable=import-outside-toplevel
+
+  assert validation.output_path(root, 7) == metrics_lib.val_full_path(root, 7)
 
 
 def test_few_sizes_refused_unless_allowed_and_every_failed_check_named(tmp_path, capsys):

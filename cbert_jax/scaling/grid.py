@@ -2,12 +2,16 @@ r"""Fit the hyperparameter laws from a finished batch-size x LR grid (SPEC §5).
 
   python -m cbert_jax.scaling.grid fit --grid runs/hparam_grid_cpu \
       [--out FILE] [--model bert|crossbert|all] [--bootstrap 10000] [--seed 0] \
-      [--allow_few_sizes] [--allow_edges] [--allow_implausible]
+      [--metric val_full|eval_loss] [--allow_few_sizes] [--allow_edges] [--allow_implausible]
 
 Reads every member workdir under `--grid` (the subdirectories with a config.json, as
 `experiments/hparam_grid.py` run by `python -m cbert_jax.main` leaves them): the member's resolved
 config (model, size, N = `sweep.n_params`, compute C = `sweep.compute`, rows, seq_len, peak LR,
-total_steps) and its metrics.jsonl (the validation loss `eval/loss` at the final step). Then:
+total_steps), its metrics.jsonl and its final validation loss (`--metric`, `grid_read.METRICS`):
+`val_full` (default), the full-split loss `cbert_jax.validation` writes at the end of a run (with
+masks from a fixed key, identical for every member; backfill older runs with `python -m
+cbert_jax.validation --root GRID`), or `eval_loss`, the trainer's eval/loss on the first rows of
+the split (biased and batch-dependent; for grids from before val_full). Then:
   * members whose last logged step is short of total_steps are skipped, with a warning listing
     them; a member that diverged (non-finite loss, or a FAILED file saying so) stays in the grid
     as a loss of +inf: it bounds the grid, it is never the best;
@@ -33,7 +37,8 @@ total_steps) and its metrics.jsonl (the validation loss `eval/loss` at the final
     the runs skipped and why, the models pooled, the checks and exponent bounds, when -- and
     `source` "fit: <grid> (<n> sizes), <date>"; draws `<out dir>/laws.png` (log-log: lr* and B*
     against C and N, fitted lines with bootstrap bands, every grid point coloured by its loss
-    above its size's best); prints a table.
+    above its size's best) and `grid.png` (per size, final validation loss against LR, one line
+    per batch size); prints a table.
 
 Exponent bounds (`EXPONENT_BOUNDS`), fixed from the literature before looking at any grid:
   * lr*(C) exponent in [-0.5, 0]. The optimal LR should not grow with compute: DeepSeek LLM (Bi et
@@ -66,8 +71,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import math
 import os
 import sys
 import time
@@ -75,10 +78,10 @@ from collections.abc import Collection
 
 import numpy as np
 
-from cbert_jax import metrics as metrics_lib
-from cbert_jax import plotting
 from cbert_jax.scaling import fit as fit_lib
 from cbert_jax.scaling import laws as laws_lib
+from cbert_jax.scaling.grid_plot import draw, draw_curves
+from cbert_jax.scaling.grid_read import METRICS, GridError, Member, Optimum, read_grid
 
 CI_LEVEL = fit_lib.LEVEL  # the intervals' level (bootstrap and t)
 MIN_SIZES = 3  # sizes a law needs (check few_sizes)
@@ -97,139 +100,19 @@ CHECKS = {
   "implausible": "--allow_implausible",
 }
 MODELS = ("bert", "crossbert")
-MARKERS = {"bert": "o", "crossbert": "s", "crossbert-nocms": "^"}
-LAWS_FILE, PLOT_FILE = "laws.json", "laws.png"
-
-
-class GridError(Exception):
-  """Bad input to the fit: one line, naming the path; the CLI exits 2."""
-
-
-@dataclasses.dataclass
-class Member:
-  """One grid member's settings and outcome, read from its workdir."""
-
-  name: str  # the sub-workdir's name
-  arch: str  # model name, "-nocms" for CrossBERT without CMS
-  model: str  # bert | crossbert
-  size: str  # ladder rung
-  n_params: int  # sweep.n_params (N under sweep.n_definition)
-  n_definition: str  # sweep.n_definition
-  compute: float  # sweep.compute: training FLOPs of the run
-  batch_size: int  # rows per step
-  seq_len: int  # tokens per row
-  lr: float  # peak LR
-  total_steps: int
-  final_step: int  # the last step in metrics.jsonl (0 without one)
-  loss: float | None  # eval/loss at total_steps; +inf when diverged
-  state: str  # done | diverged | unfinished | failed
-  reason: str = ""  # why it is not done
-
-  @property
-  def batch_tokens(self) -> int:
-    return self.batch_size * self.seq_len
-
-
-@dataclasses.dataclass
-class Optimum:
-  """The best member of one (model, size) and where it sits in that size's grid."""
-
-  best: Member
-  members: list[Member]  # done and diverged members of the size (its grid)
-  edges: list[str]  # e.g. ["highest lr"]: the optimum may lie outside the grid
+LAWS_FILE, PLOT_FILE, CURVES_FILE = "laws.json", "laws.png", "grid.png"
 
 
 @dataclasses.dataclass
 class FitResult:
+  """What fit_grid wrote and why: the laws, the optima they rest on, what was skipped."""
+
   laws: laws_lib.HyperLaws
   optima: list[Optimum]
   skipped: list[Member]
   warnings: list[str]
   laws_path: str
   plot_path: str | None
-
-
-# ------------------------------------------------------------------------------- reading ---
-def _nonfinite(x) -> bool:
-  return isinstance(x, (int, float)) and not math.isfinite(x)
-
-
-def read_member(workdir: str) -> Member | None:
-  """The member in `workdir`, or None when it is not a run (no readable config.json)."""
-  try:
-    with open(os.path.join(workdir, "config.json")) as f:
-      cfg = json.load(f)["config"]
-    sweep = cfg.get("sweep", {})
-    model = str(cfg["model_name"])
-    cms = bool(cfg.get("masking", {}).get("cms", True)) or model != "crossbert"
-    m = Member(
-      name=os.path.basename(os.path.normpath(workdir)),
-      arch=model + ("" if cms else "-nocms"),
-      model=model,
-      size=str(cfg.get("model", {}).get("size", "")) or "custom",
-      n_params=int(sweep.get("n_params", 0)),
-      n_definition=str(sweep.get("n_definition", "")),
-      compute=float(sweep.get("compute", 0.0)),
-      batch_size=int(cfg["batch_size"]),
-      seq_len=int(cfg["data"]["seq_len"]),
-      lr=float(cfg["optim"]["lr"]),
-      total_steps=int(cfg["total_steps"]),
-      final_step=0,
-      loss=None,
-      state="unfinished",
-    )
-  except (OSError, ValueError, KeyError, TypeError):
-    return None
-  rows = [
-    r
-    for r in metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"), missing_ok=True)
-    if isinstance(r.get("step"), int)
-  ]
-  m.final_step = max((r["step"] for r in rows), default=0)
-  final = [r["eval/loss"] for r in rows if r["step"] == m.total_steps and "eval/loss" in r]
-  failed = ""
-  try:
-    with open(os.path.join(workdir, "FAILED")) as f:  # written by the sweep runner
-      failed = f.read().strip()
-  except OSError:
-    pass
-  diverged = "NonFinite" in failed or any(
-    _nonfinite(r.get("train/loss")) or _nonfinite(r.get("eval/loss")) for r in rows
-  )
-  if not m.compute > 0 or not m.n_params > 0:
-    m.state, m.reason = "failed", "no sweep.compute / sweep.n_params: not a sweep or grid member"
-  elif diverged:
-    m.state, m.loss, m.reason = "diverged", math.inf, failed or "non-finite loss"
-  elif final and m.final_step >= m.total_steps:
-    m.state, m.loss = "done", float(final[-1])
-  elif failed:
-    m.state, m.reason = "failed", failed
-  elif m.final_step >= m.total_steps:
-    m.reason = f"no eval/loss at the final step {m.total_steps}"
-  else:
-    m.reason = f"step {m.final_step}/{m.total_steps}"
-  return m
-
-
-def read_grid(grid: str) -> list[Member]:
-  """Every member workdir directly under `grid`, sorted by (arch, compute, batch, lr)."""
-  if not os.path.exists(grid):
-    raise GridError(f"--grid: no such directory {grid!r}")
-  if not os.path.isdir(grid):
-    raise GridError(f"--grid: {grid!r} is not a directory")
-  members = [
-    m
-    for d in sorted(os.listdir(grid))
-    if os.path.isdir(os.path.join(grid, d))
-    for m in [read_member(os.path.join(grid, d))]
-    if m is not None
-  ]
-  if not members:
-    raise GridError(
-      f"--grid: {grid!r} holds no member workdirs (subdirectories with a "
-      "config.json; run experiments/hparam_grid.py into it first)"
-    )
-  return sorted(members, key=lambda m: (m.arch, m.compute, m.batch_size, m.lr))
 
 
 # ---------------------------------------------------------------------------------- fits ---
@@ -339,16 +222,19 @@ def fit_grid(
   plot: bool = True,
   command: str = "",
   allow: Collection[str] = (),
+  metric: str = "val_full",
 ) -> FitResult:
   """Reads the grid, fits the laws, writes laws.json (and laws.png); see the module docstring.
   `n_boot`: bootstrap draws when the exact bootstrap is too large (0 = no bootstrap). `allow`:
   the refusal checks (`CHECKS`) to override; a failed check not in it raises GridError before
   anything is written. `command`: how it was invoked, for the provenance (the CLI passes its
-  command line)."""
+  command line). `metric`: the final validation loss members are judged by (`grid_read.METRICS`)."""
   unknown = sorted(set(allow) - set(CHECKS))
   if unknown:
     raise ValueError(f"allow: unknown check(s) {unknown}; known: {sorted(CHECKS)}")
-  members = read_grid(grid)
+  if metric not in METRICS:
+    raise ValueError(f"metric: expected one of {sorted(METRICS)}, got {metric!r}")
+  members = read_grid(grid, metric)
   optima, skipped, warnings = select(members, model)
   grid_abs = os.path.abspath(grid)
   if (
@@ -395,7 +281,8 @@ def fit_grid(
     "models": models,
     "model_filter": model,
     "n_definition": defs[0],
-    "selection": "lowest eval/loss at the final step per (model, size)",
+    "selection": f"lowest {metric} per (model, size): {METRICS[metric]}",
+    "metric": metric,
     "n_bootstrap": n_boot,
     "exact_bootstrap_limit": fit_lib.EXACT_LIMIT,
     "ci_level": CI_LEVEL,
@@ -444,6 +331,7 @@ def fit_grid(
   if plot:
     plot_path = os.path.join(os.path.dirname(os.path.abspath(laws_path)), PLOT_FILE)
     draw(optima, laws, plot_path, n_boot, seed)
+    draw_curves(optima, os.path.join(os.path.dirname(plot_path), CURVES_FILE), metric)
   return FitResult(
     laws=laws,
     optima=optima,
@@ -452,129 +340,6 @@ def fit_grid(
     laws_path=laws_path,
     plot_path=plot_path,
   )
-
-
-# --------------------------------------------------------------------------------- plots ---
-def _band(x, y, xs, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
-  """Bootstrap percentile band of the fitted line at `xs` (exact or `n_boot` draws, as the
-  laws' intervals; None without a bootstrap)."""
-  if n_boot <= 0:
-    return None
-  boot = fit_lib.bootstrap_line(np.log(x), np.log(y), n_boot, seed)
-  if not boot.weights.size:
-    return None
-  log_y = boot.intercepts[:, None] + boot.slopes[:, None] * np.log(xs)[None, :]
-  lo, hi = fit_lib.percentiles(log_y, boot.weights, CI_LEVEL)
-  return np.exp(lo), np.exp(hi)
-
-
-def _profile(o: Optimum, ykey: str) -> dict[float, float]:
-  """{value of `ykey` (lr | batch_tokens): the lowest loss of the size's members at it}."""
-  best_at: dict[float, float] = {}
-  for m in o.members:
-    y = float(getattr(m, ykey))
-    best_at[y] = min(best_at.get(y, math.inf), m.loss)
-  return best_at
-
-
-def draw(
-  optima: list[Optimum], laws: laws_lib.HyperLaws, path: str, n_boot: int = 1000, seed: int = 0
-) -> None:
-  """laws.png: lr* and B* against C (top) and N (bottom), log-log; each grid point coloured by
-  its final loss above the best of its size (the lowest over the other hyperparameter where
-  several share an x, y), diverged points as grey crosses, the optima as stars."""
-  Figure, FigureCanvasAgg = plotting.matplotlib_classes(  # pylint: disable=invalid-name
-    os.path.join(os.path.dirname(path), ".matplotlib")
-  )
-  # After plotting's first import, the rest of matplotlib imports as usual.
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  from matplotlib import cm, colors  # pylint: disable=import-outside-toplevel
-
-  # Per optimum and y field: y -> the lowest loss over the other hyperparameter (what is drawn).
-  profiles = {(id(o), ykey): _profile(o, ykey) for o in optima for ykey in ("lr", "batch_tokens")}
-  deltas = [
-    loss - o.best.loss
-    for o in optima
-    for ykey in ("lr", "batch_tokens")
-    for loss in profiles[id(o), ykey].values()
-    if math.isfinite(loss)
-  ]
-  norm = colors.Normalize(0.0, max(max(deltas), 1e-6))
-  cmap = matplotlib.colormaps["viridis"]
-  fig = Figure(figsize=(11, 8.5))
-  panels = (
-    (laws.lr, "compute", "lr", "peak LR"),
-    (laws.batch_tokens, "compute", "batch_tokens", "batch (tokens)"),
-    (laws.lr_n, "n_params", "lr", "peak LR"),
-    (laws.batch_tokens_n, "n_params", "batch_tokens", "batch (tokens)"),
-  )
-  for i, (law, xkey, ykey, ylabel) in enumerate(panels):
-    ax = fig.add_subplot(2, 2, i + 1)
-    for o in optima:
-      x0 = getattr(o.best, xkey)  # the size's x (C differs slightly with the batch)
-      marker = MARKERS.get(o.best.arch, "o")
-      for y, loss in profiles[id(o), ykey].items():
-        if math.isfinite(loss):
-          ax.scatter(
-            [x0],
-            [y],
-            c=[cmap(norm(loss - o.best.loss))],
-            marker=marker,
-            s=36,
-            edgecolors="none",
-            zorder=2,
-          )
-        else:
-          ax.scatter([x0], [y], c="0.6", marker="x", s=30, zorder=2)
-      ax.scatter(
-        [x0],
-        [getattr(o.best, ykey)],
-        marker="*",
-        s=180,
-        facecolors="none",
-        edgecolors="k",
-        linewidths=1.2,
-        zorder=3,
-      )
-    x = np.array([getattr(o.best, xkey) for o in optima], np.float64)
-    y = np.array([getattr(o.best, ykey) for o in optima], np.float64)
-    xs = np.geomspace(x.min() / 1.5, x.max() * 1.5, 40)
-    band = _band(x, y, xs, n_boot, seed)
-    if band is not None:
-      ax.fill_between(
-        xs,
-        band[0],
-        band[1],
-        color="tab:red",
-        alpha=0.15,
-        lw=0,
-        label=f"{int(CI_LEVEL * 100)}% bootstrap band ({(law.bootstrap or {}).get('method')})",
-      )
-    ci = f" [{law.alpha_ci[0]:.3f}, {law.alpha_ci[1]:.3f}]" if law.alpha_ci else ""
-    ax.plot(
-      xs,
-      law(xs),
-      color="tab:red",
-      lw=1.2,
-      label=f"{law.a:.3g} {'C' if xkey == 'compute' else 'N'}^{law.alpha:.3f}{ci}",
-    )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("training compute C (FLOPs)" if xkey == "compute" else "N (parameters)")
-    ax.set_ylabel(ylabel)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-  fig.colorbar(
-    cm.ScalarMappable(norm=norm, cmap=cmap),
-    ax=fig.axes,
-    label="final val loss - best of its size (grey x: diverged; star: best)",
-  )
-  fig.suptitle(
-    f"hyperparameter laws ({', '.join(sorted({o.best.arch for o in optima}))}; "
-    "markers: o bert, s crossbert)",
-    fontsize=10,
-  )
-  FigureCanvasAgg(fig).print_png(path)
 
 
 # ---------------------------------------------------------------------------------- table ---
@@ -664,6 +429,13 @@ def main(argv=None) -> int:
     "up to 10 sizes) is too large (0 = no bootstrap)",
   )
   f.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+  f.add_argument(
+    "--metric",
+    default="val_full",
+    choices=tuple(METRICS),
+    help="the final validation loss each member is judged by: "
+    + "; ".join(f"{k}: {v}" for k, v in METRICS.items()),
+  )
   f.add_argument("--no_plot", action="store_true", help=f"skip {PLOT_FILE}")
   for check, flag in CHECKS.items():
     f.add_argument(
@@ -687,6 +459,7 @@ def main(argv=None) -> int:
       plot=not ns.no_plot,
       command=command,
       allow=[k for k, flag in CHECKS.items() if getattr(ns, flag.lstrip("-"))],
+      metric=ns.metric,
     )
   except GridError as e:
     print(f"grid error: {e}", file=sys.stderr)

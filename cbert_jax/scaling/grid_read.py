@@ -1,0 +1,165 @@
+"""A hyperparameter grid's members, read back from their workdirs (SPEC §5).
+
+`read_grid(grid)` reads every member workdir under a grid directory (the subdirectories with a
+config.json, as `experiments/hparam_grid.py` run by `python -m cbert_jax.main` leaves them): the
+member's resolved config (model, size, N = `sweep.n_params`, compute C = `sweep.compute`, rows,
+seq_len, peak LR, total_steps), its metrics.jsonl and its final validation loss. `Member` is one
+such run; `Optimum` the best member of one (model, size) and the grid it was chosen from.
+`cbert_jax.scaling.grid` fits the laws from them; `cbert_jax.scaling.grid_plot` draws them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+from cbert_jax import metrics as metrics_lib
+
+# The final validation loss a member is judged by (`--metric`).
+METRICS = {
+  # cbert_jax.validation: the training loss on every row of the validation split, masks from a
+  # fixed key (the same for every run); the trainer writes it at the end, the CLI backfills it
+  "val_full": "full-split validation loss at the final step (eval/val_full-step_<N>.json)",
+  # the trainer's eval/loss: the first eval_batches x batch_size rows, the run's own masks (a
+  # biased, batch-dependent sample; kept for grids run before val_full existed)
+  "eval_loss": "eval/loss at the final step (metrics.jsonl)",
+}
+
+
+class GridError(Exception):
+  """Bad input to the fit: one line, naming the path; the CLI exits 2."""
+
+
+@dataclasses.dataclass
+class Member:
+  """One grid member's settings and outcome, read from its workdir."""
+
+  name: str  # the sub-workdir's name
+  arch: str  # model name, "-nocms" for CrossBERT without CMS
+  model: str  # bert | crossbert
+  size: str  # ladder rung
+  n_params: int  # sweep.n_params (N under sweep.n_definition)
+  n_definition: str  # sweep.n_definition
+  compute: float  # sweep.compute: training FLOPs of the run
+  batch_size: int  # rows per step
+  seq_len: int  # tokens per row
+  lr: float  # peak LR
+  total_steps: int
+  final_step: int  # the last step in metrics.jsonl (0 without one)
+  loss: float | None  # the grid's metric (METRICS) at total_steps; +inf when diverged
+  state: str  # done | diverged | unfinished | failed
+  reason: str = ""  # why it is not done
+
+  @property
+  def batch_tokens(self) -> int:
+    return self.batch_size * self.seq_len
+
+
+@dataclasses.dataclass
+class Optimum:
+  """The best member of one (model, size) and where it sits in that size's grid."""
+
+  best: Member
+  members: list[Member]  # done and diverged members of the size (its grid)
+  edges: list[str]  # e.g. ["highest lr"]: the optimum may lie outside the grid
+
+
+# ------------------------------------------------------------------------------- reading ---
+def _nonfinite(x) -> bool:
+  return isinstance(x, (int, float)) and not math.isfinite(x)
+
+
+def read_member(workdir: str, metric: str = "val_full") -> Member | None:
+  """The member in `workdir`, or None when it is not a run (no readable config.json). Its `loss`
+  is `metric` (`METRICS`) at total_steps."""
+  if metric not in METRICS:
+    raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
+  try:
+    with open(os.path.join(workdir, "config.json")) as f:
+      cfg = json.load(f)["config"]
+    sweep = cfg.get("sweep", {})
+    model = str(cfg["model_name"])
+    cms = bool(cfg.get("masking", {}).get("cms", True)) or model != "crossbert"
+    m = Member(
+      name=os.path.basename(os.path.normpath(workdir)),
+      arch=model + ("" if cms else "-nocms"),
+      model=model,
+      size=str(cfg.get("model", {}).get("size", "")) or "custom",
+      n_params=int(sweep.get("n_params", 0)),
+      n_definition=str(sweep.get("n_definition", "")),
+      compute=float(sweep.get("compute", 0.0)),
+      batch_size=int(cfg["batch_size"]),
+      seq_len=int(cfg["data"]["seq_len"]),
+      lr=float(cfg["optim"]["lr"]),
+      total_steps=int(cfg["total_steps"]),
+      final_step=0,
+      loss=None,
+      state="unfinished",
+    )
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+  rows = [
+    r
+    for r in metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"), missing_ok=True)
+    if isinstance(r.get("step"), int)
+  ]
+  m.final_step = max((r["step"] for r in rows), default=0)
+  if metric == "val_full":
+    try:
+      rec = metrics_lib.read_val_full(workdir, m.total_steps)
+    except ValueError as e:
+      raise GridError(str(e)) from e
+    final = [float(rec["loss"])] if rec is not None else []
+  else:
+    final = [r["eval/loss"] for r in rows if r["step"] == m.total_steps and "eval/loss" in r]
+  failed = ""
+  try:
+    with open(os.path.join(workdir, "FAILED")) as f:  # written by the sweep runner
+      failed = f.read().strip()
+  except OSError:
+    pass
+  diverged = "NonFinite" in failed or any(
+    _nonfinite(r.get("train/loss")) or _nonfinite(r.get("eval/loss")) for r in rows
+  )
+  if not m.compute > 0 or not m.n_params > 0:
+    m.state, m.reason = "failed", "no sweep.compute / sweep.n_params: not a sweep or grid member"
+  elif diverged:
+    m.state, m.loss, m.reason = "diverged", math.inf, failed or "non-finite loss"
+  elif final and m.final_step >= m.total_steps:
+    m.state, m.loss = "done", float(final[-1])
+  elif failed:
+    m.state, m.reason = "failed", failed
+  elif m.final_step >= m.total_steps:
+    m.reason = (
+      f"finished, but no {metrics_lib.val_full_path('', m.total_steps)} (backfill: python -m "
+      "cbert_jax.validation --root GRID)"
+      if metric == "val_full"
+      else f"no eval/loss at the final step {m.total_steps}"
+    )
+  else:
+    m.reason = f"step {m.final_step}/{m.total_steps}"
+  return m
+
+
+def read_grid(grid: str, metric: str = "val_full") -> list[Member]:
+  """Every member workdir directly under `grid`, sorted by (arch, compute, batch, lr); each
+  member's loss is `metric` at its final step."""
+  if not os.path.exists(grid):
+    raise GridError(f"--grid: no such directory {grid!r}")
+  if not os.path.isdir(grid):
+    raise GridError(f"--grid: {grid!r} is not a directory")
+  members = [
+    m
+    for d in sorted(os.listdir(grid))
+    if os.path.isdir(os.path.join(grid, d))
+    for m in [read_member(os.path.join(grid, d), metric)]
+    if m is not None
+  ]
+  if not members:
+    raise GridError(
+      f"--grid: {grid!r} holds no member workdirs (subdirectories with a "
+      "config.json; run experiments/hparam_grid.py into it first)"
+    )
+  return sorted(members, key=lambda m: (m.arch, m.compute, m.batch_size, m.lr))
