@@ -76,6 +76,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_batches = 4  # validation batches per eval (fixed rows, fixed masks)
   c.final_validation = True  # at the end of a run: the training loss on every validation row,
   # masks from a fixed key (cbert_jax/validation.py) -> workdir/eval/val_full-step_<N>.json
+  c.val_full_every = 0  # steps between full-split validations during the run (the same metric
+  # and file per step; val_full/* rows in metrics.jsonl); 0 = only the final one
   c.stop_after_step = 0  # > 0: checkpoint and exit after this step, as on preemption
   c.allow_config_change = False  # resume a workdir whose config.json differs in fields that
   # change the run (the error lists them; cbert_jax/workdir.py)
@@ -471,6 +473,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
       raise ConfigError(f"{name} must be >= 1, got {value}")
   for name, value, zero in (
     ("eval_every", config.eval_every, "only at the end"),
+    ("val_full_every", config.val_full_every, "only at the end"),
     ("evals.every", config.evals.every, "off"),
     ("stop_after_step", config.stop_after_step, "off"),
     ("num_devices", config.num_devices, "all"),

@@ -284,11 +284,12 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
       )
     return online.flatten(res)
 
-  def final_validation(step: int) -> tuple[dict, dict]:
+  def full_validation(step: int) -> tuple[dict, dict]:
     """The full-split validation metric (cbert_jax/validation.py) of the current parameters:
     every process computes it, process 0 writes eval/val_full-step_<step>.json. Returns (its
-    record, metrics for the final eval row: val_full/*, time/final_validation_s)."""
-    with timers.span("final_validation"), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+    record, metrics for its row: val_full/*, time/full_validation_s: this call's seconds)."""
+    before = timers.totals().get("full_validation", 0.0)
+    with timers.span("full_validation"), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
       res = validation.full_split_loss(
         graphdef,
         params,
@@ -301,7 +302,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
         process_count=jax.process_count(),
         log=logging.info,
       )
-    seconds = timers.totals()["final_validation"]
+    seconds = timers.totals()["full_validation"] - before
     path = (
       validation.write(workdir, step, res, config.model_name)
       if is_primary
@@ -324,7 +325,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
       path,
     )
     return validation.record(step, res, config.model_name), out | {
-      "time/final_validation_s": seconds
+      "time/full_validation_s": seconds
     }
 
   # ------------------------------------------------------------------ loop ---
@@ -461,7 +462,12 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
       saving = step % config.checkpoint_every == 0 and step < total_steps
       probing = config.evals.every and step % config.evals.every == 0
       evaluating = config.eval_every and step % config.eval_every == 0 and step < total_steps
-      if not (is_log or stopping or saving or probing or evaluating or step == total_steps):
+      validating = (
+        config.val_full_every and step % config.val_full_every == 0 and step < total_steps
+      )
+      if not (
+        is_log or stopping or saving or probing or evaluating or validating or step == total_steps
+      ):
         continue
       index_of = {s: i for s, _, _, i in pending}
       window, spikes = sync()  # the only host sync; raises on NaN/inf
@@ -522,6 +528,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
 
       if probing:
         writer.write(step, probe())
+      if validating:  # the full-split loss during the run (the final one comes after the loop)
+        _, extra = full_validation(step)
+        writer.write(step, extra | {"tokens_seen": step * tokens_per_step})
 
       if stopping and step == total_steps:  # the last step: finish normally (final eval)
         stopping = False
@@ -547,7 +556,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
       final_row = dict(last_eval)
       try:
         if config.final_validation:  # after the last checkpoint: a failure here loses no training
-          val_full, extra = final_validation(step)
+          val_full, extra = full_validation(step)
           final_row |= extra
       finally:
         writer.write(step, final_row)  # the final eval row (with val_full/*): the last row

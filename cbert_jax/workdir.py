@@ -34,6 +34,7 @@ RESUMABLE = (
   "eval_every",
   "eval_batches",
   "final_validation",  # the full-split validation loss at the end (cbert_jax/validation.py)
+  "val_full_every",  # ... and during the run
   "evals.",  # evaluation during and after training
   "plot",  # metrics.png at the end
   "num_devices",

@@ -10,7 +10,9 @@ tokens with its LR and batch size from the hyperparameter laws, then gets the fr
   python -m launch.sweep --config experiments/sweep.py --backend slurm   # fan out (paper scale)
 
 Arguments: a scale name (`paper`, `cpu`, `quick`, `auto`), or `scale=`, `model=` (bert |
-crossbert), `size=` (a ladder rung) and `cms=` (CrossBERT's complementary masking; default true).
+crossbert), `size=` (a ladder rung), `cms=` (CrossBERT's complementary masking; default true) and
+`seed=` (config.seed: init, data order and masks; default 0; a member of seed k > 0 is named
+`<member>_s<k>`). A scale trains every member once per seed in its `seeds` (cpu: 2 seeds).
 With model and size the config is one member (mode=train); without, the whole sweep (mode=sweep).
 Any `--config.X=V` given for the whole sweep applies to every member.
 
@@ -62,14 +64,19 @@ CPU_SIZES = ("d32L2", "d64L2", "d96L3", "d128L3")
 
 SCALES = {
   # scale: BERT sizes, CrossBERT+CMS sizes, controls (model, size, cms), tokens per parameter
-  "paper": dict(bert=PAPER_SIZES[:8], crossbert=PAPER_SIZES, controls=(), tokens_per_param=20.0),
+  "paper": dict(
+    bert=PAPER_SIZES[:8], crossbert=PAPER_SIZES, controls=(), tokens_per_param=20.0, seeds=(0,)
+  ),
   "cpu": dict(
     bert=CPU_SIZES,
     crossbert=CPU_SIZES,
     controls=(("crossbert", "d96L3", False),),
     tokens_per_param=20.0,
+    seeds=(0, 1),
   ),
-  "quick": dict(bert=CPU_SIZES[:3], crossbert=CPU_SIZES[:3], controls=(), tokens_per_param=5.0),
+  "quick": dict(
+    bert=CPU_SIZES[:3], crossbert=CPU_SIZES[:3], controls=(), tokens_per_param=5.0, seeds=(0,)
+  ),
 }
 SCALE_NAMES = (*SCALES, "auto")
 
@@ -78,7 +85,7 @@ def _parse(arg):
   arg = (arg or "").strip()
   if arg in SCALE_NAMES:
     arg = f"scale={arg}"
-  return config_lib.parse_arg(arg, scale="", model="", size="", cms=True)
+  return config_lib.parse_arg(arg, scale="", model="", size="", cms=True, seed=0)
 
 
 def _scale_of(size: str) -> str:
@@ -92,13 +99,18 @@ def _scale_of(size: str) -> str:
   )
 
 
-def member_arg(scale: str, model: str, size: str, cms: bool = True) -> str:
-  return f"scale={scale},model={model},size={size}" + ("" if cms else ",cms=false")
+def member_arg(scale: str, model: str, size: str, cms: bool = True, seed: int = 0) -> str:
+  return (
+    f"scale={scale},model={model},size={size}"
+    + ("" if cms else ",cms=false")
+    + (f",seed={seed}" if seed else "")
+  )
 
 
 def get_sweep(arg=None) -> list[str]:
-  """Every member of the scale named by `arg` (default cpu), as get_config args, smallest first
-  (BERT before CrossBERT at each size, controls last)."""
+  """Every member of the scale named by `arg` (default cpu), as get_config args: the whole sweep
+  once per seed of the scale (seed 0 first, so a cut-short run has whole seeds), each smallest
+  first (BERT before CrossBERT at each size, controls last)."""
   scale = _parse(arg).scale or "cpu"
   if scale not in SCALES:
     raise ConfigError(
@@ -108,13 +120,16 @@ def get_sweep(arg=None) -> list[str]:
   s = SCALES[scale]
   order = list(dict.fromkeys((*s["bert"], *s["crossbert"])))
   members = []
-  for size in order:
-    members += [member_arg(scale, m, size) for m in ("bert", "crossbert") if size in s[m]]
-  members += [member_arg(scale, m, size, cms) for m, size, cms in s["controls"]]
+  for seed in s["seeds"]:
+    for size in order:
+      members += [
+        member_arg(scale, m, size, seed=seed) for m in ("bert", "crossbert") if size in s[m]
+      ]
+    members += [member_arg(scale, m, size, cms, seed) for m, size, cms in s["controls"]]
   return members
 
 
-member_name = members_lib.member_name  # bert_d64L2, crossbert_d96L3, crossbert-nocms_d96L3
+member_name = members_lib.member_name  # bert_d64L2, crossbert_d96L3, crossbert-nocms_d96L3_s1
 
 
 def get_config(arg=None):
@@ -152,8 +167,11 @@ def get_config(arg=None):
       f"experiments/sweep.py: {member_name(a.model, a.size, cms)} is not a "
       f"member of the {scale} sweep (members: {', '.join(get_sweep(scale))})"
     )
+  if a.seed < 0:
+    raise ConfigError(f"experiments/sweep.py: seed must be >= 0, got {a.seed}")
   c.mode = "train"
-  c.name = f"sweep_{scale}/{member_name(a.model, a.size, cms)}"
+  c.name = f"sweep_{scale}/{member_name(a.model, a.size, cms, a.seed)}"
+  c.seed = a.seed  # init, data order and masks
   c.model_name = a.model
   c.model.size = a.size
   c.masking.cms = cms

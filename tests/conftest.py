@@ -54,8 +54,8 @@ def toy_tasks(monkeypatch):
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory, cache_dir):
-  """A factory: `trained_run(model)` is the workdir of a tiny `model` run (d32L2, 2 steps, one
-  checkpoint, the full-split validation file), trained once per test session and shared by the
+  """A factory: `trained_run(model)` is the workdir of a tiny `model` run (d32L2, 2 steps,
+  checkpoints and full-split validation files at steps 1 and 2), trained once per test session and shared by the
   tests that read trained runs back. Under xdist the workers share it: the first to need a run
   trains it under a file lock, the others wait and reuse it (pytest-xdist's documented pattern).
   Tests copy a run before changing it."""
@@ -74,8 +74,9 @@ def trained_run(tmp_path_factory, cache_dir):
       with open(shared / f"trained_{model}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (workdir / "TRAINED").exists():
-          config = tiny_config(cache_dir, model, total_steps=2, checkpoint_every=2)
+          config = tiny_config(cache_dir, model, total_steps=2, checkpoint_every=1)
           config.final_validation = True  # eval/val_full-step_2.json, read by test_validation.py
+          config.val_full_every = 1  # ... and eval/val_full-step_1.json during the run
           train.run(config, str(workdir))
           (workdir / "TRAINED").touch()
       runs[model] = str(workdir)

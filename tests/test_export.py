@@ -264,7 +264,7 @@ def test_bad_input_is_one_line_and_never_deletes_user_files(trained_run, tmp_pat
     capsys,
     ["--workdir", workdir, "--out", str(out), "--step", "7"],
     "--step 7",
-    "checkpoints at steps [2]",
+    "checkpoints at steps [1, 2]",
   )
   one_line_error(
     capsys,

@@ -14,6 +14,7 @@ from cbert_jax import config_lib, report
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import flops
 from cbert_jax.scaling import laws as laws_lib
+from cbert_jax.scaling import members as members_lib
 from cbert_jax.scaling import plan
 from tests.test_train import TINY
 
@@ -56,10 +57,50 @@ def test_every_member_of_every_scale_resolves_and_validates_on_its_target_device
   cpu = counts["cpu"]
   assert len({a.split("size=")[1].split(",")[0] for a in cpu}) >= 4  # >= 4 sizes x 2 models
   assert "scale=cpu,model=crossbert,size=d96L3,cms=false" in cpu  # the CMS control
+  # Two seeds on cpu: the same 9 members again with seed=1, named _s1, nothing else changed.
+  assert len(cpu) == 18 and cpu[9:] == [f"{a},seed=1" for a in cpu[:9]]
+  for a0, a1 in ((cpu[0], cpu[9]), (cpu[8], cpu[17])):
+    c0, c1 = (config_lib.resolve(exp.get_config(a)) for a in (a0, a1))
+    assert (c0.seed, c1.seed) == (0, 1)
+    assert c1.name == c0.name + "_s1" and members_lib.config_member_name(c1).endswith("_s1")
+    d0, d1 = c0.to_dict(), c1.to_dict()
+    assert {k for k in d0 if d0[k] != d1[k]} == {"seed", "name", "sweep"}
+    assert {k for k in d0["sweep"] if d0["sweep"][k] != d1["sweep"][k]} == {"arg"}
+  assert len(counts["quick"]) == 6 and not any("seed=" in a for a in counts["quick"])
   # predictor depth = layers / 4 (at least 1) on every CrossBERT rung
   for arg in paper:
     c = config_lib.resolve(exp.get_config(arg))
     assert c.model.predictor_layers == max(1, c.model.num_layers // 4)
+
+
+def test_cms_control_arms_differ_only_in_cms_and_seed():
+  """experiments/cms_control.py: 8 members; within a size both arms train with the CMS member's
+  batch, LR and steps of the cpu sweep, on the same tokens; only masking.cms (and the FLOPs that
+  follow) differ; seeds change config.seed only."""
+  spec = importlib.util.spec_from_file_location(
+    "cms_control_exp", os.path.join(ROOT, "experiments", "cms_control.py")
+  )
+  cc = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(cc)
+  args = cc.get_sweep()
+  names = [cc.workdir_name(a) for a in args]
+  assert len(set(names)) == 8 and "crossbert-nocms_d96L3_s1" in names
+  cfgs = {n: config_lib.resolve(cc.get_config(a)) for n, a in zip(names, args)}
+  sweep_cms = config_lib.resolve(experiment().get_config("scale=cpu,model=crossbert,size=d64L2"))
+  for size in cc.SIZES:
+    cms, nocms = cfgs[f"crossbert_{size}_s0"], cfgs[f"crossbert-nocms_{size}_s0"]
+    for c in (cms, nocms, cfgs[f"crossbert_{size}_s1"]):
+      assert (c.batch_size, c.optim.lr, c.total_steps) == cc.cms_plan(size)
+      assert c.sweep.tokens == cms.sweep.tokens and c.masking.mask_ratio == 0.5
+      assert c.val_full_every > 0 and c.evals.every > 0 and c.evals.probes == "ridge,logreg,knn"
+    assert cms.masking.cms and not nocms.masking.cms
+    assert cms.sweep.compute > nocms.sweep.compute  # the same tokens cost CMS more FLOPs
+    assert cfgs[f"crossbert_{size}_s1"].seed == 1
+  assert cc.cms_plan("d64L2") == (sweep_cms.batch_size, sweep_cms.optim.lr, sweep_cms.total_steps)
+  whole = cc.get_config()
+  assert whole.mode == "sweep" and not whole.sweep.report
+  with pytest.raises(ConfigError, match="size must be one of d64L2, d96L3"):
+    cc.get_config("size=d32L2")
 
 
 def test_member_plan_arithmetic_follows_budget_and_laws():

@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 from cbert_jax import masking, trained, validation
+from cbert_jax import metrics as metrics_lib
 from cbert_jax.data import prepare, settings
 
 
@@ -157,6 +158,8 @@ def test_cli_matches_the_trainer_skips_when_done_and_covers_a_root(trained_run, 
   for m, w in runs.items():
     with open(validation.output_path(w, 2)) as f:
       by_trainer = json.load(f)  # written by the trainer at the end of the fixture's run
+    if m == "bert":
+      by_trainer_bert = by_trainer
     with open(validation.output_path(str(root / m), 2)) as f:
       by_cli = json.load(f)
     assert set(by_cli) >= {
@@ -178,6 +181,21 @@ def test_cli_matches_the_trainer_skips_when_done_and_covers_a_root(trained_run, 
     assert "half" not in by_cli
   electra = by_cli["metrics"]
   assert electra["loss"] == pytest.approx(electra["gen_loss"] + 50.0 * electra["disc_loss"])
+
+  # During the run (val_full_every=1) the trainer wrote step 1's record and metrics row: the
+  # same as the CLI's on the step-1 checkpoint.
+  assert validation.main(["--workdir", str(root / "bert"), "--step", "1"]) == 0
+  assert "step 1: val_full loss" in capsys.readouterr().out
+  with open(validation.output_path(runs["bert"], 1)) as f:
+    mid_trainer = json.load(f)
+  with open(validation.output_path(str(root / "bert"), 1)) as f:
+    mid_cli = json.load(f)
+  assert mid_trainer["step"] == mid_cli["step"] == 1
+  for k in ("loss", "masked_acc"):
+    assert mid_cli[k] == pytest.approx(mid_trainer[k], abs=1e-6), k
+  rows = metrics_lib.read_metrics(os.path.join(runs["bert"], "metrics.jsonl"))
+  logged = {r["step"]: r["val_full/loss"] for r in rows if "val_full/loss" in r}
+  assert logged == pytest.approx({1: mid_trainer["loss"], 2: by_trainer_bert["loss"]}, abs=1e-6)
 
   # A rerun computes nothing: the files are there (also for --workdir, with or without --step).
   assert validation.main(["--root", str(root)]) == 0

@@ -84,14 +84,19 @@ def _set(config: ml_collections.ConfigDict, path: str, value) -> None:
     node[leaf] = value
 
 
-def member_name(model: str, size: str, cms: bool = True) -> str:
-  """A sweep member's name and sub-workdir: bert_d64L2, crossbert_d96L3, crossbert-nocms_d96L3."""
-  return f"{model}{'' if cms or model != 'crossbert' else '-nocms'}_{size}"
+def member_name(model: str, size: str, cms: bool = True, seed: int = 0) -> str:
+  """A sweep member's name and sub-workdir: bert_d64L2, crossbert_d96L3, crossbert-nocms_d96L3;
+  seed k > 0 adds _s<k> (bert_d64L2_s1)."""
+  return f"{model}{'' if cms or model != 'crossbert' else '-nocms'}_{size}" + (
+    f"_s{seed}" if seed else ""
+  )
 
 
 def config_member_name(config: ml_collections.ConfigDict) -> str:
   """`member_name` of a member's config."""
-  return member_name(config.model_name, config.model.size or "custom", config.masking.cms)
+  return member_name(
+    config.model_name, config.model.size or "custom", config.masking.cms, int(config.seed)
+  )
 
 
 def plan(
