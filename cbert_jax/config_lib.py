@@ -258,7 +258,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.sweep.n_definition = "non_embedding"  # which parameters N counts: non_embedding (blocks +
   # predictor / generator) | total | encoder
   c.sweep.laws = ""  # JSON of fitted lr(C), B(C) laws (cbert_jax.scaling.grid fit);
-  # "" = the shipped defaults (cbert_jax/scaling/laws.py says whose)
+  # "shipped:<name>" = a fit shipped in cbert_jax/scaling/fitted/ (cpu-bert, cpu-crossbert);
+  # "" = the published defaults (DeepSeek LLM's; cbert_jax/scaling/laws.py says why)
   c.sweep.law_axis = "compute"  # the laws' x: compute (training FLOPs) | params (N)
   c.sweep.batch_size = 0  # rows per step; 0 = from the batch-size law
   c.sweep.lr = 0.0  # peak LR; 0 = from the LR law

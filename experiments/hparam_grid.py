@@ -127,6 +127,7 @@ def _member_base(scale: str, model: str, size: str) -> ml_collections.ConfigDict
   """experiments/sweep.py's member of this model and size, on the grid's budget, B and LR from
   the laws (the grid sets them)."""
   c = SWEEP.get_config(SWEEP.member_arg(scale, model, size))
+  c.sweep.laws = ""  # centred on the shipped defaults (DeepSeek LLM's), whatever the sweep uses
   c.sweep.experiment = __file__
   c.sweep.tokens_per_param = GRIDS[scale]["tokens_per_param"]
   c.sweep.probe = False  # the grid needs validation losses only

@@ -373,6 +373,22 @@ def test_implausible_exponent_refused_unless_allowed_and_the_sweep_warns(tmp_pat
   assert m.sweep.laws_source.endswith("checks overridden: implausible")
 
 
+def test_shipped_laws_load_by_name_and_unknown_names_are_listed(tmp_path, monkeypatch):
+  root = str(tmp_path / "grid")
+  make_grid(root, SIZES[:3])
+  fitted = tmp_path / "fitted"
+  grid_lib.fit_grid(root, str(fitted / "cpu-bert.json"), model="bert", n_boot=0, plot=False)
+  monkeypatch.setattr(laws_lib, "SHIPPED_DIR", str(fitted))
+  assert laws_lib.shipped_names() == ["cpu-bert"]
+  shipped = laws_lib.load("shipped:cpu-bert")
+  assert shipped == laws_lib.load(str(fitted / "cpu-bert.json"))
+  assert shipped.provenance["model_filter"] == "bert"
+  with pytest.raises(
+    config_lib.ConfigError, match=r"no shipped laws named 'cpu-x'; shipped: cpu-bert"
+  ):
+    laws_lib.load("shipped:cpu-x")
+
+
 def test_bad_grid_input_is_one_line_naming_the_path_exit_2(tmp_path, capsys):
   missing = str(tmp_path / "nope")
   empty = tmp_path / "empty"

@@ -79,11 +79,41 @@ DEFAULT = HyperLaws(
 )
 
 
+# Laws fitted by this project and shipped with the package: `sweep.laws = "shipped:<name>"` reads
+# cbert_jax/scaling/fitted/<name>.json (its provenance names the grid, the runs and the command).
+SHIPPED_PREFIX = "shipped:"
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fitted")
+
+
+def shipped_names() -> list[str]:
+  """The names of the shipped laws files (cpu-bert, cpu-crossbert, ...)."""
+  try:
+    return sorted(f[: -len(".json")] for f in os.listdir(SHIPPED_DIR) if f.endswith(".json"))
+  except FileNotFoundError:
+    return []
+
+
+def resolve_path(path: str) -> str:
+  """The file `path` names: "shipped:<name>" -> the shipped file (ConfigError listing the shipped
+  names if there is none), anything else unchanged."""
+  if not path.startswith(SHIPPED_PREFIX):
+    return path
+  name = path[len(SHIPPED_PREFIX) :]
+  if name not in shipped_names():
+    raise ConfigError(
+      f"sweep.laws={path!r}: no shipped laws named {name!r}; shipped: "
+      f"{', '.join(shipped_names()) or 'none'}"
+    )
+  return os.path.join(SHIPPED_DIR, f"{name}.json")
+
+
 def load(path: str) -> HyperLaws:
-  """The constants in `path` (written by the fit command); DEFAULT when path is "". Laws fitted
-  with a refusal check overridden (`overridden`) load, with a warning naming the checks."""
+  """The constants in `path` (written by the fit command, or "shipped:<name>"); DEFAULT when path
+  is "". Laws fitted with a refusal check overridden (`overridden`) load, with a warning naming
+  the checks."""
   if not path:
     return DEFAULT
+  path = resolve_path(path)
   try:
     with open(path) as f:
       laws = HyperLaws.from_dict(json.load(f))
