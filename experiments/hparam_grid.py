@@ -32,8 +32,10 @@ the factors and rerun: members already done are skipped.
 
 Scales:
   cpu    BERT and CrossBERT+CMS at d32L2, d64L2, d96L3 (N 57k-443k), batch x {0.5, 1, 2} and
-         LR x {0.25, 0.5, 1, 2, 4} (a first 3 x 3 grid put optima on its LR edges): 15 members
-         per size, 90 in all, on experiments/sweep.py's cpu data
+         LR x {0.25, 0.5, 1, 2, 4} (a first 3 x 3 grid put optima on its LR edges), extended by
+         batch x 1/4 at LR x {1/8, 1/4, 1/2, 1, 2} and batch x 1/2 at LR x 1/8 (the 3 x 5 grid
+         put every optimum at its lowest batch): 21 members per size, 126 in all, on
+         experiments/sweep.py's cpu data
          (offline_small, vocabulary 4096, 128-token rows) at 5 tokens per parameter (the sweep
          trains on 20). Cost on 2 quiet cores, from measured throughput (BERT 45k / 43k / 27k
          tokens/s, CrossBERT+CMS 30k / 25k / 16k at d32L2 / d64L2 / d96L3): 15 x (6 + 15 + 61 s
@@ -82,6 +84,10 @@ GRIDS = {
     models=("bert", "crossbert"),
     batch_factors=(0.5, 1.0, 2.0),
     lr_factors=(0.25, 0.5, 1.0, 2.0, 4.0),
+    # (batch, lr) factor pairs beyond the product: the 3 x 5 grid put every size's best at its
+    # lowest batch (and BERT d64L2's at its lowest LR too), so a quarter batch at LR x 1/8..2
+    # and a half batch at LR x 1/8 were added (members already run keep their names)
+    extra=tuple((0.25, f) for f in (0.125, 0.25, 0.5, 1.0, 2.0)) + ((0.5, 0.125),),
     tokens_per_param=5.0,
     n_range=None,
   ),
@@ -90,6 +96,7 @@ GRIDS = {
     models=("bert", "crossbert"),
     batch_factors=(0.5, 1.0, 2.0),
     lr_factors=(0.25, 0.5, 1.0, 2.0, 4.0),
+    extra=(),
     tokens_per_param=20.0,
     n_range=N_RANGE,
   ),
@@ -154,13 +161,18 @@ def grid_sizes(scale: str, model: str) -> tuple[str, ...]:
   return tuple(sizes)
 
 
-def grid_values(scale: str, model: str, size: str) -> tuple[list[int], list[float]]:
-  """(rows, LRs) of one size's grid: the laws' suggestion times the scale's factors."""
+def grid_points(scale: str, model: str, size: str) -> list[tuple[int, float]]:
+  """(rows, LR) of every member of one size's grid: the laws' suggestion times the scale's
+  factors (the product of batch_factors and lr_factors, then the `extra` pairs), rows rounded to
+  the member's batch multiple, duplicates dropped."""
   g = GRIDS[scale]
   lr, rows, _, multiple = law_point(scale, model, size)
-  batches = [max(multiple, int(round(rows * f / multiple)) * multiple) for f in g["batch_factors"]]
-  lrs = [float(_lr_text(lr * f)) for f in g["lr_factors"]]
-  return list(dict.fromkeys(batches)), list(dict.fromkeys(lrs))
+  pairs = [(b, f) for b in g["batch_factors"] for f in g["lr_factors"]] + list(g["extra"])
+  points = [
+    (max(multiple, int(round(rows * b / multiple)) * multiple), float(_lr_text(lr * f)))
+    for b, f in pairs
+  ]
+  return list(dict.fromkeys(points))
 
 
 def _check_scale(scale: str, allowed) -> None:
@@ -180,8 +192,9 @@ def get_sweep(arg=None) -> list[str]:
     for model in GRIDS[scale]["models"]:
       if size not in grid_sizes(scale, model):
         continue
-      batches, lrs = grid_values(scale, model, size)
-      members += [member_arg(scale, model, size, b, lr) for b in batches for lr in lrs]
+      members += [
+        member_arg(scale, model, size, b, lr) for b, lr in grid_points(scale, model, size)
+      ]
   return members
 
 
