@@ -28,9 +28,12 @@ Design, fixed before any member ran (commit history: this file precedes its runs
     the same code for both arms: the same targets and the same visible tokens in every row.
     Measured `VAL_POINTS` times during training (`val_full_every`) and at the end.
   * Loss levels (declared here, before running): for each (size, seed) pair of runs, the shared
-    range is [L_lo, L_hi] with L_hi = the higher of the two runs' first measured `half` losses
+    range is [L_lo, L_hi) with L_hi = the lower of the two runs' first measured `half` losses
     and L_lo = the higher of their final ones (the range both curves cross); `LEVELS` levels
-    evenly spaced over it, both ends included. Tokens to a level: the first measurement at or
+    L_lo + (L_hi - L_lo) k / LEVELS, k = 0 .. LEVELS - 1 (L_hi itself is left out: a level at
+    or above an arm's first measurement would be "reached" there, an upper bound biasing the
+    ratio towards 1 -- amended before any run; the first draft took the higher first loss and
+    included it). Tokens to a level: the first measurement at or
     below it, linearly interpolated in log tokens from the measurement before. Reported per
     level, pair and size: tokens ratio no-CMS / CMS (> 1: CMS needs fewer tokens) and FLOPs
     ratio (the tokens ratio times the arms' FLOPs-per-token ratio); summarised by the median
