@@ -86,21 +86,18 @@ import re
 import shlex
 import sys
 
+from cbert_jax.scaling.chips import CHIP_SLICES, TPU_CORES_PER_CHIP, TPU_PREFIX
 from launch.members import LOG_DIR, Job, Launch, LaunchError, Member, member_commands
 
 BACKENDS = ("local", "slurm", "tpu-vm", "xpk")
-# TPU generations: the accelerator-type prefix, TensorCores per chip in the type's number, and the
-# default TPU VM runtime (Cloud TPU's documented software versions).
-TPU_PREFIX = {"v4": "v4", "v5p": "v5p", "v5e": "v5litepod", "v6e": "v6e"}
-TPU_CORES_PER_CHIP = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}
+# TPU generations (their accelerator-type prefix and TensorCores per chip: cbert_jax.scaling.chips):
+# the default TPU VM runtime (Cloud TPU's documented software versions).
 TPU_RUNTIME = {
   "v4": "tpu-ubuntu2204-base",
   "v5p": "v2-alpha-tpuv5",
   "v5e": "v2-alpha-tpuv5-lite",
   "v6e": "v2-alpha-tpuv6e",
 }
-GPU_CHIPS = ("a100", "h100", "h200", "b200")  # GPU keys of cbert_jax/scaling/memory.py:CHIPS
-CHIP_SLICES = (1, 4, 8, 16, 32, 64, 128, 256)  # v5e / v6e slice sizes, in chips
 XPK_NAME_MAX = 40  # xpk's limit on workload names
 # Default interpreter per backend: this one here; TPU VM images ship `python3` only.
 DEFAULT_PYTHON = {"local": sys.executable, "slurm": "python", "tpu-vm": "python3", "xpk": "python"}

@@ -30,16 +30,15 @@ import sys
 
 from cbert_jax.errors import ConfigError
 from cbert_jax.scaling import status as status_lib
+from cbert_jax.scaling.chips import GPU_CHIPS, TPU_PREFIX
 from launch import jobs as jobs_lib
 from launch.backends import (
   BACKENDS,
   DEFAULT_GRACE_S,
   DEFAULT_MAX_RESTARTS,
   DEFAULT_PYTHON,
-  GPU_CHIPS,
   RENDER,
   STOPPED_EXIT,
-  TPU_PREFIX,
   TPU_RUNTIME,
   describe,
   shell_join,

@@ -1,6 +1,7 @@
 """The Chinchilla-style surface: a known surface is recovered from noisy synthetic runs, the
 allocation matches a brute-force search, and a floor at the optimiser's bound is refused."""
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -70,3 +71,73 @@ def test_bad_input_is_refused():
 def test_k_is_the_median_flops_per_parameter_token():
   n, d = np.array([1e6, 2e6, 4e6]), np.array([2e7, 4e7, 8e7])
   assert chinchilla.flops_per_param_token(6.5 * n * d, n, d) == pytest.approx(6.5)
+
+
+def test_the_bootstrap_draws_are_kept_and_give_the_intervals():
+  n, d, loss = synthetic(TRUE, noise=0.005, seed=2)
+  # One start near the truth (each resample refits from the estimate and it): fast.
+  start = [[np.log(400.0), np.log(410.0), np.log(1.7), 0.34, 0.28]]
+  got = chinchilla.fit(n, d, loss, n_boot=6, seed=0, level=0.8, starts=start)
+  assert got.draws is not None and got.draws.shape == (6 - got.boot_failed, 5)
+  assert got.level == 0.8
+  # The parameter intervals are the draws' percentiles (A, B, E stored as logs).
+  lo, hi = np.percentile(np.exp(got.draws[:, 0]), [10, 90])
+  assert got.intervals["A"] == pytest.approx((lo, hi))
+  lo, hi = np.percentile(got.draws[:, 4], [10, 90])
+  assert got.intervals["beta"] == pytest.approx((lo, hi))
+  # The loss interval at (N, D): percentiles of L(N, D) over the draws, each law built here.
+  laws = [
+    chinchilla.LossSurface(E=np.exp(e), A=np.exp(a), alpha=al, B=np.exp(b), beta=be)
+    for a, b, e, al, be in got.draws
+  ]
+  assert [law.alpha for law in got.draw_laws()] == pytest.approx([law.alpha for law in laws])
+  want = np.percentile([law(3e7, 6e8) for law in laws], [10, 90])
+  assert [float(v) for v in got.loss_interval(3e7, 6e8)] == pytest.approx(list(want))
+  want95 = np.percentile([law(3e7, 6e8) for law in laws], [2.5, 97.5])
+  assert [float(v) for v in got.loss_interval(3e7, 6e8, level=0.95)] == pytest.approx(list(want95))
+  # Vectorised over points: one interval per (N, D).
+  lo_v, hi_v = got.loss_interval(np.array([1e7, 3e7]), np.array([2e8, 6e8]))
+  assert lo_v.shape == hi_v.shape == (2,) and float(hi_v[1]) == pytest.approx(want[1])
+  without = chinchilla.fit(n, d, loss, starts=start)
+  assert without.draws is None and without.level == 0.0
+  with pytest.raises(ValueError, match="no bootstrap draws"):
+    without.loss_interval(3e7, 6e8)
+
+
+def test_a_surface_file_round_trips_and_an_unusable_one_is_refused(tmp_path):
+  draws = np.array([[6.0, 6.0, 0.5, 0.34, 0.28], [6.1, 5.9, 0.52, 0.33, 0.29]])
+  fit = chinchilla.Fit(
+    law=TRUE,
+    objective=1e-6,
+    points=15,
+    problems=[],
+    intervals={"alpha": (0.33, 0.34)},
+    boot_failed=1,
+    draws=draws,
+    level=0.9,
+  )
+  path = str(tmp_path / "surface.json")
+  chinchilla.save(path, fit, 6.3, {"n_definition": "non_embedding", "runs": ["a", "b"]})
+  got = chinchilla.load(path)
+  assert got.fit.law == TRUE and got.k == 6.3 and got.path == path
+  assert got.fit.level == 0.9 and got.fit.boot_failed == 1 and got.fit.points == 15
+  assert got.fit.intervals == {"alpha": (0.33, 0.34)}
+  np.testing.assert_array_equal(got.fit.draws, draws)
+  assert got.provenance == {"n_definition": "non_embedding", "runs": ["a", "b"]}
+  assert got.fit.usable
+
+  bad = dataclasses.replace(fit, problems=["E = 5 is not below the smallest observed loss 4"])
+  chinchilla.save(path, bad, 6.3)
+  with pytest.raises(ValueError) as e:
+    chinchilla.load(path)
+  assert str(e.value).startswith(path) and "not below the smallest" in str(e.value)
+  assert len(str(e.value).splitlines()) == 1
+  assert chinchilla.load(path, allow_unusable=True).fit.problems == bad.problems
+
+  (tmp_path / "garbage.json").write_text('{"law": 3}')
+  with pytest.raises(ValueError, match="garbage.json: not a loss-surface file"):
+    chinchilla.load(str(tmp_path / "garbage.json"))
+  with pytest.raises(ValueError, match="missing.json: no such surface file"):
+    chinchilla.load(str(tmp_path / "missing.json"))
+  with pytest.raises(ValueError, match="k .* must be positive"):
+    chinchilla.save(path, fit, 0.0)

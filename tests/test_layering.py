@@ -32,6 +32,7 @@ LAYER_OF_PREFIX = {  # longest matching prefix wins
   "cbert_jax.report_fits": 1,  # reads probe results with evaluators.suite
   "cbert_jax.report_plots": 1,
   "cbert_jax.scaling.members": 1,  # a sweep's members, resolved: it sits with config_lib
+  "cbert_jax.scaling.planner": 1,  # resolves the sweep's member configs (config_lib, members)
   "cbert_jax.train": 2,
   "cbert_jax.evaluate": 2,
   "cbert_jax.sweep": 2,

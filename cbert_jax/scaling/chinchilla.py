@@ -20,12 +20,22 @@ Compute-optimal allocation: with training compute C = k N D (k = FLOPs per param
 about 6 for a dense encoder; CrossBERT's predictor and ELECTRA's generator make it larger, so k
 is estimated from the runs' own FLOPs), minimising L subject to C gives
 N_opt = G (C / k)^(beta / (alpha + beta)), D_opt = (C / k) / N_opt, G = (alpha A / (beta B))^(1 / (alpha + beta)).
+
+Predicted loss and its interval: `Fit.draws` keeps the bootstrap refits ([R, 5], in the optimiser's
+parameterisation (log A, log B, log E, alpha, beta)); `Fit.loss_interval(n, d)` is the percentile
+interval of L(n, d) over them at the fit's `level`, the same percentile convention as
+`Fit.intervals`. `save(path, fit, k, provenance)` writes a surface file (JSON: the law, k, level,
+intervals, draws, problems, provenance) and `load(path)` reads it back, refusing (ValueError, one
+line naming the file and every problem) a fit that is not usable unless `allow_unusable=True`;
+`python -m cbert_jax.scaling.planner --surface FILE` plans a run from one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -43,15 +53,6 @@ START_GRID = dict(
   e=(-1.0, 0.5),
   alpha=(0.3, 0.8),
   beta=(0.3, 0.8),
-)
-_BOUNDS = (0.05, 2.0)
-# Starting grid (log A, log B, log E, alpha, beta), as in Hoffmann et al.'s appendix, coarser.
-START_GRID = dict(
-  a=(0.0, 5.0, 10.0, 15.0, 20.0),
-  b=(0.0, 5.0, 10.0, 15.0, 20.0),
-  e=(-1.0, 0.0, 1.0),
-  alpha=(0.2, 0.5, 1.0),
-  beta=(0.2, 0.5, 1.0),
 )
 _BOUNDS = [(-10.0, 60.0), (-10.0, 60.0), (-10.0, 5.0), (0.0, 3.0), (0.0, 3.0)]
 
@@ -89,10 +90,33 @@ class Fit:
   problems: list[str]
   intervals: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
   boot_failed: int = 0  # bootstrap resamples whose fit did not converge
+  # The bootstrap refits, [R, 5] rows (log A, log B, log E, alpha, beta) (`DRAW_COLUMNS`); None
+  # without a bootstrap (or when every resample failed).
+  draws: np.ndarray | None = dataclasses.field(default=None, compare=False)  # eq: arrays
+  level: float = 0.0  # the intervals' level (0 without a bootstrap)
 
   @property
   def usable(self) -> bool:
     return not self.problems
+
+  def draw_laws(self) -> list[LossSurface]:
+    """The bootstrap refits as surfaces (empty without draws)."""
+    return [] if self.draws is None else [_unpack(row) for row in self.draws]
+
+  def loss_draws(self, n, d) -> np.ndarray:
+    """L(n, d) under every bootstrap refit, [R, *broadcast(n, d).shape]; ValueError without draws."""
+    if self.draws is None or len(self.draws) == 0:
+      raise ValueError("the fit has no bootstrap draws (fit with n_boot > 0)")
+    return draw_losses(self.draws, n, d)
+
+  def loss_interval(self, n, d, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) percentiles of L(n, d) over the bootstrap refits at `level` (default the fit's
+    level), the convention of `intervals`: ((1 - level) / 2, (1 + level) / 2) x 100."""
+    losses = self.loss_draws(n, d)  # [R, ...]
+    level = self.level if level is None else level
+    if not 0.0 < level < 1.0:
+      raise ValueError(f"level must be in (0, 1), got {level}")
+    return percentile_interval(losses, level)
 
 
 def _unpack(theta: np.ndarray) -> LossSurface:
@@ -213,6 +237,7 @@ def fit(
       draws.append(got[0])
     if draws:
       arr = np.array(draws)  # [R, 5]
+      result.draws, result.level = arr, float(level)
       q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
       names = ("A", "B", "E", "alpha", "beta")
       for i, name in enumerate(names):
@@ -227,3 +252,106 @@ def flops_per_param_token(flops: Sequence[float], n: Sequence[float], d: Sequenc
   """k in C = k N D: the median over runs of C / (N D) (each run's analytic training FLOPs)."""
   flops, n, d = (np.asarray(v, float) for v in (flops, n, d))
   return float(np.median(flops / (n * d)))
+
+
+# ------------------------------------------------------ draws, intervals and surface files ---
+# The columns of `Fit.draws` (the optimiser's parameterisation; see `_unpack`).
+DRAW_COLUMNS = ("log_A", "log_B", "log_E", "alpha", "beta")
+SURFACE_FORMAT = "cbert_jax.chinchilla.surface/1"
+
+
+def draw_losses(draws: np.ndarray, n, d) -> np.ndarray:
+  """L(n, d) under each row of `draws` ([R, 5], `DRAW_COLUMNS`): [R, *broadcast(n, d).shape]."""
+  draws = np.asarray(draws, float)
+  if draws.ndim != 2 or draws.shape[1] != len(DRAW_COLUMNS):
+    raise ValueError(f"draws: expected shape [R, {len(DRAW_COLUMNS)}], got {draws.shape}")
+  n, d = np.asarray(n, float), np.asarray(d, float)
+  extra = (1,) * np.broadcast(n, d).ndim
+  a, b, e, alpha, beta = (draws[:, i].reshape(-1, *extra) for i in range(len(DRAW_COLUMNS)))
+  return np.exp(e) + np.exp(a) / n**alpha + np.exp(b) / d**beta
+
+
+def percentile_interval(values: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+  """The central `level` percentile interval over axis 0 (as `fit` computes `intervals`)."""
+  lo, hi = np.percentile(values, [(1 - level) / 2 * 100, (1 + level) / 2 * 100], axis=0)
+  return lo, hi
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedSurface:
+  """A surface file read back: the fit, k (FLOPs per parameter per token) and provenance."""
+
+  path: str
+  fit: Fit
+  k: float
+  provenance: dict
+
+
+def to_dict(fit_: Fit, k: float, provenance: dict | None = None) -> dict:
+  """The JSON form of a fit (see `save`)."""
+  if not (np.isfinite(k) and k > 0):
+    raise ValueError(f"k (FLOPs per parameter per token) must be positive, got {k}")
+  return {
+    "format": SURFACE_FORMAT,
+    "law": dataclasses.asdict(fit_.law),
+    "k": float(k),
+    "level": float(fit_.level),
+    "intervals": {name: list(v) for name, v in fit_.intervals.items()},
+    "draw_columns": list(DRAW_COLUMNS),
+    "draws": None if fit_.draws is None else np.asarray(fit_.draws, float).tolist(),  # [R, 5]
+    "boot_failed": int(fit_.boot_failed),
+    "objective": float(fit_.objective),
+    "points": int(fit_.points),
+    "problems": list(fit_.problems),
+    "provenance": dict(provenance or {}),
+  }
+
+
+def save(path: str, fit_: Fit, k: float, provenance: dict | None = None) -> None:
+  """Writes `fit_` with its k and provenance (what was fitted, from which runs, N's definition,
+  the command) to `path` as JSON, atomically (a temporary file, then a rename)."""
+  out = to_dict(fit_, k, provenance)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    json.dump(out, f, indent=2)
+  os.replace(tmp, path)
+
+
+def load(path: str, allow_unusable: bool = False) -> SavedSurface:
+  """The surface file at `path`. ValueError, one line naming the file, when it is missing, not a
+  surface file, or (unless `allow_unusable`) records problems that make the fit unusable."""
+  try:
+    with open(path) as f:
+      raw = json.load(f)
+  except FileNotFoundError:
+    raise ValueError(f"{path}: no such surface file") from None
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{path}: cannot read the surface file ({type(e).__name__}: {e})") from None
+  try:
+    if raw.get("format") != SURFACE_FORMAT:
+      raise ValueError(f"format is {raw.get('format')!r}, expected {SURFACE_FORMAT!r}")
+    law = LossSurface(
+      **{f.name: float(raw["law"][f.name]) for f in dataclasses.fields(LossSurface)}
+    )
+    draws = raw.get("draws")
+    draws = None if draws is None else np.asarray(draws, float).reshape(-1, len(DRAW_COLUMNS))
+    result = Fit(
+      law=law,
+      objective=float(raw.get("objective", float("nan"))),
+      points=int(raw.get("points", 0)),
+      problems=[str(p) for p in raw.get("problems", [])],
+      intervals={name: (float(v[0]), float(v[1])) for name, v in raw.get("intervals", {}).items()},
+      boot_failed=int(raw.get("boot_failed", 0)),
+      draws=draws,
+      level=float(raw.get("level", 0.0)),
+    )
+    k = float(raw["k"])
+    if not (np.isfinite(k) and k > 0):
+      raise ValueError(f"k must be positive, got {k}")
+    provenance = dict(raw.get("provenance") or {})
+  except (AttributeError, KeyError, TypeError, ValueError) as e:
+    raise ValueError(f"{path}: not a loss-surface file ({type(e).__name__}: {e})") from None
+  if result.problems and not allow_unusable:
+    raise ValueError(f"{path}: the fit is not usable: {'; '.join(result.problems)}")
+  return SavedSurface(path=path, fit=result, k=k, provenance=provenance)
