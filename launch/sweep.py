@@ -273,6 +273,13 @@ def check_flags(ns: argparse.Namespace) -> None:
       "--workdir_root: required, or --shared_root (the workdirs then go to "
       "<shared_root>/<experiment>_<scale>)"
     )
+  for flag, value in (("--workdir_root", ns.workdir_root), ("--shared_root", ns.shared_root)):
+    if value and "://" in value:
+      raise LaunchError(
+        f"{flag}={value}: a URL; workdirs are files every process opens, so give the path "
+        "where the bucket is mounted on every host (e.g. a GCS FUSE mount such as /gcs/B/run; "
+        "xpk: --storage=NAME)"
+      )
 
 
 def build(argv: list[str]) -> tuple[Launch, argparse.Namespace]:

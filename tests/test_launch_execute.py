@@ -400,6 +400,13 @@ def test_a_workdir_root_or_shared_root_is_required(capsys):
   )
 
 
+def test_a_url_root_is_refused_not_turned_into_a_local_path(capsys):
+  for flag in ("--workdir_root", "--shared_root"):
+    rc, out, err = run_main(capsys, "--config", EXP, "--backend", "xpk", flag, "gs://b/run")
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"error: {flag}=gs://b/run: a URL;") and "mounted" in err
+
+
 def test_argparse_rejects_an_unknown_backend(tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
     sweep.main(["--config", EXP, "--backend", "k8s", "--workdir_root", str(tmp_path)])
