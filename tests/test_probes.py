@@ -15,7 +15,7 @@ from sklearn.linear_model import LogisticRegression, Ridge
 from cbert_jax import config_lib, sharding
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import features as features_lib
-from cbert_jax.evaluators import probes
+from cbert_jax.evaluators import knn, logreg, probes, ridge
 from tests import helpers
 
 
@@ -173,7 +173,7 @@ def _brute_knn(train_x, train_y, query_x, k, kind):
 
 @pytest.mark.parametrize("kind", ["classification", "regression"])
 def test_knn_equals_brute_force(kind, monkeypatch):
-  monkeypatch.setattr(probes, "_KNN_CHUNK", 7)  # several query chunks, and a partial one
+  monkeypatch.setattr(knn, "_KNN_CHUNK", 7)  # several query chunks, and a partial one
   rs = np.random.RandomState(0)
   x, xq = rs.randn(90, 8), rs.randn(40, 8)
   y = rs.randint(0, 4, 90) if kind == "classification" else rs.randn(90)
@@ -222,7 +222,7 @@ def _tie_rule_reference(axes, train_y, query_x, k):
 
 @pytest.mark.parametrize("chunk", [1024, 7])
 def test_knn_tie_rule_equals_the_reference_on_exact_ties(chunk, monkeypatch):
-  monkeypatch.setattr(probes, "_KNN_CHUNK", chunk)
+  monkeypatch.setattr(knn, "_KNN_CHUNK", chunk)
   vote_ties = boundary_ties = 0
   for seed in range(3):
     train_x, axes, train_y, query_x = _tie_data(seed)
@@ -302,13 +302,14 @@ def test_selection_code_never_receives_eval_arrays(probe, selector, monkeypatch)
   xt, yt = _blobs(100, seed=2)
   evals = [xd, yd, xt, yt]
   seen = []
-  real = getattr(probes, selector)
+  module = {"ridge": ridge, "logreg": logreg, "knn": knn}[probe]  # where the probe looks it up
+  real = getattr(module, selector)
 
   def spy(*args, **kwargs):
     seen.extend(a for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray))
     return real(*args, **kwargs)
 
-  monkeypatch.setattr(probes, selector, spy)
+  monkeypatch.setattr(module, selector, spy)
   probes.PROBES[probe](
     x, y, {"dev": (xd, yd), "test": (xt, yt)}, kind="classification", metric="accuracy"
   )

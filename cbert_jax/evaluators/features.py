@@ -10,6 +10,9 @@ Example:
   feat = Featurizer(graphdef, params, batch_size=64, seq_len=128)
   x = feat(encode_texts(texts, tokenizer, 128))                    # [N, d]
   xp = feat.pair(encode_texts(a, tok, 128), encode_texts(b, tok, 128))  # [N, 4d]
+
+`featurizer_from_evals` builds the `Featurizer` a `config.evals` block describes (the offline
+suite and GLUE both probe through it).
 """
 
 from __future__ import annotations
@@ -221,3 +224,29 @@ class Featurizer:
     if u.shape != v.shape:
       raise ConfigError(f"rows_b: {v.shape[-2]} rows, but rows_a has {u.shape[-2]}.")
     return combine_pair(u, v, self.pair_mode)
+
+
+def layer_of(ecfg) -> int:
+  """`evals.layer` (configs that predate it: -1, the final layer)."""
+  return int(ecfg.get("layer", -1))
+
+
+def featurizer_from_evals(
+  graphdef: nnx.GraphDef, params, ecfg, *, mesh=None, rules=None
+) -> Featurizer:
+  """The `Featurizer` that `config.evals` (`ecfg`) describes, for the probe suites.
+
+  Batch size, row length, layers and layer are `evals.batch_size`, `evals.seq_len`,
+  `evals.layers` and `evals.layer` (`layer_of`); mesh and rules as `Featurizer`. `params` is only
+  read.
+  """
+  return Featurizer(
+    graphdef,
+    params,
+    batch_size=ecfg.batch_size,
+    seq_len=ecfg.seq_len,
+    layers=ecfg.layers,
+    mesh=mesh,
+    rules=rules,
+    layer=layer_of(ecfg),
+  )

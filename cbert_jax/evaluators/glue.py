@@ -211,16 +211,7 @@ def run(
   score is on the task's headline split (MNLI: matched; mismatched is in the task's entry).
   """
   names = list(tasks) if tasks is not None else task_names(ecfg.get("glue_tasks", ""))
-  featurizer = features_lib.Featurizer(
-    graphdef,
-    params,
-    batch_size=ecfg.batch_size,
-    seq_len=ecfg.seq_len,
-    layers=ecfg.layers,
-    mesh=mesh,
-    rules=rules,
-    layer=suite.layer_of(ecfg),
-  )
+  featurizer = features_lib.featurizer_from_evals(graphdef, params, ecfg, mesh=mesh, rules=rules)
   data_dir = ecfg.get("glue_data_dir", "") or task_tfds.default_data_dir(cache_dir)
   results: dict = {}
   for name in names:

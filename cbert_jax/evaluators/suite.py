@@ -31,6 +31,7 @@ from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import features as features_lib
 from cbert_jax.evaluators import pooler as pooler_lib
 from cbert_jax.evaluators import probes, retrieval
+from cbert_jax.evaluators.features import layer_of  # also read as suite.layer_of (glue, mteb)
 
 POOLER_MODES = ("frozen", "unfrozen")
 # Every probe `evals.probes` may name, in table order.
@@ -279,11 +280,6 @@ def _retrieval_task(
   return out
 
 
-def layer_of(ecfg) -> int:
-  """`evals.layer` (configs that predate it: -1, the final layer)."""
-  return int(ecfg.get("layer", -1))
-
-
 def check_model(ecfg, model_name: str, num_layers: int) -> None:
   """Checks of `evals` that need the model: the layer exists; the pooler warm start has a
   predictor to start from. ConfigError naming the field."""
@@ -332,16 +328,7 @@ def run(
   `params` is only read: with `evals.pooler` set, the pooler trains on copies (module docstring).
   """
   names = list(tasks) if tasks is not None else task_names(ecfg)
-  featurizer = features_lib.Featurizer(
-    graphdef,
-    params,
-    batch_size=ecfg.batch_size,
-    seq_len=ecfg.seq_len,
-    layers=ecfg.layers,
-    mesh=mesh,
-    rules=rules,
-    layer=layer_of(ecfg),
-  )
+  featurizer = features_lib.featurizer_from_evals(graphdef, params, ecfg, mesh=mesh, rules=rules)
   results: dict = {}
   for name in names:
     start = time.perf_counter()
