@@ -5,7 +5,8 @@ test needs no imports of the package. Layers, bottom to top:
   0  building blocks: models, data, sharding, checkpoint, optim, metrics, masking, scaling (not the
      sweep driver), errors, progress, provenance, plotting, hardware, guard, distributed,
      peer_watch, workdir, workdir_lock, planned_devices
-  1  steps, state, evaluators, config_lib, report (with report_fits, report_plots), scaling.members
+  1  steps, state, evaluators, config_lib, report (with report_fits, report_plots,
+     report_chinchilla), scaling.members, scaling.planner
   2  train, evaluate, sweep (the in-process sweep driver)
   3  main
   4  the launcher (launch/, which starts the package's commands): members, compile_check;
@@ -31,6 +32,7 @@ LAYER_OF_PREFIX = {  # longest matching prefix wins
   "cbert_jax.report": 1,
   "cbert_jax.report_fits": 1,  # reads probe results with evaluators.suite
   "cbert_jax.report_plots": 1,
+  "cbert_jax.report_chinchilla": 1,
   "cbert_jax.scaling.members": 1,  # a sweep's members, resolved: it sits with config_lib
   "cbert_jax.scaling.planner": 1,  # resolves the sweep's member configs (config_lib, members)
   "cbert_jax.train": 2,

@@ -1,16 +1,13 @@
 """experiments/sweep.py and the member plan: every member resolves and validates, budgets and
-hyperparameters follow the laws; the scaling report on a synthetic sweep with known trends."""
+hyperparameters follow the laws (the scaling report's tests: tests/test_report.py)."""
 
 import importlib.util
-import json
 import math
 import os
-import re
 
-import numpy as np
 import pytest
 
-from cbert_jax import config_lib, report
+from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import flops
 from cbert_jax.scaling import laws as laws_lib
@@ -154,110 +151,3 @@ def test_bad_sweep_arguments_fail_with_one_clear_message():
   c.sweep.law_axis = "params"
   with pytest.raises(ConfigError, match="law_axis=params: the laws .* have no fit against N"):
     config_lib.resolve(c)
-
-
-# --------------------------------------------------------------- the report, synthetic sweep ---
-def _member(root, name, model, size, n, compute, tokens, probes, tps, curve, cms=True):
-  d = root / name
-  (d / "eval").mkdir(parents=True)
-  steps = len(curve) * 10
-  cfg = {
-    "model_name": model,
-    "model": {"size": size},
-    "masking": {"cms": cms},
-    "total_steps": steps,
-    "batch_size": 4,
-    "data": {"seq_len": 32},
-    "optim": {"lr": 1e-3},
-    "sweep": {"n_params": n, "compute": compute, "tokens": tokens},
-  }
-  (d / "config.json").write_text(json.dumps({"config": cfg}))
-  rows = [
-    {"step": 10 * (i + 1), "tokens_seen": t, "eval/loss": l} for i, (t, l) in enumerate(curve)
-  ]
-  rows += [{"step": s, "perf/tokens_per_sec": tps, "perf/mfu": 0.3} for s in (5, 15, 25)]
-  (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-  results = {
-    "cls": {
-      "kind": "classification",
-      "metric": "accuracy",
-      "headline_split": "test",
-      "ridge": {"test": probes[0]},
-      "knn": {"test": probes[1]},
-    },
-    "retr": {"kind": "retrieval", "metric": "ndcg@10", "test": {"ndcg@10": probes[2]}},
-  }
-  (d / "eval" / f"step_{steps}.json").write_text(
-    json.dumps({"suite": "offline", "results": results})
-  )
-
-
-def test_report_on_a_synthetic_sweep_states_the_four_claims_with_the_planted_numbers(tmp_path):
-  root = tmp_path / "sweep"
-  tokens = np.geomspace(1e5, 1e7, 12)
-  for i, size in enumerate(("d32L2", "d64L2", "d96L3", "d128L3")):
-    c = 1e12 * 10**i  # one decade of compute per size
-    loss = 2.0 + 50 * c**-0.1  # falls with compute
-    # planted: BERT's ridge falls 0.02 per decade; CrossBERT's rises 0.03 per decade
-    _member(
-      root,
-      f"bert_{size}",
-      "bert",
-      size,
-      10 ** (5 + i),
-      c,
-      int(tokens[-1]),
-      (0.6 - 0.02 * i, 0.5 - 0.01 * i, 0.1),
-      2000.0,
-      [(t, loss + 1 / np.log(t)) for t in tokens],
-    )
-    _member(
-      root,
-      f"crossbert_{size}",
-      "crossbert",
-      size,
-      10 ** (5 + i),
-      c * 1.5,
-      int(tokens[-1]),
-      (0.6 + 0.03 * i, 0.5 + 0.02 * i, 0.1 + 0.01 * i),
-      1000.0,
-      [(t, 2.0 + 30 * t**-0.3) for t in tokens],
-    )
-  # the no-CMS control reaches each loss with exactly twice the tokens
-  _member(
-    root,
-    "crossbert-nocms_d96L3",
-    "crossbert",
-    "d96L3",
-    10**7,
-    1e14,
-    int(tokens[-1]),
-    (0.5, 0.4, 0.05),
-    1500.0,
-    [(t, 2.0 + 30 * (t / 2) ** -0.3) for t in tokens],
-    cms=False,
-  )
-  path = report.write(str(root))
-  text = open(path).read()
-  out = json.load(open(root / "report" / "report.json"))
-  assert out["throughput_ratios"]["crossbert"]["median"] == pytest.approx(0.5)
-  assert out["throughput_ratios"]["crossbert-nocms"]["per_size"] == {"d96L3": pytest.approx(0.75)}
-  assert out["cms_efficiency"]["ratio"] == pytest.approx(2.0, rel=0.03)
-  assert out["probe_fits"]["bert"]["ridge"]["slope_per_decade"] == pytest.approx(-0.02)
-  assert out["probe_fits"]["crossbert"]["ridge"]["slope_per_decade"] == pytest.approx(0.03)
-  assert out["probe_fits"]["crossbert"]["ridge"]["spearman"] == pytest.approx(1.0)
-  assert out["loss_fits"]["bert"]["saturating"]["beta"] == pytest.approx(0.1, rel=0.05)
-  assert "CrossBERT+CMS/BERT tokens/s median 0.50x" in text
-  assert re.search(r"without CMS needs (1\.9[7-9]|2\.0[0-3])x the training tokens", text)
-  assert "ridge falling monotonically" in text
-  assert "ridge rising monotonically" in text
-  for png in ("loss_vs_flops", "probes_vs_flops", "throughput", "cms_efficiency"):
-    assert (root / "report" / f"{png}.png").stat().st_size > 10_000
-
-
-def test_report_names_the_directory_when_there_is_nothing_to_read(tmp_path, capsys):
-  assert report.main(["--sweep", str(tmp_path / "nope")]) == 2
-  assert "no such directory" in capsys.readouterr().err
-  (tmp_path / "empty").mkdir()
-  assert report.main(["--sweep", str(tmp_path / "empty")]) == 2
-  assert "holds no member workdirs" in capsys.readouterr().err
