@@ -39,7 +39,6 @@ from cbert_jax import provenance as provenance_lib
 from cbert_jax import state as state_lib
 from cbert_jax import workdir as workdir_lib
 from cbert_jax.data import fetch, pipeline, prepare, settings
-from cbert_jax.errors import WorkdirError
 from cbert_jax.models import flops as flops_lib
 
 
@@ -112,7 +111,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
   config_lib.validate(config, len(devices))
   is_primary = jax.process_index() == 0
   # One run per workdir (a lock file; an unusable workdir is reported here, before data work).
-  stop["lock"] = _lock_workdir(workdir, is_primary)
+  stop["lock"] = workdir_lock.lock_for_run(workdir, is_primary)
   # A workdir of a run with another config is refused here, before anything is written.
   workdir_lib.check_config(workdir, config, is_primary=is_primary)
   if config.compilation_cache_dir:
@@ -285,12 +284,10 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     return online.flatten(res)
 
   def full_validation(step: int) -> tuple[dict, dict]:
-    """The full-split validation metric (cbert_jax/validation.py) of the current parameters:
-    every process computes it, process 0 writes eval/val_full-step_<step>.json. Returns (its
-    record, metrics for its row: val_full/*, time/full_validation_s: this call's seconds)."""
-    before = timers.totals().get("full_validation", 0.0)
-    with timers.span("full_validation"), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-      res = validation.full_split_loss(
+    """The full-split validation of the current parameters (`validation.in_run`): its record and
+    the metrics of its row."""
+    with timers.span("full_validation"):
+      return validation.in_run(
         graphdef,
         params,
         data.val,
@@ -298,35 +295,11 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
         rules=rules,
         batch_size=batch_size,
         model_name=config.model_name,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
+        workdir=workdir if is_primary else None,
+        step=step,
+        eval_loss=(config.eval_batches * batch_size, last_eval.get("eval/loss")),
         log=logging.info,
       )
-    seconds = timers.totals()["full_validation"] - before
-    path = (
-      validation.write(workdir, step, res, config.model_name)
-      if is_primary
-      else "process 0's workdir"
-    )
-    out = {"val_full/loss": res.loss, "val_full/masked_acc": res.masked_acc}
-    if res.half is not None:
-      out["val_full/half_loss"] = res.half["loss"]
-    logging.info(
-      "full-split validation at step %d: loss %.4f, masked_acc %.4f over %d rows / %d targets "
-      "(eval/loss on the first %d rows: %s) in %.1fs; wrote %s",
-      step,
-      res.loss,
-      res.masked_acc,
-      res.rows,
-      res.target_tokens,
-      config.eval_batches * batch_size,
-      last_eval.get("eval/loss"),
-      seconds,
-      path,
-    )
-    return validation.record(step, res, config.model_name), out | {
-      "time/full_validation_s": seconds
-    }
 
   # ------------------------------------------------------------------ loop ---
   def save(step: int) -> None:
@@ -583,26 +556,6 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     signal=stop["name"] if stopped_early and stop["signal"] else None,
     val_full=val_full,
   )
-
-
-def _lock_workdir(workdir: str, is_primary: bool) -> workdir_lock.WorkdirLock | None:
-  """Process 0 takes the workdir's lock; every process raises WorkdirError if it could not."""
-  lock, error = None, None
-  if is_primary:
-    lock = workdir_lock.WorkdirLock(workdir)
-    try:
-      lock.acquire()
-    except WorkdirError as e:
-      lock, error = None, e
-  if jax.process_count() > 1:  # the others wait here for process 0's outcome
-    failed = bool(multihost_utils.process_allgather(np.int32(error is not None)).any())
-    if failed and error is None:
-      raise WorkdirError(
-        f"process 0 could not take the lock of --workdir {workdir} (its output says why)"
-      )
-  if error is not None:
-    raise error
-  return lock
 
 
 def _finished(workdir: str, step: int, total_steps: int, checkpointer) -> Summary:

@@ -291,6 +291,51 @@ def record(step: int, result: Result, model_name: str, seed: int = MASK_SEED) ->
   return rec
 
 
+def in_run(
+  graphdef,
+  params,
+  rows,
+  *,
+  mesh,
+  rules,
+  batch_size: int,
+  model_name: str,
+  workdir: str | None,
+  step: int,
+  eval_loss: tuple[int, float | None],
+  log=print,
+) -> tuple[dict, dict]:
+  """The trainer's full-split validation at `step` (every process computes it; `workdir` None on
+  the processes that do not write). Returns (the record, the metrics of its metrics.jsonl row:
+  val_full/loss, val_full/masked_acc, val_full/half_loss for CrossBERT, time/full_validation_s).
+  `eval_loss`: (rows, the trainer's eval/loss on them), logged beside it for comparison."""
+  start = time.perf_counter()
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+    res = full_split_loss(
+      graphdef,
+      params,
+      rows,
+      mesh=mesh,
+      rules=rules,
+      batch_size=batch_size,
+      model_name=model_name,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+      log=log,
+    )
+  seconds = time.perf_counter() - start
+  path = write(workdir, step, res, model_name) if workdir else "process 0's workdir"
+  out = {"val_full/loss": res.loss, "val_full/masked_acc": res.masked_acc}
+  if res.half is not None:
+    out["val_full/half_loss"] = res.half["loss"]
+  log(
+    f"full-split validation at step {step}: loss {res.loss:.4f}, masked_acc "
+    f"{res.masked_acc:.4f} over {res.rows} rows / {res.target_tokens} targets (eval/loss on the "
+    f"first {eval_loss[0]} rows: {eval_loss[1]}) in {seconds:.1f}s; wrote {path}"
+  )
+  return record(step, res, model_name), out | {"time/full_validation_s": seconds}
+
+
 def write(workdir: str, step: int, result: Result, model_name: str) -> str:
   """Writes `eval/val_full-step_<step>.json` (atomically: a temporary file, then a rename)."""
   path = output_path(workdir, step)

@@ -220,3 +220,28 @@ class WorkdirLock:
         os.utime(self.path)
       except OSError:
         pass  # a lock removed by hand or a filesystem without mtimes: nothing to refresh
+
+
+def lock_for_run(workdir: str, is_primary: bool) -> WorkdirLock | None:
+  """Process 0 takes the workdir's lock; every process raises WorkdirError if it could not (the
+  others learn process 0's outcome through an all-gather)."""
+  lock, error = None, None
+  if is_primary:
+    lock = WorkdirLock(workdir)
+    try:
+      lock.acquire()
+    except WorkdirError as e:
+      lock, error = None, e
+  import jax  # pylint: disable=import-outside-toplevel  # only runs need it, not the launcher
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+  if jax.process_count() > 1:  # the others wait here for process 0's outcome
+    failed = bool(multihost_utils.process_allgather(np.int32(error is not None)).any())
+    if failed and error is None:
+      raise WorkdirError(
+        f"process 0 could not take the lock of --workdir {workdir} (its output says why)"
+      )
+  if error is not None:
+    raise error
+  return lock
