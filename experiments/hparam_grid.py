@@ -34,7 +34,8 @@ Scales:
   cpu    BERT and CrossBERT+CMS at d32L2, d64L2, d96L3 (N 57k-443k), batch x {0.5, 1, 2} and
          LR x {0.25, 0.5, 1, 2, 4} (a first 3 x 3 grid put optima on its LR edges), extended by
          batch x 1/4 at LR x {1/8, 1/4, 1/2, 1, 2} and batch x 1/2 at LR x 1/8 (the 3 x 5 grid
-         put every optimum at its lowest batch): 21 members per size, 126 in all, on
+         put every optimum at its lowest batch), then batch x 1/8 at LR x {1/16, 1/8, 1/4, 1/2}
+         (5 of 6 optima were still at batch x 1/4): 25 members per size, 150 in all, on
          experiments/sweep.py's cpu data
          (offline_small, vocabulary 4096, 128-token rows) at 5 tokens per parameter (the sweep
          trains on 20). Cost on 2 quiet cores, from measured throughput (BERT 45k / 43k / 27k
@@ -86,8 +87,12 @@ GRIDS = {
     lr_factors=(0.25, 0.5, 1.0, 2.0, 4.0),
     # (batch, lr) factor pairs beyond the product: the 3 x 5 grid put every size's best at its
     # lowest batch (and BERT d64L2's at its lowest LR too), so a quarter batch at LR x 1/8..2
-    # and a half batch at LR x 1/8 were added (members already run keep their names)
-    extra=tuple((0.25, f) for f in (0.125, 0.25, 0.5, 1.0, 2.0)) + ((0.5, 0.125),),
+    # and a half batch at LR x 1/8 were added; that grid still put 5 of 6 optima at the quarter
+    # batch (at LR x 1/4-1/2), so an eighth batch at LR x 1/16..1/2 was added (members already
+    # run keep their names)
+    extra=tuple((0.25, f) for f in (0.125, 0.25, 0.5, 1.0, 2.0))
+    + ((0.5, 0.125),)
+    + tuple((0.125, f) for f in (0.0625, 0.125, 0.25, 0.5)),
     tokens_per_param=5.0,
     n_range=None,
   ),
