@@ -12,8 +12,8 @@ import time
 import pytest
 
 from cbert_jax import sweep, train
+from cbert_jax.scaling import archive, status
 from cbert_jax.scaling import members as members_lib
-from cbert_jax.scaling import status
 from tests.test_train import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,6 +85,22 @@ def test_runner_trains_probes_reports_then_skips_finished_members(tmp_path, toy_
   monkeypatch.setattr(train, "run", no_training)
   assert sweep.run(c, str(root)) == 0  # the rerun: everything skipped
   assert os.path.getmtime(root / "bert_d32L2" / "checkpoints") == ckpt_mtime
+
+  # The archive (no checkpoints): its members count as done, so rerunning the sweep on it trains
+  # nothing, and the report written from it has the same tables as the one from the run root.
+  arch = tmp_path / "archive"
+  assert archive.main(["--root", str(root), "--out", str(arch)]) == 0
+  assert not list(arch.rglob("checkpoints")) and not list(arch.rglob("*.model"))
+  for name in names:
+    assert status.is_done(str(arch / name), probe=True)
+    assert status.member_state(name, str(arch / name)).state == "done"
+  assert sweep.run(c, str(arch)) == 0
+
+  def tables(path):
+    return [line for line in path.read_text().splitlines() if line.startswith("|")]
+
+  assert tables(arch / "report" / "report.md") == tables(root / "report" / "report.md")
+  assert archive.main(["--root", str(root), "--out", str(root / "inside")]) == 2
 
 
 def _sweep_cmd(root, cache):

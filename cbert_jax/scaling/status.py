@@ -1,8 +1,10 @@
 """A sweep's state, read from its members' workdirs (the in-process runner and `launch.sweep status`).
 
 A member is
-  done     its workdir holds the checkpoint of its final step (config.json's total_steps) and, when
-           the sweep probes, the offline probe results of that step (eval/step_<N>*.json);
+  done     its workdir holds the checkpoint of its final step (config.json's total_steps), or is
+           an archived copy whose ARCHIVE.json records that step (`scaling.archive`: results
+           kept, checkpoints left out), and, when the sweep probes, the offline probe results of
+           that step (eval/step_<N>*.json);
   failed   the runner (or a launcher) recorded a failure in `<member>/FAILED` and nothing was
            logged since;
   running  not done, and metrics.jsonl changed in the last `RUNNING_WINDOW_S` seconds;
@@ -20,6 +22,7 @@ import time
 
 RUNNING_WINDOW_S = 600.0
 FAILED_FILE = "FAILED"
+ARCHIVE_FILE = "ARCHIVE.json"  # in an archived member: `scaling.archive`
 STATUS_FILE = "sweep_status.json"
 
 
@@ -82,11 +85,20 @@ def last_logged_step(workdir: str) -> int:
   return 0
 
 
+def archived_step(workdir: str) -> int:
+  """The final step recorded by `ARCHIVE_FILE` in an archived member (0 if not archived)."""
+  try:
+    with open(os.path.join(workdir, ARCHIVE_FILE)) as f:
+      return int(json.load(f)["final_step"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return 0
+
+
 def is_done(workdir: str, probe: bool) -> bool:
   total = total_steps(workdir)
   return (
     bool(total)
-    and total in checkpoint_steps(workdir)
+    and (total in checkpoint_steps(workdir) or archived_step(workdir) == total)
     and (not probe or probe_results(workdir, total) is not None)
   )
 
@@ -113,7 +125,7 @@ def member_state(
     name=name, state="pending", step=steps[-1] if steps else 0, total_steps=total_steps(workdir)
   )
   if is_done(workdir, probe):
-    st.state = "done"
+    st.state, st.step = "done", st.total_steps  # an archived member has no checkpoints
     return st
   failed, log = os.path.join(workdir, FAILED_FILE), os.path.join(workdir, "metrics.jsonl")
   log_time = os.path.getmtime(log) if os.path.exists(log) else None
