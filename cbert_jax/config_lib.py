@@ -153,6 +153,8 @@ def base_config() -> ml_collections.ConfigDict:
   # saves the [B, K, V] logits' memory (CMS: K = T/2 per view)
   c.model.attention_impl = "auto"  # auto (= xla) | xla | cudnn (fused; GPU with bf16/fp16 only,
   # opt-in: not yet verified with our masks on a GPU)
+  c.model.fused_projections = False  # one [d, 3HD] matmul for q, k, v and one [d, 2F] for
+  # SwiGLU's gate and up (weights concatenated per step; same parameters, same maths)
   c.model.predictor_layers = -1  # CrossBERT predictor depth; -1 = max(1, num_layers // 4)
   c.model.predictor_d_model = 0  # predictor width; 0 = d_model
   c.model.predictor_heads = 0  # predictor heads; 0 = num_heads (or width // head_dim if narrower)

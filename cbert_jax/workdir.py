@@ -50,6 +50,7 @@ RESUMABLE = (
   "model.remat",
   "model.ce_chunk",
   "model.attention_impl",  # same maths, other memory / kernel
+  "model.fused_projections",  # the same parameters, concatenated per step
   "optim.microbatches",  # gradient accumulation: the same batch, masks and update
   "sweep.chip",
   "sweep.memory",

@@ -302,6 +302,36 @@ def test_chunked_cross_entropy_equals_the_full_logits(model_name, kw, chunk):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+  "model_name,kw,cfg_kw",
+  [
+    ("bert", {}, {}),
+    ("crossbert", {"cms": True}, {"predictor_self_attn": True}),  # self- and cross-attention
+    ("crossbert", {"cms": False}, {"predictor_d_model": 48}),  # a narrower predictor
+  ],
+)
+def test_fused_projections_keep_parameters_loss_and_gradients(model_name, kw, cfg_kw):
+  """q/k/v and SwiGLU's gate/up as one matmul each: the same parameter tree (names, shapes, init
+  values: checkpoints load either way), the same loss and gradients as three and two matmuls."""
+  batch = helpers.packed_batch(b=3, t=16)
+  vals, trees = {}, {}
+  for fused in (False, True):
+    model = helpers.build(
+      model_name, cfg=helpers.model_cfg(fused_projections=fused, **cfg_kw), **kw
+    )
+    graphdef, params = nnx.split(model, nnx.Param)
+    trees[fused] = params
+    vals[fused] = jax.jit(
+      jax.value_and_grad(lambda p, g=graphdef: nnx.merge(g, p).loss(batch, RNG)[0])
+    )(params)
+  assert jax.tree.structure(trees[True]) == jax.tree.structure(trees[False])
+  for a, b in zip(jax.tree.leaves(trees[True]), jax.tree.leaves(trees[False])):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_allclose(vals[True][0], vals[False][0], rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(vals[True][1]), jax.tree.leaves(vals[False][1])):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_chunked_cross_entropy_never_holds_all_logits():
   batch = {k: jnp.asarray(v) for k, v in helpers.packed_batch(b=8, t=64).items()}
   temps = {}

@@ -117,6 +117,7 @@ class Attention(nnx.Module):
     self.theta = cfg.rope_theta
     self.dtype = cfg.dtype
     self.impl = cfg.attention_impl
+    self.fused = cfg.fused_projections
 
   def __call__(
     self, x_q: jax.Array, pos_q: jax.Array, x_kv: jax.Array, pos_kv: jax.Array, mask: jax.Array
@@ -124,12 +125,18 @@ class Attention(nnx.Module):
     """x_q: [B, Sq, d_q]; x_kv: [B, Sk, d_kv]; pos_*: [B, S*]; mask: [B, Sq, Sk] bool -> [B, Sq, d_q]."""
     dt, names = self.dtype, ("batch", "seq", "heads", "kv")
 
-    def project(x, w):  # [B, S, d] x [d, H, D] -> [B, S, H, D], as one [d, H*D] matmul
-      return dense(x, w[...].astype(dt).reshape(w.shape[0], -1)).reshape(x.shape[:2] + w.shape[1:])
+    def project(x, *ws):  # [B, S, d] x n [d, H, D] -> n [B, S, H, D], as one [d, n H D] matmul
+      flat = [w[...].astype(dt).reshape(w.shape[0], -1) for w in ws]  # n [d, H D]
+      w = flat[0] if len(ws) == 1 else jnp.concatenate(flat, axis=1)  # [d, n H D]
+      out = dense(x, w).reshape(x.shape[:2] + (len(ws),) + ws[0].shape[1:])  # [B, S, n, H, D]
+      return [constrain(out[:, :, i], names) for i in range(len(ws))]
 
-    q = constrain(project(x_q, self.wq), names)
-    k = constrain(project(x_kv, self.wk), names)
-    v = constrain(project(x_kv, self.wv), names)
+    if not self.fused:  # three matmuls
+      (q,), (k,), (v,) = project(x_q, self.wq), project(x_kv, self.wk), project(x_kv, self.wv)
+    elif x_q is x_kv:  # self-attention: one [d, 3HD] matmul
+      q, k, v = project(x_q, self.wq, self.wk, self.wv)
+    else:  # cross-attention: q from the queries, k and v from the keys in one [d, 2HD] matmul
+      (q,), (k, v) = project(x_q, self.wq), project(x_kv, self.wk, self.wv)
     q, k = apply_rope(q, pos_q, self.theta), apply_rope(k, pos_kv, self.theta)
     # Logits and softmax in fp32 inside. A query with no allowed key (padding; a CMS query whose
     # document has no token in the other half) would get a uniform softmax over *all* keys, leaking
@@ -153,12 +160,16 @@ class SwiGLU(nnx.Module):
       rngs, (hidden, d), ("mlp", "embed"), hidden**-0.5 * cfg.init_scale / out_divisor, pd
     )
     self.dtype = cfg.dtype
+    self.fused = cfg.fused_projections
 
   def __call__(self, x: jax.Array) -> jax.Array:  # x: [B, S, d]
     dt = self.dtype
-    h = jax.nn.silu(dense(x, self.w1[...].astype(dt))) * dense(
-      x, self.w3[...].astype(dt)
-    )  # [B, S, F]
+    w1, w3 = self.w1[...].astype(dt), self.w3[...].astype(dt)  # [d, F] each
+    if self.fused:  # gate and up as one [d, 2F] matmul
+      gate, up = jnp.split(dense(x, jnp.concatenate([w1, w3], axis=1)), 2, axis=-1)
+    else:
+      gate, up = dense(x, w1), dense(x, w3)  # [B, S, F] each
+    h = jax.nn.silu(gate) * up  # [B, S, F]
     h = constrain(h, ("batch", "seq", "mlp"))
     return dense(h, self.w2[...].astype(dt))
 
