@@ -478,6 +478,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
         if step == start_step + 1:  # the first step's time includes dispatch warm-up, not the rate
           for k in ("perf/tokens_per_sec", "perf/mfu", "perf/steps_per_sec"):
             out.pop(k)
+        hardware.warn_implausible_mfu(out.get("perf/mfu", 0.0), peak_source)  # once per process
         if evaluating:
           last_eval = evaluate()
           out |= last_eval

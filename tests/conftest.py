@@ -27,6 +27,16 @@ def jax_compilation_cache(tmp_path_factory):
   yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def matmul_peak_cache(tmp_path_factory):
+  """Points the per-machine matmul peak cache (`hardware.peak_cache_path`) at a session tmp file,
+  so no test (nor a run it starts in a subprocess) reads or writes the real ~/.cache."""
+  path = tmp_path_factory.mktemp("matmul_peak") / "matmul_peak.json"
+  with pytest.MonkeyPatch.context() as m:
+    m.setenv("CBERT_JAX_PEAK_CACHE", str(path))
+    yield path
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
   """One data cache for the session (per xdist worker): the tiny corpus and its tokenizer are

@@ -49,7 +49,9 @@ class ModelConfig:
     "auto"  # jax.nn.dot_product_attention implementation: auto (xla) | xla | cudnn
   )
   param_dtype: str = "float32"  # storage dtype of parameters and optimizer state
-  fused_projections: bool = False  # q/k/v (k/v in cross-attention) and SwiGLU's w1/w3 as one matmul each: the weights  # concatenated at compute time, so parameters and checkpoints are the same either way
+  # q/k/v (k/v in cross-attention) and SwiGLU's w1/w3 as one matmul each, the weights concatenated
+  # at compute time: the parameters and checkpoints are the same either way
+  fused_projections: bool = False
   # CrossBERT predictor (ignored by BERT).
   predictor_layers: int = 1  # cross-attention blocks
   predictor_d_model: int = 0  # predictor width; 0 = d_model (a projection is added when it differs)
