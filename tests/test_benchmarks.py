@@ -58,3 +58,56 @@ def test_accelerator_step_rejects_unknown_contestant(capsys):
   with pytest.raises(SystemExit):
     accelerator_step.main(["--contestants", "BERT,GPT"])
   assert "--contestants: unknown 'GPT'" in capsys.readouterr().err
+
+
+def test_train_step_benchmark_micro_dry_run(tmp_path):
+  """The train-step benchmark end to end at the micro shape: every ratio is the ratio of the
+  measured medians, its analytic twin the ratio of FLOPs per step, and the sparse heads count the
+  vocabulary projection at the masked positions only."""
+  from benchmarks import train_step
+
+  names = [
+    "cbert_jax BERT",
+    "cbert_jax CrossBERT",
+    "HF BertForMaskedLM",
+    "HF BertForMaskedLM sparse head",
+  ]
+  info = train_step.main(
+    [
+      "--shapes",
+      "micro",
+      "--contestants",
+      ",".join(names),
+      "--warmup",
+      "1",
+      "--rounds",
+      "1",
+      "--peak_seconds",
+      "0.2",
+      "--out",
+      str(tmp_path),
+    ]
+  )
+  res, rat = info["results"]["micro"], info["ratios"]["micro"]
+  assert list(res) == names and json.loads((tmp_path / "train_step.json").read_text())
+  for a, b in (("cbert_jax BERT", "HF BertForMaskedLM"), ("cbert_jax CrossBERT", "cbert_jax BERT")):
+    r = rat[f"{a} / {b}"]
+    assert r["measured"] == pytest.approx(res[a]["tokens_per_s"] / res[b]["tokens_per_s"])
+    assert r["analytic"] == pytest.approx(res[b]["flops_per_step"] / res[a]["flops_per_step"])
+  best = rat["best of HF BertForMaskedLM"]["name"]
+  assert best in ("HF BertForMaskedLM", "HF BertForMaskedLM sparse head")
+  assert rat["cbert_jax BERT / best HF BertForMaskedLM"]["measured"] == pytest.approx(
+    res["cbert_jax BERT"]["tokens_per_s"] / res[best]["tokens_per_s"]
+  )
+  # a sparse head: the head's 6 (d^2 + d V) per token at the masked fraction only (the
+  # benchmark's fixed 20% mask, redrawn here from its seed)
+  import torch
+
+  s = train_step.SHAPES["micro"]
+  g = torch.Generator().manual_seed(0)
+  torch.randint(5, s.vocab, (s.batch, s.seq), generator=g)
+  frac = float((torch.rand(s.batch, s.seq, generator=g) < 0.2).float().mean())
+  dense, sparse = (res[n]["flops_per_step"] for n in names[2:])
+  head = 6 * (s.d * s.d + s.d * s.vocab) * s.batch * s.seq
+  assert dense - sparse == pytest.approx(head * (1 - frac))
+  assert "### Targets" in (tmp_path / "train_step.md").read_text()
