@@ -13,6 +13,9 @@ step as training: forward, loss, backward, AdamW with clipping, buffers donated)
   BERT            20% masking, vocabulary head on the targets only
   CrossBERT       50% masking, no CMS (the encoder sees half the tokens)
   CrossBERT+CMS   two complementary views of T/2, every token a target
+  ... fused       BERT and CrossBERT+CMS with `model.fused_projections` (q/k/v and SwiGLU's
+                  gate/up as one matmul each; off by default: no gain on CPU, see
+                  docs/performance.md), so one run on the accelerator decides it there too
 Each is compiled, warmed up, then timed over `--steps` steps (median; the clock stops on the loss
 of every step, so no work is left queued). Model FLOPs are `models.flops.flops_per_token` (3x
 forward matmul FLOPs, no recompute), MFU is against the device's dense spec-sheet peak for
@@ -34,10 +37,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.train_step import JaxStep, Shape  # noqa: E402
 
-CONTESTANTS = {
-  "BERT": ("bert", 0.2, False),
-  "CrossBERT": ("crossbert", 0.5, False),
-  "CrossBERT+CMS": ("crossbert", 0.5, True),
+CONTESTANTS = {  # name -> (family, mask ratio, cms, fused projections)
+  "BERT": ("bert", 0.2, False, False),
+  "BERT fused": ("bert", 0.2, False, True),
+  "CrossBERT": ("crossbert", 0.5, False, False),
+  "CrossBERT+CMS": ("crossbert", 0.5, True, False),
+  "CrossBERT+CMS fused": ("crossbert", 0.5, True, True),
 }
 
 
@@ -101,7 +106,7 @@ def main(argv=None) -> dict:
   )
   results = {}
   for name in names:
-    family, ratio, cms = CONTESTANTS[name]
+    family, ratio, cms, fused = CONTESTANTS[name]
     t0 = time.perf_counter()
     step = JaxStep(
       family,
@@ -111,6 +116,7 @@ def main(argv=None) -> dict:
       compute_dtype=args.dtype,
       attention_impl=args.attention,
       remat=args.remat,
+      fused_projections=fused,
     )
     compile_s = time.perf_counter() - t0
     times = time_steps(step, args.steps, args.warmup)
@@ -157,6 +163,11 @@ def main(argv=None) -> dict:
       for n, r in results.items()
       if n != "BERT"
     ]
+  if {"CrossBERT+CMS", "CrossBERT+CMS fused"} <= results.keys():
+    ratio = (
+      results["CrossBERT+CMS fused"]["tokens_per_s"] / results["CrossBERT+CMS"]["tokens_per_s"]
+    )
+    lines.append(f"- CrossBERT+CMS fused / CrossBERT+CMS data tokens/s: **{ratio:.2f}x**")
   table = "\n".join(lines)
   print("\n" + table)
   info = {
