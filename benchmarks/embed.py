@@ -29,7 +29,8 @@ Forward FLOPs per token (2 per multiply-add, matmuls only; attention counts QK^T
 T keys; embedding gathers, norms, RoPE, softmax, activations and the pooling are not counted;
 heads x head_dim = d for all three):
   ours (SwiGLU FFN, no biases):          L (8 d^2 + 6 d F + 4 T d)
-  HF BertModel (GELU FFN):               L (8 d^2 + 4 d F + 4 T d)
+  HF BertModel (GELU FFN):               L (8 d^2 + 4 d F_gelu + 4 T d)   (F_gelu: the shape's
+                                         gelu_ffn, BERT-base's 3072 at the paper shape; else F)
   HF ModernBertModel (GLU FFN, d -> 2F): L (8 d^2 + 6 d F + 4 T d); its local layers (2 in 3)
     attend within +-64 tokens, but the sdpa path computes the full T x T scores and masks them,
     so all T keys are counted (what it executes).
@@ -94,7 +95,7 @@ CORPUS = os.path.join(
 
 def forward_flops_per_token(key: str, s: Shape) -> float:
   """Matmul FLOPs of one forward pass per token (see the module docstring)."""
-  ffn = 4 * s.d * s.ffn if key in ("hf_bert", "hf_bert_eager") else 6 * s.d * s.ffn
+  ffn = 4 * s.d * s.bert_ffn if key in ("hf_bert", "hf_bert_eager") else 6 * s.d * s.ffn
   return s.layers * (8 * s.d * s.d + ffn + 4 * s.seq * s.d)
 
 
@@ -159,6 +160,7 @@ class TorchFeatures:
       max_position_embeddings=s.seq,
     )
     if key in ("hf_bert", "hf_bert_eager"):
+      common["intermediate_size"] = s.bert_ffn  # BERT-base's 3072 at the paper shape
       cfg = transformers.BertConfig(
         **common, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
       )
@@ -406,8 +408,9 @@ def markdown(res: dict, rat: dict, shapes: dict, peak: float, peaks: dict, n: in
   for shape, r in res.items():
     s = shapes[shape]
     lines += [
-      f"### {shape}: {s.layers} layers, d {s.d}, {s.heads} heads, FFN {s.ffn}, vocab {s.vocab}, "
-      f"seq {s.seq}, batch {s.batch}",
+      f"### {shape}: {s.layers} layers, d {s.d}, {s.heads} heads, FFN {s.ffn}"
+      + (f" (HF BERT: GELU {s.gelu_ffn})" if s.gelu_ffn else "")
+      + f", vocab {s.vocab}, seq {s.seq}, batch {s.batch}",
       "",
       "| contestant | params | median call (s) | tokens/s | fwd MFLOP/token | GFLOP/s | MFU |",
       "|---|---|---|---|---|---|---|",
