@@ -367,6 +367,14 @@ def markdown(
     "family). Probe scores: mean over the offline task kit's tasks (test split) of the frozen, "
     "mean-pooled final layer; '-' = not run.",
     "",
+  ]
+  laws = {}
+  for m in members:
+    laws.setdefault(m.get("laws_source") or "set by hand (no laws)", []).append(m["arch"])
+  lines += [
+    "LR and batch size from: "
+    + "; ".join(f"{src} ({', '.join(sorted(set(a)))})" for src, a in sorted(laws.items())),
+    "",
     "## Members",
     "",
     "| member | seed | N | tokens | C (FLOPs) | steps x batch | lr | final val loss | ridge "

@@ -111,6 +111,7 @@ def read_member(workdir: str) -> dict | None:
     "steps": total,
     "batch_size": int(cfg["batch_size"]),
     "lr": float(cfg["optim"]["lr"]),
+    "laws_source": str(sweep.get("laws_source", "")),  # where the LR and batch came from
     "finished": final is not None,
     "final_loss": final,
     "loss_source": source,  # val_full | eval_loss (fallback, marked in the table) | None

@@ -50,6 +50,8 @@ def run(config: ml_collections.ConfigDict, root: str) -> int:
     total_compute,
     ", ".join(n for n, _, _ in members),
   )
+  for source in sorted({c.sweep.laws_source for _, _, c in members} - {""}):
+    logging.info("LR and batch size from: %s", source)
   start = time.time()
   measured = {"flops": 0.0, "seconds": 0.0}  # members trained (not skipped) in this process
   states: dict[str, str] = {}

@@ -355,6 +355,11 @@ def show(launch: Launch, states: dict, execute: bool, include_running: bool) -> 
   image = "the image's working directory"  # xpk without --code_dir
   where = launch.code_dir or (REPO if launch.backend == "local" else image)
   print(f"code: {where}" + (" (a snapshot, written with --execute)" if launch.snapshot else ""))
+  laws = sorted(
+    {j.member.config.sweep.laws_source for j in launch.jobs if j.member.config is not None} - {""}
+  )
+  if laws:
+    print(f"LR and batch size from: {'; '.join(laws)}")
   if launch.shared_root:
     cache = next(
       (

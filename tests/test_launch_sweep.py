@@ -526,6 +526,7 @@ def test_dry_run_starts_no_process_and_writes_nothing(tmp_path, monkeypatch, cap
   assert rc == 0, err
   assert not root.exists()  # nothing written
   assert "dry run: nothing is started or written" in out and f"{root}/launch_manifest.json" in out
+  assert "LR and batch size from: default: DeepSeek LLM (arXiv 2401.02954)" in out  # paper scale
   assert out.count("\n[") == 17 and "[17/17] crossbert_d2304L32 (pending; " in out
   assert {
     "local": "--config.mode=eval",

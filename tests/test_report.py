@@ -144,6 +144,8 @@ def test_report_on_a_synthetic_sweep_states_the_four_claims_with_the_planted_num
   assert need == pytest.approx([207 / 123 * 1.5] * 2) and f"reach {need[0]:.2f}x BERT's MFU" in text
   assert "python benchmarks/train_step.py" in text and "tokens/s median" not in text
   assert "not a benchmark" in text
+  # the members' config.json name no laws: the report says so rather than naming any
+  assert "LR and batch size from: set by hand (no laws) (bert, crossbert, crossbert-nocms)" in text
   assert out["cms_efficiency"]["ratio"] == pytest.approx(2.0, rel=0.03)
   assert re.search(r"without CMS needs (1\.9[7-9]|2\.0[0-3])x the training tokens", text)
   assert "confounded: the control trains with batch 8" in text
