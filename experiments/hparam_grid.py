@@ -35,7 +35,8 @@ Scales:
          LR x {0.25, 0.5, 1, 2, 4} (a first 3 x 3 grid put optima on its LR edges), extended by
          batch x 1/4 at LR x {1/8, 1/4, 1/2, 1, 2} and batch x 1/2 at LR x 1/8 (the 3 x 5 grid
          put every optimum at its lowest batch), then batch x 1/8 at LR x {1/16, 1/8, 1/4, 1/2}
-         (5 of 6 optima were still at batch x 1/4): 25 members per size, 150 in all, on
+         (5 of 6 optima were still at batch x 1/4): 25 members per size, then 1 row at LR x
+         1/8..1/2 for CrossBERT d32L2 (its best was at 2 rows): 153 in all, on
          experiments/sweep.py's cpu data
          (offline_small, vocabulary 4096, 128-token rows) at 5 tokens per parameter (the sweep
          trains on 20). Cost on 2 quiet cores, from measured throughput (BERT 45k / 43k / 27k
@@ -93,6 +94,10 @@ GRIDS = {
     extra=tuple((0.25, f) for f in (0.125, 0.25, 0.5, 1.0, 2.0))
     + ((0.5, 0.125),)
     + tuple((0.125, f) for f in (0.0625, 0.125, 0.25, 0.5)),
+    # (batch, lr) pairs for one (model, size) only, where its best point was still on an edge:
+    # CrossBERT d32L2's at the eighth batch (2 rows, LR x 1/4), so 1 row at LR x 1/8..1/2 (BERT
+    # d32L2's best is at 1 row too: the smallest batch there is, an edge no grid can widen)
+    extra_by_size={("crossbert", "d32L2"): tuple((0.0625, f) for f in (0.125, 0.25, 0.5))},
     tokens_per_param=5.0,
     n_range=None,
   ),
@@ -102,6 +107,7 @@ GRIDS = {
     batch_factors=(0.5, 1.0, 2.0),
     lr_factors=(0.25, 0.5, 1.0, 2.0, 4.0),
     extra=(),
+    extra_by_size={},
     tokens_per_param=20.0,
     n_range=N_RANGE,
   ),
@@ -168,11 +174,13 @@ def grid_sizes(scale: str, model: str) -> tuple[str, ...]:
 
 def grid_points(scale: str, model: str, size: str) -> list[tuple[int, float]]:
   """(rows, LR) of every member of one size's grid: the laws' suggestion times the scale's
-  factors (the product of batch_factors and lr_factors, then the `extra` pairs), rows rounded to
+  factors (the product of batch_factors and lr_factors, then the `extra` pairs and the size's
+  `extra_by_size` pairs), rows rounded to
   the member's batch multiple, duplicates dropped."""
   g = GRIDS[scale]
   lr, rows, _, multiple = law_point(scale, model, size)
   pairs = [(b, f) for b in g["batch_factors"] for f in g["lr_factors"]] + list(g["extra"])
+  pairs += list(g["extra_by_size"].get((model, size), ()))
   points = [
     (max(multiple, int(round(rows * b / multiple)) * multiple), float(_lr_text(lr * f)))
     for b, f in pairs
