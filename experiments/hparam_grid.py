@@ -36,7 +36,9 @@ Scales:
          batch x 1/4 at LR x {1/8, 1/4, 1/2, 1, 2} and batch x 1/2 at LR x 1/8 (the 3 x 5 grid
          put every optimum at its lowest batch), then batch x 1/8 at LR x {1/16, 1/8, 1/4, 1/2}
          (5 of 6 optima were still at batch x 1/4): 25 members per size, then 1 row at LR x
-         1/8..1/2 for CrossBERT d32L2 (its best was at 2 rows): 153 in all, on
+         1/8..1/2 for CrossBERT d32L2 (its best was at 2 rows), and BERT d128L3 (N 787k) at
+         batch x {1/8, 1/4, 1/2} x LR x {1/4, 1/2, 1} (BERT d32L2's best is at 1 row, the
+         smallest batch there is, so it is left out of the BERT fit): 162 in all, on
          experiments/sweep.py's cpu data
          (offline_small, vocabulary 4096, 128-token rows) at 5 tokens per parameter (the sweep
          trains on 20). Cost on 2 quiet cores, from measured throughput (BERT 45k / 43k / 27k
@@ -97,7 +99,13 @@ GRIDS = {
     # (batch, lr) pairs for one (model, size) only, where its best point was still on an edge:
     # CrossBERT d32L2's at the eighth batch (2 rows, LR x 1/4), so 1 row at LR x 1/8..1/2 (BERT
     # d32L2's best is at 1 row too: the smallest batch there is, an edge no grid can widen)
-    extra_by_size={("crossbert", "d32L2"): tuple((0.0625, f) for f in (0.125, 0.25, 0.5))},
+    # A (model, size) outside `sizes` is gridded at its own pairs only: BERT d128L3, a fourth
+    # BERT size for the fit (d32L2's best sits at 1 row, an edge no grid can widen, so it is left
+    # out of the BERT fit), 3 x 3 around BERT d64L2's best (batch x 1/4, LR x 1/2)
+    extra_by_size={
+      ("crossbert", "d32L2"): tuple((0.0625, f) for f in (0.125, 0.25, 0.5)),
+      ("bert", "d128L3"): tuple((b, f) for b in (0.125, 0.25, 0.5) for f in (0.25, 0.5, 1.0)),
+    },
     tokens_per_param=5.0,
     n_range=None,
   ),
@@ -165,7 +173,8 @@ def grid_sizes(scale: str, model: str) -> tuple[str, ...]:
   the model, those with N in the scale's range."""
   g = GRIDS[scale]
   swept = SWEEP.SCALES[scale][model]
-  sizes = [s for s in g["sizes"] if s in swept]
+  own = [s for m, s in g["extra_by_size"] if m == model and s not in g["sizes"]]
+  sizes = [s for s in (*g["sizes"], *own) if s in swept]
   if g["n_range"] is not None:
     lo, hi = g["n_range"]
     sizes = [s for s in sizes if lo <= law_point(scale, model, s)[2] <= hi]
@@ -179,7 +188,9 @@ def grid_points(scale: str, model: str, size: str) -> list[tuple[int, float]]:
   the member's batch multiple, duplicates dropped."""
   g = GRIDS[scale]
   lr, rows, _, multiple = law_point(scale, model, size)
-  pairs = [(b, f) for b in g["batch_factors"] for f in g["lr_factors"]] + list(g["extra"])
+  pairs = []
+  if size in g["sizes"]:
+    pairs = [(b, f) for b in g["batch_factors"] for f in g["lr_factors"]] + list(g["extra"])
   pairs += list(g["extra_by_size"].get((model, size), ()))
   points = [
     (max(multiple, int(round(rows * b / multiple)) * multiple), float(_lr_text(lr * f)))
@@ -201,8 +212,9 @@ def get_sweep(arg=None) -> list[str]:
   scale = _parse(arg).scale or "cpu"
   _check_scale(scale, tuple(GRIDS))
   members = []
-  for size in GRIDS[scale]["sizes"]:
-    for model in GRIDS[scale]["models"]:
+  g = GRIDS[scale]
+  for size in dict.fromkeys([*g["sizes"], *(s for _, s in g["extra_by_size"])]):
+    for model in g["models"]:
       if size not in grid_sizes(scale, model):
         continue
       members += [
@@ -213,7 +225,7 @@ def get_sweep(arg=None) -> list[str]:
 
 def _scale_of(size: str) -> str:
   for scale, g in GRIDS.items():
-    if size in g["sizes"]:
+    if size in g["sizes"] or any(s == size for _, s in g["extra_by_size"]):
       return scale
   raise ConfigError(
     f"experiments/hparam_grid.py: size {size!r} is in no grid; "

@@ -279,6 +279,32 @@ def test_unfinished_skipped_diverged_kept_and_edge_refused_unless_allowed(tmp_pa
   assert result.laws.overridden == () and "overridden" not in result.laws.source
 
 
+def test_a_size_best_at_one_row_is_refused_as_unwidenable_and_can_be_excluded(tmp_path, capsys):
+  root = str(tmp_path / "grid")
+  best = make_grid(root, SIZES[:4])  # BERT d32L2 .. d128L3, optima inside their grids
+  model, size, n = SIZES[0]
+  compute = 120.0 * n * n
+  # d32L2's best moves to 1 row, below its grid: an edge no grid can widen.
+  write_member(root, "bert_d32L2_b1_lr0.001", model, size, int(n), compute, 1, 1e-3, -1.0)
+  assert grid_lib.main(["fit", "--grid", root, "--bootstrap", "0", "--no_plot"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert "bert d32L2 (B 1 rows" in err and "(1 row, the smallest batch there is)" in err, err
+  out = str(tmp_path / "laws.json")
+  argv = ["fit", "--grid", root, "--out", out, "--bootstrap", "0", "--no_plot"]
+  assert grid_lib.main([*argv, "--exclude", "bert:d32L2"]) == 0
+  capsys.readouterr()
+  laws = laws_lib.load(out)
+  assert laws.provenance["excluded"] == ["bert:d32L2"] and "excluded: bert:d32L2" in laws.source
+  assert [r["size"] for r in laws.provenance["runs"]] == ["d64L2", "d96L3", "d128L3"]
+  assert [r["name"] for r in laws.provenance["runs"]] == [
+    best[("bert", s)][0] for s in ("d64L2", "d96L3", "d128L3")
+  ]
+  assert laws.overridden == () and laws.lr.n_points == 3
+  assert grid_lib.main([*argv, "--exclude", "bert:d999"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "--exclude: bert:d999 not in the grid" in err
+
+
 def test_members_are_judged_by_the_full_split_loss_unless_told_otherwise(tmp_path, capsys):
   """The default metric is the full-split validation loss; eval/loss (the first rows of the
   split) only with --metric eval_loss; a finished member without the full-split record is
@@ -418,7 +444,7 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
   path = os.path.join(ROOT, "experiments", "hparam_grid.py")
   exp = load_module("hparam_grid_exp", path)
   sweep = exp.SWEEP
-  for scale, want, per_size in (("cpu", 153, {25, 28}), ("paper", 105, {15})):
+  for scale, want, per_size in (("cpu", 162, {25, 28, 9}), ("paper", 105, {15})):
     members = exp.get_sweep(scale)
     assert len(members) == want
     names = [exp.workdir_name(a) for a in members]
@@ -449,8 +475,11 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
         assert c.sweep.memory_verdict == "fits"
         assert c.sweep.memory_setting == plan_lib.current_setting(c).describe()
     assert set(map(len, per.values())) == per_size
-    # The law's own suggestion is the centre of every size's grid.
+    # The law's own suggestion is the centre of every size's grid (a size gridded at its own
+    # pairs only, extra_by_size, is centred elsewhere).
     for (model, size), args in per.items():
+      if size not in exp.GRIDS[scale]["sizes"]:
+        continue
       lr0, rows0, _, _ = exp.law_point(scale, model, size)
       assert f"batch={rows0},lr={float(f'{lr0:.3g}'):.3g}" in ",".join(args)
   assert {s for _, s in per} == {"d768L12", "d1024L16", "d1280L20", "d1536L24"}  # paper
@@ -459,7 +488,7 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
   cpu = exp.get_sweep("cpu")
   assert {exp.workdir_name(a).split("_b")[0] for a in cpu} == {
     f"{m}_{s}" for m in ("bert", "crossbert") for s in ("d32L2", "d64L2", "d96L3")
-  }
+  } | {"bert_d128L3"}
   # The whole grid: mode=sweep, no probes, no scaling report; the runner plans it (1 device).
   for arg, scale in ((None, "auto"), ("cpu", "cpu"), ("paper", "paper")):
     c = exp.get_config(arg)
@@ -475,7 +504,8 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
 
   for bad, words in (
     ("model=bert,size=d32L2", "needs model=, size=, batch="),
-    ("model=bert,size=d128L3,batch=8,lr=0.01", "is in no grid"),
+    ("model=crossbert,size=d128L3,batch=8,lr=0.01", "not in the cpu grid"),
+    ("model=bert,size=d256L4,batch=8,lr=0.01", "is in no grid"),
     ("scale=paper,model=crossbert,size=d1536L24,batch=8,lr=0.01", "not in the paper grid"),
     ("scale=quick", "scale must be one of"),
   ):

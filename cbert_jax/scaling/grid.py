@@ -2,7 +2,8 @@ r"""Fit the hyperparameter laws from a finished batch-size x LR grid (SPEC §5).
 
   python -m cbert_jax.scaling.grid fit --grid runs/hparam_grid_cpu \
       [--out FILE] [--model bert|crossbert|all] [--bootstrap 10000] [--seed 0] \
-      [--metric val_full|eval_loss] [--allow_few_sizes] [--allow_edges] [--allow_implausible]
+      [--metric val_full|eval_loss] [--exclude arch:size,...] [--allow_few_sizes] [--allow_edges]
+      [--allow_implausible]
 
 Reads every member workdir under `--grid` (the subdirectories with a config.json, as
 `experiments/hparam_grid.py` run by `python -m cbert_jax.main` leaves them): the member's resolved
@@ -16,7 +17,9 @@ the split (biased and batch-dependent; for grids from before val_full). Then:
     them; a member that diverged (non-finite loss, or a FAILED file saying so) stays in the grid
     as a loss of +inf: it bounds the grid, it is never the best;
   * per (model, size), the member with the lowest final validation loss is the optimum (B*, lr*),
-    B* in tokens = rows x seq_len;
+    B* in tokens = rows x seq_len; `--exclude arch:size` leaves a size out (recorded in laws.json
+    and the laws' source), for a size whose optimum sits on an edge no grid can widen: a batch of
+    1 row (the refusal says so);
   * lr* = a C^alpha and B* = b C^beta by least squares in log space (`fit.fit_power_law_ci`: 90%
     percentile-bootstrap intervals, exact over every distinct resample up to 10 sizes, else
     `--bootstrap` draws; and 90% t-intervals beside them), and the same against N; `--model all`
@@ -126,22 +129,31 @@ def _edges(best: Member, grid: list[Member]) -> list[str]:
     if len(set(values)) < 2:
       out.append(f"only one {label} tried")
     elif value <= min(values):
-      out.append(f"lowest {label}")
+      floor = label == "batch" and value == 1  # 1 row: no grid can go lower
+      out.append(f"lowest {label}" + (" (1 row, the smallest batch there is)" if floor else ""))
     elif value >= max(values):
       out.append(f"highest {label}")
   return out
 
 
 def select(
-  members: list[Member], model: str = "all"
+  members: list[Member], model: str = "all", exclude: Collection[str] = ()
 ) -> tuple[list[Optimum], list[Member], list[str]]:
-  """(the optimum of every (arch, size) with a done member, the members skipped, warnings)."""
+  """(the optimum of every (arch, size) with a done member, the members skipped, warnings).
+  `exclude`: "arch:size" names left out of the fit (`--exclude`)."""
   chosen = [m for m in members if model == "all" or m.model == model]
   if not chosen:
     raise GridError(
       f"--model {model}: the grid has no {model} members (it has "
       f"{', '.join(sorted({m.model for m in members}))})"
     )
+  present = {f"{m.arch}:{m.size}" for m in chosen}
+  unknown = sorted(set(exclude) - present)
+  if unknown:
+    raise GridError(
+      f"--exclude: {', '.join(unknown)} not in the grid (its sizes: {', '.join(sorted(present))})"
+    )
+  chosen = [m for m in chosen if f"{m.arch}:{m.size}" not in set(exclude)]
   skipped = [m for m in chosen if m.state in ("unfinished", "failed")]
   warnings = []
   if skipped:
@@ -223,19 +235,22 @@ def fit_grid(
   command: str = "",
   allow: Collection[str] = (),
   metric: str = "val_full",
+  exclude: Collection[str] = (),
 ) -> FitResult:
   """Reads the grid, fits the laws, writes laws.json (and laws.png); see the module docstring.
   `n_boot`: bootstrap draws when the exact bootstrap is too large (0 = no bootstrap). `allow`:
   the refusal checks (`CHECKS`) to override; a failed check not in it raises GridError before
   anything is written. `command`: how it was invoked, for the provenance (the CLI passes its
-  command line). `metric`: the final validation loss members are judged by (`grid_read.METRICS`)."""
+  command line). `metric`: the final validation loss members are judged by (`grid_read.METRICS`).
+  `exclude`: "arch:size" sizes left out (recorded in the provenance and the source)."""
   unknown = sorted(set(allow) - set(CHECKS))
   if unknown:
     raise ValueError(f"allow: unknown check(s) {unknown}; known: {sorted(CHECKS)}")
   if metric not in METRICS:
     raise ValueError(f"metric: expected one of {sorted(METRICS)}, got {metric!r}")
   members = read_grid(grid, metric)
-  optima, skipped, warnings = select(members, model)
+  exclude = sorted(set(exclude))
+  optima, skipped, warnings = select(members, model, exclude)
   grid_abs = os.path.abspath(grid)
   if (
     len(optima) < 2
@@ -312,8 +327,11 @@ def fit_grid(
     ],
     "diverged": [m.name for o in optima for m in o.members if m.state == "diverged"],
     "skipped": [{"name": m.name, "reason": m.reason} for m in skipped],
+    "excluded": exclude,  # sizes left out by --exclude
   }
   source = f"fit: {grid_abs} ({len(optima)} sizes), {created[:10]}"
+  if exclude:
+    source += f"; excluded: {', '.join(exclude)}"
   if overridden:
     source += f"; checks overridden: {', '.join(overridden)}"
   laws = laws_lib.HyperLaws(
@@ -436,6 +454,12 @@ def main(argv=None) -> int:
     help="the final validation loss each member is judged by: "
     + "; ".join(f"{k}: {v}" for k, v in METRICS.items()),
   )
+  f.add_argument(
+    "--exclude",
+    default="",
+    help="comma-separated arch:size (e.g. bert:d32L2) to leave out of the fit, recorded in the "
+    "laws file: a size whose optimum is at an edge no grid can widen (1 row)",
+  )
   f.add_argument("--no_plot", action="store_true", help=f"skip {PLOT_FILE}")
   for check, flag in CHECKS.items():
     f.add_argument(
@@ -460,6 +484,7 @@ def main(argv=None) -> int:
       command=command,
       allow=[k for k, flag in CHECKS.items() if getattr(ns, flag.lstrip("-"))],
       metric=ns.metric,
+      exclude=[x.strip() for x in ns.exclude.split(",") if x.strip()],
     )
   except GridError as e:
     print(f"grid error: {e}", file=sys.stderr)
