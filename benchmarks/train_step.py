@@ -50,13 +50,16 @@ buffer sizes (arguments + outputs - donated + temporaries); for torch, parameter
 AdamW state plus every tensor saved for the backward pass (counted with saved_tensors_hooks). The
 process's peak RSS is printed too. Numbers on a shared VM are noisy: medians over >= 6-10 steps.
 
-Writes <out>/train_step.json, .md and .png.
+Writes <out>/train_step.json, .md and .png (and train_step.partial.json after each shape, removed
+at the end: what a crash leaves). The paper shape builds its contestants one at a time per round
+(`Shape.one_at_a_time`: all twelve at once need more than 24 GB).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import resource
@@ -84,6 +87,7 @@ class Shape:
   batch: int
   steps: int = 10  # timed steps per contestant unless --steps is given
   gelu_ffn: int = 0  # HF BERT's (GELU, two matmuls) FFN width; 0 = ffn (the same width)
+  one_at_a_time: bool = False  # build each contestant per round and free it (memory)
 
   @property
   def bert_ffn(self) -> int:
@@ -98,7 +102,16 @@ SHAPES = {
   # FFN 3072: the same FFN FLOPs as SwiGLU at 2048 (2 x 3072 = 3 x 2048). 2 rows (1024 tokens)
   # per step keep a step at several seconds on 2 cores.
   "paper": Shape(
-    layers=12, d=768, heads=12, ffn=2048, vocab=32768, seq=512, batch=2, steps=6, gelu_ffn=3072
+    layers=12,
+    d=768,
+    heads=12,
+    ffn=2048,
+    vocab=32768,
+    seq=512,
+    batch=2,
+    steps=6,
+    gelu_ffn=3072,
+    one_at_a_time=True,
   ),
   # a dry run in seconds (tests/test_benchmarks.py); not part of the default run
   "micro": Shape(layers=2, d=64, heads=2, ffn=128, vocab=512, seq=32, batch=4, steps=2),
@@ -362,53 +375,75 @@ def matmul_peaks(n: int = 2048, seconds: float = 2.0) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------- run ------
+def _summary(c, times: list[float], tokens: int) -> dict:
+  """One contestant's numbers from its timed steps."""
+  med = statistics.median(times)
+  return {
+    "step_s": med,
+    "steps_timed": len(times),
+    "step_s_min": min(times),
+    "step_s_max": max(times),
+    "tokens_per_s": tokens / med,
+    "flops_per_step": c.flops_per_step,
+    "model_flops_per_s": c.flops_per_step / med,
+    "memory_mb": c.memory_bytes / 2**20,
+    "params": c.params,
+    "compile_s": c.compile_s,
+  }
+
+
 def run_shape(shape_name: str, names, steps: int | None, warmup: int, rounds: int) -> dict:
-  """Builds every contestant at the shape, then times them alternating round by round; steps
-  None: the shape's own."""
+  """Times every contestant at the shape, alternating round by round; steps None: the shape's
+  own. All contestants are held in memory at once, except at shapes with `one_at_a_time`
+  (paper: twelve ~110M-parameter models with their AdamW states and activations do not fit in
+  24 GB together), where each round builds, warms up, times and frees one contestant after the
+  other (build and warm-up untimed)."""
   shape = SHAPES[shape_name]
   steps = steps or shape.steps
-  contestants = {}
-  for name in names:
-    t0 = time.perf_counter()
-    contestants[name] = build(name, shape)
-    for _ in range(warmup):
-      contestants[name].step()
-    print(
-      f"  [{shape_name}] {name}: built and warmed up in {time.perf_counter() - t0:.1f} s",
-      flush=True,
-    )
+  tokens = shape.batch * shape.seq
   times = {name: [] for name in names}
   per_round = max(1, -(-steps // rounds))
+  held, last = {}, {}
+
+  def get(name: str, round_: int):
+    if name in held:
+      return held[name]
+    t0 = time.perf_counter()
+    c = build(name, shape)
+    for _ in range(warmup):
+      c.step()
+    print(
+      f"  [{shape_name}] {name}: built and warmed up in {time.perf_counter() - t0:.1f} s"
+      + (f" (round {round_ + 1})" if shape.one_at_a_time else ""),
+      flush=True,
+    )
+    if not shape.one_at_a_time:
+      held[name] = c
+    return c
+
+  if not shape.one_at_a_time:
+    for name in names:
+      get(name, 0)
   for r in range(rounds):
     for name in names:
-      contestants[name].step()  # untimed: the first step after switching pays for caches
+      c = get(name, r)
+      c.step()  # untimed: the first step after switching pays for caches
       for _ in range(per_round):
         start = time.perf_counter()
-        contestants[name].step()
+        c.step()
         times[name].append(time.perf_counter() - start)
+      last[name] = _summary(c, times[name], tokens)
+      if shape.one_at_a_time:
+        del c
+        gc.collect()
     print(
       f"  [{shape_name}] round {r + 1}/{rounds}: "
       + ", ".join(f"{n} {statistics.median(t):.3f} s" for n, t in times.items()),
       flush=True,
     )
-  tokens = shape.batch * shape.seq
-  out = {}
-  for name in names:
-    c, med = contestants[name], statistics.median(times[name])
-    out[name] = {
-      "step_s": med,
-      "steps_timed": len(times[name]),
-      "step_s_min": min(times[name]),
-      "step_s_max": max(times[name]),
-      "tokens_per_s": tokens / med,
-      "flops_per_step": c.flops_per_step,
-      "model_flops_per_s": c.flops_per_step / med,
-      "memory_mb": c.memory_bytes / 2**20,
-      "params": c.params,
-      "compile_s": c.compile_s,
-    }
-  del contestants
-  return out
+  held.clear()
+  gc.collect()
+  return {name: last[name] for name in names}
 
 
 # Targets (issue 19), checked in the table, never in a timed test:
@@ -571,14 +606,18 @@ def main(argv=None) -> dict:
     f"matmul peak: JAX {peaks['jax'][0] / 1e9:.1f}, torch {peaks['torch'][0] / 1e9:.1f} GFLOP/s",
     flush=True,
   )
-  res = {s: run_shape(s, names, args.steps or None, args.warmup, args.rounds) for s in shapes}
+  os.makedirs(args.out, exist_ok=True)
+  res = {}
+  for s in shapes:  # each finished shape is kept on disk: a crash later loses only the rest
+    res[s] = run_shape(s, names, args.steps or None, args.warmup, args.rounds)
+    with open(os.path.join(args.out, "train_step.partial.json"), "w") as f:
+      json.dump({"peaks": peaks, "results": res}, f, indent=2)
   for k, v in matmul_peaks(seconds=args.peak_seconds).items():
     peaks[k].append(v)
   peak = max(max(v) for v in peaks.values())
   rat = ratios(res)
   table = markdown(res, peak, peaks, rat)
   print("\n" + table)
-  os.makedirs(args.out, exist_ok=True)
   info = {
     "peak_flops": peak,
     "peaks": peaks,
@@ -599,6 +638,7 @@ def main(argv=None) -> dict:
   with open(os.path.join(args.out, "train_step.md"), "w") as f:
     f.write(table + "\n")
   plot(res, os.path.join(args.out, "train_step.png"))
+  os.remove(os.path.join(args.out, "train_step.partial.json"))
   print(
     f"\npeak RSS {info['peak_rss_mb']:.0f} MB; wall {info['wall_s']:.0f} s; "
     f"written to {args.out}/train_step.{{json,md,png}}"

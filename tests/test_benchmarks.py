@@ -1,5 +1,6 @@
 """The accelerator benchmark script runs end to end on CPU (bf16 compute switch included)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -60,7 +61,7 @@ def test_accelerator_step_rejects_unknown_contestant(capsys):
   assert "--contestants: unknown 'GPT'" in capsys.readouterr().err
 
 
-def test_train_step_benchmark_micro_dry_run(tmp_path):
+def test_train_step_benchmark_micro_dry_run(tmp_path, monkeypatch):
   """The train-step benchmark end to end at the micro shape: every ratio is the ratio of the
   measured medians, its analytic twin the ratio of FLOPs per step, and the sparse heads count the
   vocabulary projection at the masked positions only."""
@@ -111,3 +112,14 @@ def test_train_step_benchmark_micro_dry_run(tmp_path):
   head = 6 * (s.d * s.d + s.d * s.vocab) * s.batch * s.seq
   assert dense - sparse == pytest.approx(head * (1 - frac))
   assert "### Targets" in (tmp_path / "train_step.md").read_text()
+  # One contestant at a time (the paper shape's memory mode): built per round, the same numbers.
+  monkeypatch.setitem(
+    train_step.SHAPES, "micro", dataclasses.replace(s, one_at_a_time=True, steps=4)
+  )
+  info = train_step.main(
+    ["--shapes", "micro", "--contestants", ",".join(names[:2]), "--rounds", "2", "--warmup", "1"]
+    + ["--peak_seconds", "0.2", "--out", str(tmp_path / "one")]
+  )
+  res = info["results"]["micro"]
+  assert list(res) == names[:2] and all(r["steps_timed"] == 4 for r in res.values())
+  assert not (tmp_path / "one" / "train_step.partial.json").exists()
