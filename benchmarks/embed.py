@@ -504,6 +504,11 @@ def main(argv=None) -> dict:
   p.add_argument("--e2e_lines", type=int, default=2000, help="lines of the generated text file")
   p.add_argument("--e2e_passes", type=int, default=3, help="timed end-to-end passes (median)")
   p.add_argument("--text", default="", help="embed this .txt file end to end instead")
+  p.add_argument(
+    "--e2e_shapes",
+    default="tiny,small",
+    help="shapes the end-to-end contestant runs at (the paper shape's pass takes ~6 min here)",
+  )
   p.add_argument("--out", default="runs/bench/embed")
   p.add_argument(
     "--dry_run",
@@ -540,9 +545,14 @@ def main(argv=None) -> dict:
     "matmul peak: " + ", ".join(f"{k} {v[0] / 1e9:.1f}" for k, v in peaks.items()) + " GFLOP/s",
     flush=True,
   )
-  res = {
-    name: run_shape(name, s, keys, steps, warmup, rounds, e2e_args) for name, s in shapes.items()
-  }
+  os.makedirs(args.out, exist_ok=True)
+  e2e_at = {x.strip() for x in args.e2e_shapes.split(",") if x.strip()}
+  res = {}
+  for name, s in shapes.items():  # each finished shape is kept on disk (embed.partial.json)
+    here = [k for k in keys if k != "e2e" or name in e2e_at or args.dry_run]
+    res[name] = run_shape(name, s, here, steps, warmup, rounds, e2e_args)
+    with open(os.path.join(args.out, "embed.partial.json"), "w") as f:
+      json.dump({"peaks": peaks, "results": res}, f, indent=2)
   for k, v in matmul_peaks(torch_too, n, secs).items():
     peaks[k].append(v)
   peak = max(max(v) for v in peaks.values())
@@ -553,7 +563,6 @@ def main(argv=None) -> dict:
   rat = ratios(res)
   table = markdown(res, rat, shapes, peak, peaks, n)
   print("\n" + table)
-  os.makedirs(args.out, exist_ok=True)
   versions = {"jax": __import__("jax").__version__}
   for mod in ("torch", "transformers"):
     if mod in sys.modules:
@@ -579,6 +588,7 @@ def main(argv=None) -> dict:
   with open(os.path.join(args.out, "embed.md"), "w") as f:
     f.write(table + "\n")
   plot(res, os.path.join(args.out, "embed.png"), os.path.join(args.out, ".matplotlib"))
+  os.remove(os.path.join(args.out, "embed.partial.json"))
   print(
     f"\npeak RSS {info['peak_rss_mb']:.0f} MB; wall {info['wall_s']:.0f} s; load average "
     f"{load_before[0]:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
