@@ -36,9 +36,10 @@ Scales:
          batch x 1/4 at LR x {1/8, 1/4, 1/2, 1, 2} and batch x 1/2 at LR x 1/8 (the 3 x 5 grid
          put every optimum at its lowest batch), then batch x 1/8 at LR x {1/16, 1/8, 1/4, 1/2}
          (5 of 6 optima were still at batch x 1/4): 25 members per size, then 1 row at LR x
-         1/8..1/2 for CrossBERT d32L2 (its best was at 2 rows), and BERT d128L3 (N 787k) at
-         batch x {1/8, 1/4, 1/2} x LR x {1/4, 1/2, 1} (BERT d32L2's best is at 1 row, the
-         smallest batch there is, so it is left out of the BERT fit): 162 in all, on
+         1/8..1/2 for CrossBERT d32L2 (its best was at 2 rows), and d128L3 (BERT N 787k,
+         CrossBERT 1.05M) at batch x {1/8, 1/4, 1/2} x LR x {1/4, 1/2, 1} (both families' d32L2
+         best is at 1 row, the smallest batch there is, so it is left out of the fits): 171 in
+         all, on
          experiments/sweep.py's cpu data
          (offline_small, vocabulary 4096, 128-token rows) at 5 tokens per parameter (the sweep
          trains on 20). Cost on 2 quiet cores, from measured throughput (BERT 45k / 43k / 27k
@@ -99,12 +100,16 @@ GRIDS = {
     # (batch, lr) pairs for one (model, size) only, where its best point was still on an edge:
     # CrossBERT d32L2's at the eighth batch (2 rows, LR x 1/4), so 1 row at LR x 1/8..1/2 (BERT
     # d32L2's best is at 1 row too: the smallest batch there is, an edge no grid can widen)
-    # A (model, size) outside `sizes` is gridded at its own pairs only: BERT d128L3, a fourth
-    # BERT size for the fit (d32L2's best sits at 1 row, an edge no grid can widen, so it is left
-    # out of the BERT fit), 3 x 3 around BERT d64L2's best (batch x 1/4, LR x 1/2)
+    # A (model, size) outside `sizes` is gridded at its own pairs only: d128L3, a fourth size
+    # for each family's fit (BERT d32L2's and then CrossBERT d32L2's best sit at 1 row, an edge
+    # no grid can widen, so d32L2 is left out of both fits), 3 x 3 around BERT d64L2's best
+    # (batch x 1/4, LR x 1/2), the same factors for both families
     extra_by_size={
       ("crossbert", "d32L2"): tuple((0.0625, f) for f in (0.125, 0.25, 0.5)),
-      ("bert", "d128L3"): tuple((b, f) for b in (0.125, 0.25, 0.5) for f in (0.25, 0.5, 1.0)),
+      **{
+        (m, "d128L3"): tuple((b, f) for b in (0.125, 0.25, 0.5) for f in (0.25, 0.5, 1.0))
+        for m in ("bert", "crossbert")
+      },
     },
     tokens_per_param=5.0,
     n_range=None,

@@ -444,7 +444,7 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
   path = os.path.join(ROOT, "experiments", "hparam_grid.py")
   exp = load_module("hparam_grid_exp", path)
   sweep = exp.SWEEP
-  for scale, want, per_size in (("cpu", 162, {25, 28, 9}), ("paper", 105, {15})):
+  for scale, want, per_size in (("cpu", 171, {25, 28, 9}), ("paper", 105, {15})):
     members = exp.get_sweep(scale)
     assert len(members) == want
     names = [exp.workdir_name(a) for a in members]
@@ -488,7 +488,7 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
   cpu = exp.get_sweep("cpu")
   assert {exp.workdir_name(a).split("_b")[0] for a in cpu} == {
     f"{m}_{s}" for m in ("bert", "crossbert") for s in ("d32L2", "d64L2", "d96L3")
-  } | {"bert_d128L3"}
+  } | {"bert_d128L3", "crossbert_d128L3"}
   # The whole grid: mode=sweep, no probes, no scaling report; the runner plans it (1 device).
   for arg, scale in ((None, "auto"), ("cpu", "cpu"), ("paper", "paper")):
     c = exp.get_config(arg)
@@ -504,7 +504,6 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
 
   for bad, words in (
     ("model=bert,size=d32L2", "needs model=, size=, batch="),
-    ("model=crossbert,size=d128L3,batch=8,lr=0.01", "not in the cpu grid"),
     ("model=bert,size=d256L4,batch=8,lr=0.01", "is in no grid"),
     ("scale=paper,model=crossbert,size=d1536L24,batch=8,lr=0.01", "not in the paper grid"),
     ("scale=quick", "scale must be one of"),
