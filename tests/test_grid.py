@@ -455,6 +455,9 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
       c = config_lib.resolve(exp.get_config(arg))
       assert c.mode == "train" and c.sweep.scale == scale and not c.sweep.probe
       assert (c.batch_size, c.optim.lr) == (a.batch, a.lr)
+      assert c.sweep.laws_source.startswith(
+        "sweep.lr and sweep.batch_size set explicitly; laws otherwise: default: DeepSeek"
+      )
       assert c.sweep.tokens_per_param == exp.GRIDS[scale]["tokens_per_param"]
       assert c.name == f"hparam_grid_{scale}/{exp.workdir_name(arg)}"
       tokens = c.total_steps * c.batch_size * c.data.seq_len

@@ -75,7 +75,12 @@ def derive(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     s.target_tokens = plan.target_tokens
     s.tokens = plan.tokens
     s.compute = float(per_token * plan.tokens)
-    s.laws_source = laws.source
+    explicit = [f"sweep.{k}" for k in ("lr", "batch_size") if s[k]]
+    s.laws_source = (
+      f"{' and '.join(explicit)} set explicitly; laws otherwise: {laws.source}"
+      if explicit
+      else laws.source
+    )
   if s.chip:
     plan_memory(config)
   return config
