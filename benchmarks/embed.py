@@ -408,9 +408,7 @@ def markdown(res: dict, rat: dict, shapes: dict, peak: float, peaks: dict, n: in
   for shape, r in res.items():
     s = shapes[shape]
     lines += [
-      f"### {shape}: {s.layers} layers, d {s.d}, {s.heads} heads, FFN {s.ffn}"
-      + (f" (HF BERT: GELU {s.gelu_ffn})" if s.gelu_ffn else "")
-      + f", vocab {s.vocab}, seq {s.seq}, batch {s.batch}",
+      f"### {shape}: {s.describe()}",
       "",
       "| contestant | params | median call (s) | tokens/s | fwd MFLOP/token | GFLOP/s | MFU |",
       "|---|---|---|---|---|---|---|",

@@ -93,6 +93,14 @@ class Shape:
   def bert_ffn(self) -> int:
     return self.gelu_ffn or self.ffn
 
+  def describe(self) -> str:
+    """'4 layers, d 256, 4 heads, FFN 1024, vocab 8192, seq 128, batch 32' (the tables' headings)."""
+    gelu = f" (HF BERT: GELU {self.gelu_ffn})" if self.gelu_ffn else ""
+    return (
+      f"{self.layers} layers, d {self.d}, {self.heads} heads, FFN {self.ffn}{gelu}, vocab "
+      f"{self.vocab}, seq {self.seq}, batch {self.batch}"
+    )
+
 
 SHAPES = {
   "tiny": Shape(layers=4, d=256, heads=4, ffn=1024, vocab=8192, seq=128, batch=32),
@@ -525,10 +533,7 @@ def markdown(res: dict, peak: float, peaks: dict, rat: dict) -> str:
   for shape, r in res.items():
     s = SHAPES[shape]
     lines += [
-      f"### {shape}: {s.layers} layers, d {s.d}, {s.heads} heads, FFN {s.ffn}"
-      + (f" (HF BERT: GELU {s.gelu_ffn})" if s.gelu_ffn else "")
-      + ", vocab "
-      f"{s.vocab}, seq {s.seq}, batch {s.batch}",
+      f"### {shape}: {s.describe()}",
       "",
       "| contestant | params | median step (s) | data tokens/s | model GFLOP/s | MFU | memory (MB) |",
       "|---|---|---|---|---|---|---|",
