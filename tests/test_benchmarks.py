@@ -123,3 +123,25 @@ def test_train_step_benchmark_micro_dry_run(tmp_path, monkeypatch):
   res = info["results"]["micro"]
   assert list(res) == names[:2] and all(r["steps_timed"] == 4 for r in res.values())
   assert not (tmp_path / "one" / "train_step.partial.json").exists()
+
+
+@pytest.mark.parametrize("model", ["bert", "hf_bert_sparse"])
+def test_profile_step_micro(model, capsys):
+  """The step profile (ours by XLA op, a peer's by aten op) at the micro shape: the kinds add up
+  to the op time, matmuls are among them, and the FLOPs are the benchmark's own count."""
+  from benchmarks import profile_step, train_step
+
+  out = profile_step.main(
+    ["--model", model, "--shape", "micro", "--steps", "2", "--no-matmul_rates"]
+  )
+  assert sum(out["kinds"].values()) == pytest.approx(out["op_ms"])
+  assert out["wall_ms"] > 0 and out["op_ms"] > 0
+  [mm] = [k for k in out["kinds"] if k.startswith("matmul")]
+  assert out["kinds"][mm] > 0
+  shape = train_step.SHAPES["micro"]
+  if model == "bert":
+    want = train_step.JaxStep("bert", shape, 0.2, cms=False).flops_per_step
+  else:
+    want = train_step.TorchStep("bert", shape, sparse=True).flops_per_step
+  assert out["flops"] == pytest.approx(want)
+  assert f"{model} @ micro" in capsys.readouterr().out
