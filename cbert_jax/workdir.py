@@ -52,6 +52,7 @@ RESUMABLE = (
   "model.attention_impl",  # same maths, other memory / kernel
   "model.fused_projections",  # the same parameters, concatenated per step
   "optim.microbatches",  # gradient accumulation: the same batch, masks and update
+  "sweep.laws_source",  # the description of where LR and batch came from (not their values)
   "sweep.chip",
   "sweep.memory",
   "sweep.memory_",  # the memory plan (chip, setting, bytes)
