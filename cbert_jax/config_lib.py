@@ -261,6 +261,7 @@ def base_config() -> ml_collections.ConfigDict:
   # predictor / generator) | total | encoder
   c.sweep.laws = ""  # JSON of fitted lr(C), B(C) laws (cbert_jax.scaling.grid fit);
   # "shipped:<name>" = a fit shipped in cbert_jax/scaling/fitted/ (cpu-bert, cpu-crossbert);
+  # "{model}" in it = the member's family ("shipped:cpu-{model}": each family its own fit);
   # "" = the published defaults (DeepSeek LLM's; cbert_jax/scaling/laws.py says why)
   c.sweep.law_axis = "compute"  # the laws' x: compute (training FLOPs) | params (N)
   c.sweep.batch_size = 0  # rows per step; 0 = from the batch-size law

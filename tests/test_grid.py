@@ -413,6 +413,20 @@ def test_shipped_laws_load_by_name_and_unknown_names_are_listed(tmp_path, monkey
     config_lib.ConfigError, match=r"no shipped laws named 'cpu-x'; shipped: cpu-bert"
   ):
     laws_lib.load("shipped:cpu-x")
+  # "{model}": each member reads its own family's laws (here only BERT's are shipped).
+  sweep = load_module("sweep_for_model_laws", os.path.join(ROOT, "experiments", "sweep.py"))
+  bert = sweep.get_config("model=bert,size=d64L2")
+  bert.sweep.laws = "shipped:cpu-{model}"
+  bert = config_lib.resolve(bert)
+  by_file = sweep.get_config("model=bert,size=d64L2")
+  by_file.sweep.laws = str(fitted / "cpu-bert.json")
+  by_file = config_lib.resolve(by_file)
+  assert (bert.optim.lr, bert.batch_size) == (by_file.optim.lr, by_file.batch_size)
+  assert bert.sweep.laws_source == shipped.source
+  cross = sweep.get_config("model=crossbert,size=d64L2")
+  cross.sweep.laws = "shipped:cpu-{model}"
+  with pytest.raises(config_lib.ConfigError, match=r"no shipped laws named 'cpu-crossbert'"):
+    config_lib.resolve(cross)
 
 
 def test_bad_grid_input_is_one_line_naming_the_path_exit_2(tmp_path, capsys):

@@ -93,6 +93,16 @@ def shipped_names() -> list[str]:
     return []
 
 
+MODEL_FIELD = "{model}"
+
+
+def for_model(path: str, model_name: str) -> str:
+  """`path` with "{model}" replaced by the member's family (bert | crossbert | electra): one
+  `sweep.laws` for a whole sweep whose families have laws of their own ("shipped:cpu-{model}",
+  "laws/paper-{model}.json"). CrossBERT without CMS reads CrossBERT's."""
+  return path.replace(MODEL_FIELD, model_name)
+
+
 def resolve_path(path: str) -> str:
   """The file `path` names: "shipped:<name>" -> the shipped file (ConfigError listing the shipped
   names if there is none), anything else unchanged."""

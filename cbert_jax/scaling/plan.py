@@ -54,7 +54,7 @@ def derive(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   target = int(math.ceil(s.tokens_per_param * n))
   per_token = flops_lib.flops_per_token(config.model_name, model_cfg, mask_cfg, seq_len)
   compute = per_token * target
-  laws = laws_lib.load(s.laws)
+  laws = laws_lib.load(laws_lib.for_model(s.laws, config.model_name))
   lr, rows = laws_lib.suggest(
     laws, compute if s.law_axis == "compute" else n, seq_len, s.batch_multiple, s.law_axis
   )
