@@ -229,6 +229,9 @@ def render_sbatch(
     if prepare
     else ""
   )
+  probe_line = (
+    f'run_step "${{tasks[@]}}" {shell_join(probe)} || fail probe $?\n' if probe else ""
+  )  # a grid member has no probe step
   body = f"""\
 # {member.name} ({member.arg}): {member.summary()}.
 # Written by launch/sweep.py; the resolved config: {config_json}
@@ -278,8 +281,7 @@ if [ ! -d "$final" ]; then  # no final checkpoint yet
     exit 0
   fi
 fi
-run_step "${{tasks[@]}}" {shell_join(probe)} || fail probe $?
-"""
+{probe_line}"""
   return "\n".join(head) + "\n" + body
 
 
@@ -399,9 +401,15 @@ def member_wrapper(member: Member, train: list[str], probe: list[str]) -> str:
       f'if [ ! -d "$final" ]; then step {shell_join(train)} ||',
       '{ rc=$?; [ -n "$stop" ] || exit "$rc"; }; fi;',
       f'if [ ! -d "$final" ]; then echo {double_quote(stopped)} >&2; exit {STOPPED_EXIT}; fi;',
-      f'if [ -n "$stop" ]; then echo {double_quote(no_probe)} >&2; exit {STOPPED_EXIT}; fi;',
-      f"step {shell_join(probe)}",
     ]
+    + (  # a grid member has no probe step: done at its final checkpoint
+      [
+        f'if [ -n "$stop" ]; then echo {double_quote(no_probe)} >&2; exit {STOPPED_EXIT}; fi;',
+        f"step {shell_join(probe)}",
+      ]
+      if probe
+      else []
+    )
   )
 
 
@@ -544,12 +552,12 @@ def render_xpk(
 def render_local(
   launch: Launch, members: list[Member], ns: argparse.Namespace, python: list[str]
 ) -> list[Job]:
-  """Subprocesses here: train, then probe (`--args` members: train only)."""
+  """Subprocesses here: train, then probe (`--args` and grid members: train only)."""
   del ns  # local has no options that change the commands
   jobs = []
   for m in members:
     train, probe = member_commands(python, launch.experiment, m, launch.overrides, False)
-    steps = [("train", train)] + ([] if launch.plain else [("probe", probe)])
+    steps = [("train", train)] + ([("probe", probe)] if probe else [])
     jobs.append(Job(m, train, probe, steps))
   return jobs
 

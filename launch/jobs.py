@@ -104,7 +104,7 @@ def member_states(launch: Launch) -> dict:
   the status file records it done with the same command."""
   if not launch.plain:
     return {
-      j.member.name: status_lib.member_state(j.member.name, j.member.workdir, probe=True)
+      j.member.name: status_lib.member_state(j.member.name, j.member.workdir, probe=j.member.probes)
       for j in launch.jobs
     }
   records, out = read_records(launch.root), {}
@@ -382,6 +382,13 @@ def find_members(root: str) -> tuple[str, list[tuple[str, str]]]:
     n for n in os.listdir(root) if os.path.isfile(os.path.join(root, n, "config.json"))
   )
   return "member directories", [(n, os.path.join(root, n)) for n in names]
+
+
+def recorded_probes(root: str) -> dict[str, bool]:
+  """{member: whether it has a probe step} as the launch manifest records it (members launched
+  before it recorded this: absent)."""
+  launched = read_json(os.path.join(root, MANIFEST)) or {}
+  return {m["name"]: bool(m["probe"]) for m in launched.get("members", []) if "probe" in m}
 
 
 def live_eta(root: str, states: list, rate: float) -> str:

@@ -16,7 +16,7 @@ Two kinds of member list (`python -m launch.sweep --config FILE ...`):
 A member's job is ordinary trainer commands, run from the repository root (or a snapshot of it):
   train  python -m cbert_jax.main --config=<experiment>:<member arg> --workdir=<root>/<member>
   probe  the same + --config.mode=eval (the offline probe suite on the final checkpoint; sweep
-         members only)
+         members only: not grid members, whose config sets sweep.probe=False, nor --args ones)
 followed by every `--override`. Multi-host backends add `--multiprocess` (jax.distributed finds
 the SLURM / TPU environment). An interrupted member resumes from its workdir's checkpoint when
 launched again. The trainer refuses (exit 2, `config error: ...planned for N devices...`) to train
@@ -62,6 +62,13 @@ class Member:
   @property
   def total_steps(self) -> int:
     return int(self.config.total_steps)
+
+  @property
+  def probes(self) -> bool:
+    """Whether the member gets the probe step: sweep members do; grid members (sweep.probe
+    False: only the final validation loss counts) and `--args` members do not. A member without
+    a probe step is done at its final checkpoint."""
+    return self.config is not None and bool(self.config.sweep.get("probe", True))
 
   def summary(self) -> str:
     """'10.6M params, 3458 steps x 120 rows, 1.97e+16 FLOPs, 8 devices' (an `--args` member: its
@@ -267,7 +274,8 @@ def arg_members(
 def member_commands(
   python: list[str], experiment: str, member: Member, overrides: list[str], multiprocess: bool
 ) -> tuple[list[str], list[str]]:
-  """(train, probe) argv of a member. The mode flag goes last so that no override can undo it."""
+  """(train, probe) argv of a member (probe [] when it has no probe step: `Member.probes`). The
+  mode flag goes last so that no override can undo it."""
   spec = f"{experiment}:{member.arg}" if member.arg else experiment
   base = [
     *python,
@@ -278,4 +286,4 @@ def member_commands(
     *(["--multiprocess"] if multiprocess else []),
     *overrides,
   ]
-  return base, [*base, "--config.mode=eval"]
+  return base, ([*base, "--config.mode=eval"] if member.probes else [])

@@ -143,6 +143,7 @@ def member_record(job: Job) -> dict:
     "compute": float(m.config.sweep.compute),
     "total_steps": m.total_steps,
     "batch_size": int(m.config.batch_size),
+    "probe": m.probes,  # whether done needs the probe results (grid members: no)
     "commands": {"train": shell_join(job.train), "probe": shell_join(job.probe)},
     "launch": [shell_join(argv) for _, argv in job.steps],
     "script": job.script_path,

@@ -385,7 +385,7 @@ def show(launch: Launch, states: dict, execute: bool, include_running: bool) -> 
     if st.state == "done":
       print(
         f"{tag}: done, skipped (checkpoint of the final step {st.step}"
-        + ("" if launch.plain else " and its probe results")
+        + (" and its probe results" if m.probes else "")
         + ")"
       )
       continue
@@ -432,7 +432,7 @@ def execute(launch: Launch, ns: argparse.Namespace, states: dict) -> int:
     return 130  # the members stopped; they resume when launched
 
   final = [
-    status_lib.member_state(j.member.name, j.member.workdir, probe=not launch.plain)
+    status_lib.member_state(j.member.name, j.member.workdir, probe=j.member.probes)
     for j in launch.jobs
   ]
   record = f" ({os.path.join(launch.root, jobs_lib.STATUS_FILE)})" if launch.plain else ""
@@ -501,8 +501,9 @@ def status_main(argv: list[str]) -> int:
   p.add_argument(
     "--probe",
     action=argparse.BooleanOptionalAction,
-    default=True,
-    help="done needs the probe results too (--no-probe: the final checkpoint only)",
+    default=None,
+    help="done needs the probe results too (--no-probe: the final checkpoint only); default: "
+    "as the launch manifest records each member (grid members have no probe step), else yes",
   )
   ns = p.parse_args(argv)
   root = os.path.abspath(ns.workdir_root)
@@ -510,7 +511,11 @@ def status_main(argv: list[str]) -> int:
     print(f"error: --workdir_root={ns.workdir_root}: no such directory", file=sys.stderr)
     return 2
   source, members = jobs_lib.find_members(root)
-  states = [status_lib.member_state(n, w, probe=ns.probe) for n, w in members]
+  recorded = jobs_lib.recorded_probes(root)
+  states = [
+    status_lib.member_state(n, w, probe=ns.probe if ns.probe is not None else recorded.get(n, True))
+    for n, w in members
+  ]
   counts = {k: sum(s.state == k for s in states) for k in ("done", "running", "pending", "failed")}
   print(
     f"{root} ({source}): {len(states)} members, " + ", ".join(f"{v} {k}" for k, v in counts.items())

@@ -534,3 +534,46 @@ def test_dry_run_starts_no_process_and_writes_nothing(tmp_path, monkeypatch, cap
     "tpu-vm": "--worker=all",
     "xpk": "--tpu-type=v5p-16",
   }[backend] in out
+
+
+def test_grid_members_are_trained_never_probed_and_done_at_their_final_checkpoint(tmp_path, capsys):
+  """A grid member (sweep.probe False: only its final validation loss counts) gets no probe
+  step from any backend, and the dry run and `status` count it done at its final checkpoint;
+  a sweep member keeps its probe step."""
+  import json
+
+  for backend, extra in BACKEND_ARGS.items():
+    root = tmp_path / backend
+    launch = build(
+      root, "--config", "experiments/hparam_grid.py:paper", "--backend", backend, *extra
+    )
+    j = launch.jobs[0]
+    assert not j.member.probes and j.probe == []
+    rendered = j.script + "\n".join(backends.shell_join(argv) for _, argv in j.steps)
+    assert "cbert_jax.main" in rendered and "--config.mode=eval" not in rendered
+    if backend == "local":
+      assert [kind for kind, _ in j.steps] == ["train"]
+  sweep_job = build(tmp_path / "s", "--config", EXP, "--backend", "local").jobs[0]
+  assert sweep_job.member.probes and sweep_job.probe[-1] == "--config.mode=eval"
+  assert [kind for kind, _ in sweep_job.steps] == ["train", "probe"]
+  # done: the final checkpoint, no probe results (the manifest records it has no probe step)
+  root = tmp_path / "local"
+  launch = build(root, "--config", "experiments/hparam_grid.py:paper", "--backend", "local")
+  first = launch.jobs[0].member
+  os.makedirs(os.path.join(first.workdir, "checkpoints", str(first.total_steps)))
+  with open(os.path.join(first.workdir, "config.json"), "w") as f:
+    json.dump({"config": {"total_steps": first.total_steps}}, f)
+  rc, out, _ = run_main(
+    capsys,
+    "--config",
+    "experiments/hparam_grid.py:paper",
+    "--backend",
+    "local",
+    "--workdir_root",
+    root,
+  )
+  assert rc == 0 and f"{first.name}: done, skipped (checkpoint of the final step " in out
+  assert "and its probe results" not in out
+  snapshot.write_files(launch)  # the manifest, as --execute writes it
+  rc, out, _ = run_main(capsys, "status", "--workdir_root", root)
+  assert rc == 0 and f"{len(launch.jobs)} members, 1 done" in out
