@@ -9,7 +9,9 @@ equal (issue 18, SPEC §6 claim 3: CMS's sample efficiency).
       --workdir runs/cms_control/crossbert-nocms_d64L2_s1   # one member
 
 Arguments: `size=` (d64L2 | d96L3), `cms=` (true | false) and `seed=` (0 | 1) for one member;
-none for the whole experiment (mode=sweep).
+none (or `cpu`, its only scale) for the whole experiment (mode=sweep). Two members at a time:
+  python -m launch.sweep --config experiments/cms_control.py:cpu --backend local --parallel 2 \
+      --workdir_root runs/cms_control --execute
 
 Design, fixed before any member ran (commit history: this file precedes its runs):
   * Arms: CrossBERT+CMS (every token a target, half at a time) and CrossBERT without CMS (mask
@@ -70,7 +72,15 @@ SWEEP = _load_sweep()
 
 
 def _parse(arg):
-  return config_lib.parse_arg((arg or "").strip(), size="", cms=True, seed=0)
+  arg = (arg or "").strip()
+  if arg == SCALE:  # `:cpu`, the scale launch.sweep needs named: the whole experiment
+    arg = ""
+  elif arg in ("paper", "quick", "auto"):
+    raise ConfigError(
+      f"experiments/cms_control.py: runs at the {SCALE} scale only (its arms use the {SCALE} "
+      f"sweep's CrossBERT+CMS plan); got {arg!r}: use experiments/cms_control.py:{SCALE}"
+    )
+  return config_lib.parse_arg(arg, size="", cms=True, seed=0)
 
 
 def member_arg(size: str, cms: bool, seed: int) -> str:

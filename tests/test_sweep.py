@@ -96,6 +96,12 @@ def test_cms_control_arms_differ_only_in_cms_and_seed():
   assert cc.cms_plan("d64L2") == (sweep_cms.batch_size, sweep_cms.optim.lr, sweep_cms.total_steps)
   whole = cc.get_config()
   assert whole.mode == "sweep" and not whole.sweep.report
+  # `:cpu` (the scale launch.sweep needs named) is the whole experiment too
+  by_scale = cc.get_config("cpu")
+  assert by_scale.mode == "sweep" and by_scale.sweep.scale == whole.sweep.scale == "cpu"
+  assert cc.get_sweep("cpu") == args
+  with pytest.raises(ConfigError, match=r"cpu scale only .*use experiments/cms_control.py:cpu"):
+    cc.get_config("paper")
   with pytest.raises(ConfigError, match="size must be one of d64L2, d96L3"):
     cc.get_config("size=d32L2")
 
