@@ -194,7 +194,16 @@ def test_fit_recovers_exponents_writes_laws_and_plot_the_sweep_reads(tmp_path, c
   assert bert.lr.n_points == 4 and bert.lr.alpha_ci is None and bert.lr.bootstrap is None
   assert bert.lr.alpha_t_ci is not None
   assert {r["model"] for r in bert.provenance["runs"]} == {"bert"}
-  assert os.path.exists(str(tmp_path / "fits" / "laws.png"))
+  # its plots are named after it, so a second fit in the folder keeps its own
+  assert sorted(os.listdir(tmp_path / "fits")) == ["bert.json", "bert.png", "bert_grid.png"]
+  cross_file = str(tmp_path / "fits" / "crossbert.json")
+  assert (
+    grid_lib.main(
+      ["fit", "--grid", root, "--model", "crossbert", "--bootstrap", "0", "--out", cross_file]
+    )
+    == 0
+  )
+  assert {"bert.png", "crossbert.png", "crossbert_grid.png"} <= set(os.listdir(tmp_path / "fits"))
   # experiments/sweep.py reads the file through sweep.laws: the member's LR and batch follow it.
   sweep = load_module("sweep_for_grid_test", os.path.join(ROOT, "experiments", "sweep.py"))
   for axis in ("compute", "params"):

@@ -38,10 +38,11 @@ the split (biased and batch-dependent; for grids from before val_full). Then:
   * writes the laws (`laws.HyperLaws`, `laws.save`) to `--out` (default `<grid>/laws.json`) with
     provenance -- the grid directory, the runs used (name, size, C, N, chosen B and lr, loss),
     the runs skipped and why, the models pooled, the checks and exponent bounds, when -- and
-    `source` "fit: <grid> (<n> sizes), <date>"; draws `<out dir>/laws.png` (log-log: lr* and B*
+    `source` "fit: <grid> (<n> sizes), <date>"; draws `<out dir>/laws.png` (`<stem>.png` for an
+    --out not named laws.json; log-log: lr* and B*
     against C and N, fitted lines with bootstrap bands, every grid point coloured by its loss
     above its size's best) and `grid.png` (per size, final validation loss against LR, one line
-    per batch size); prints a table.
+    per batch size; `<stem>_grid.png`); prints a table.
 
 Exponent bounds (`EXPONENT_BOUNDS`), fixed from the literature before looking at any grid:
   * lr*(C) exponent in [-0.5, 0]. The optimal LR should not grow with compute: DeepSeek LLM (Bi et
@@ -347,9 +348,9 @@ def fit_grid(
   laws_lib.save(laws_path, laws)
   plot_path = None
   if plot:
-    plot_path = os.path.join(os.path.dirname(os.path.abspath(laws_path)), PLOT_FILE)
+    plot_path, curves_path = plot_paths(laws_path)
     draw(optima, laws, plot_path, n_boot, seed)
-    draw_curves(optima, os.path.join(os.path.dirname(plot_path), CURVES_FILE), metric)
+    draw_curves(optima, curves_path, metric)
   return FitResult(
     laws=laws,
     optima=optima,
@@ -358,6 +359,17 @@ def fit_grid(
     laws_path=laws_path,
     plot_path=plot_path,
   )
+
+
+def plot_paths(laws_path: str) -> tuple[str, str]:
+  """(laws plot, grid curves plot) beside `laws_path`: laws.png and grid.png for laws.json;
+  <stem>.png and <stem>_grid.png for any other name, so two fits in one directory (cpu-bert.json,
+  cpu-crossbert.json) keep their own plots."""
+  folder = os.path.dirname(os.path.abspath(laws_path))
+  stem = os.path.splitext(os.path.basename(laws_path))[0]
+  if stem == os.path.splitext(LAWS_FILE)[0]:
+    return os.path.join(folder, PLOT_FILE), os.path.join(folder, CURVES_FILE)
+  return os.path.join(folder, f"{stem}.png"), os.path.join(folder, f"{stem}_grid.png")
 
 
 # ---------------------------------------------------------------------------------- table ---
@@ -431,7 +443,8 @@ def main(argv=None) -> int:
   f.add_argument(
     "--out",
     default=None,
-    help=f"the laws file (default <grid>/{LAWS_FILE}; the plot goes next to it as {PLOT_FILE})",
+    help=f"the laws file (default <grid>/{LAWS_FILE}; the plots go next to it: {PLOT_FILE} and "
+    f"{CURVES_FILE}, or <stem>.png and <stem>_grid.png for another name)",
   )
   f.add_argument(
     "--model",
