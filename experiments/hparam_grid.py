@@ -104,8 +104,11 @@ GRIDS = {
     # for each family's fit (BERT d32L2's and then CrossBERT d32L2's best sit at 1 row, an edge
     # no grid can widen, so d32L2 is left out of both fits), 3 x 3 around BERT d64L2's best
     # (batch x 1/4, LR x 1/2), the same factors for both families
+    # CrossBERT d64L2's best then landed on its eighth batch (3 rows, LR x 1/4: 5.975, against
+    # 6.067 at 7 rows), so a sixteenth batch (2 rows) at LR x 1/8..1/2 (174 members)
     extra_by_size={
       ("crossbert", "d32L2"): tuple((0.0625, f) for f in (0.125, 0.25, 0.5)),
+      ("crossbert", "d64L2"): tuple((0.0625, f) for f in (0.125, 0.25, 0.5)),
       **{
         (m, "d128L3"): tuple((b, f) for b in (0.125, 0.25, 0.5) for f in (0.25, 0.5, 1.0))
         for m in ("bert", "crossbert")
