@@ -112,8 +112,7 @@ def main(argv=None) -> dict:
     f"{flops / (wall / 1e3) / 1e9:.0f} GFLOP/s over the step, >= "
     f"{flops / (mm / 1e3) / 1e9:.0f} GFLOP/s inside matmuls"
   )
-  for kind, ms in kinds.most_common(args.top):
-    print(f"  {ms:8.1f} ms {100 * ms / total:5.1f}%  {kind}")
+  _print_kinds(kinds, total, args.top)
   print("largest matmul ops:")
   for name, ms in [kv for kv in per_op.most_common() if is_mm(kv[0])][: args.top]:
     print(f"  {ms:8.1f} ms  {name:34s} {meta.get(name, '')[:90]}")
@@ -177,9 +176,14 @@ def _profile_torch(args) -> dict:
     f"GFLOP/s over the step; model FLOPs / matmul time {flops / (mm / 1e3) / 1e9:.0f} GFLOP/s "
     f"(attention's FLOPs are in the SDPA kernel's time)"
   )
-  for kind, ms in kinds.most_common(args.top):
-    print(f"  {ms:8.1f} ms {100 * ms / total:5.1f}%  {kind}")
+  _print_kinds(kinds, total, args.top)
   return dict(wall_ms=wall, op_ms=total, kinds=dict(kinds), flops=flops)
+
+
+def _print_kinds(kinds: collections.Counter, total: float, top: int) -> None:
+  """The `top` op kinds by time per step, with their share of the op time."""
+  for kind, ms in kinds.most_common(top):
+    print(f"  {ms:8.1f} ms {100 * ms / total:5.1f}%  {kind}")
 
 
 def _matmul_rate(m: int, k: int, n: int, seconds: float = 0.5) -> float:

@@ -75,7 +75,7 @@ def _parse(arg):
   arg = (arg or "").strip()
   if arg == SCALE:  # `:cpu`, the scale launch.sweep needs named: the whole experiment
     arg = ""
-  elif arg in ("paper", "quick", "auto"):
+  elif arg in SWEEP.SCALE_NAMES:  # the sweep's other scales
     raise ConfigError(
       f"experiments/cms_control.py: runs at the {SCALE} scale only (its arms use the {SCALE} "
       f"sweep's CrossBERT+CMS plan); got {arg!r}: use experiments/cms_control.py:{SCALE}"

@@ -38,8 +38,8 @@ Scales:
          (5 of 6 optima were still at batch x 1/4): 25 members per size, then 1 row at LR x
          1/8..1/2 for CrossBERT d32L2 (its best was at 2 rows), and d128L3 (BERT N 787k,
          CrossBERT 1.05M) at batch x {1/8, 1/4, 1/2} x LR x {1/4, 1/2, 1} (both families' d32L2
-         best is at 1 row, the smallest batch there is, so it is left out of the fits): 171 in
-         all, on
+         best is at 1 row, the smallest batch there is, so it is left out of the fits), and 2
+         rows at LR x 1/8..1/2 for CrossBERT d64L2 (its best was at 3 rows): 174 in all, on
          experiments/sweep.py's cpu data
          (offline_small, vocabulary 4096, 128-token rows) at 5 tokens per parameter (the sweep
          trains on 20). Cost on 2 quiet cores, from measured throughput (BERT 45k / 43k / 27k
