@@ -35,7 +35,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.train_step import JaxStep, Shape  # noqa: E402
+from benchmarks.contestants import JaxStep, Shape  # noqa: E402
 
 CONTESTANTS = {  # name -> (family, mask ratio, cms, fused projections)
   "BERT": ("bert", 0.2, False, False),

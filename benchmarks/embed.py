@@ -76,7 +76,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from benchmarks import train_step  # noqa: E402
-from benchmarks.train_step import MASK_ID, SHAPES, SPECIAL, Shape  # noqa: E402
+from benchmarks.contestants import MASK_ID, SHAPES, SPECIAL, Shape  # noqa: E402
 
 CONTESTANTS = {  # --contestants key -> the name in the tables
   "ours": "cbert_jax BERT features",

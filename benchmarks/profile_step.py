@@ -3,13 +3,13 @@ r"""Where a train step spends its time, by op (prints numbers; not a test).
   python benchmarks/profile_step.py --model bert --shape small [--top 15]
   python benchmarks/profile_step.py --model hf_bert_sparse_compiled --shape tiny   # a peer
 
-Traces a few steps of the jitted train step (the benchmark shapes of benchmarks/train_step.py)
+Traces a few steps of the jitted train step (the benchmark shapes of benchmarks/contestants.py)
 with `jax.profiler`, reads the Perfetto trace it writes, and prints the time per step grouped by
 kind (matmuls: XLA:CPU's YNNPACK fusions and dots; everything else by fusion kind) and the
 largest non-matmul ops with the JAX operation they come from (from the HLO metadata), so a
 slow transpose or reduction can be traced back to the model code.
 
-The `hf_*` models are benchmarks/train_step.py's Hugging Face contestants, profiled with
+The `hf_*` models are benchmarks/contestants.py's Hugging Face contestants, profiled with
 `torch.profiler`: self CPU time per aten op (or inductor kernel), grouped into matmuls, attention
 and the rest, with the FLOP rate inside the matmuls. Side by side with a cbert_jax profile it
 splits a throughput ratio into its FLOPs part and its FLOP-rate part, and says where the rate is
@@ -31,14 +31,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.train_step import SHAPES, JaxStep  # noqa: E402
+from benchmarks.contestants import SHAPES, JaxStep  # noqa: E402
 
 MODELS = {
   "bert": ("bert", 0.2, False),
   "crossbert": ("crossbert", 0.5, False),
   "crossbert_cms": ("crossbert", 0.5, True),
 }
-# benchmarks/train_step.py's TorchStep arguments of each peer
+# benchmarks/contestants.py's TorchStep arguments of each peer
 PEERS = {
   "hf_bert": dict(kind="bert"),
   "hf_bert_sparse": dict(kind="bert", sparse=True),
@@ -144,7 +144,7 @@ def _profile_torch(args) -> dict:
   """The peer's step under torch.profiler: self CPU time per op, grouped like the JAX side."""
   from torch.profiler import ProfilerActivity, profile
 
-  from benchmarks.train_step import TorchStep
+  from benchmarks.contestants import TorchStep
 
   step = TorchStep(shape=SHAPES[args.shape], **PEERS[args.model])
   for _ in range(2):

@@ -65,7 +65,7 @@ def test_train_step_benchmark_micro_dry_run(tmp_path, monkeypatch):
   """The train-step benchmark end to end at the micro shape: every ratio is the ratio of the
   measured medians, its analytic twin the ratio of FLOPs per step, and the sparse heads count the
   vocabulary projection at the masked positions only."""
-  from benchmarks import train_step
+  from benchmarks import contestants, train_step
 
   names = [
     "cbert_jax BERT",
@@ -104,7 +104,7 @@ def test_train_step_benchmark_micro_dry_run(tmp_path, monkeypatch):
   # benchmark's fixed 20% mask, redrawn here from its seed)
   import torch
 
-  s = train_step.SHAPES["micro"]
+  s = contestants.SHAPES["micro"]
   g = torch.Generator().manual_seed(0)
   torch.randint(5, s.vocab, (s.batch, s.seq), generator=g)
   frac = float((torch.rand(s.batch, s.seq, generator=g) < 0.2).float().mean())
@@ -114,7 +114,7 @@ def test_train_step_benchmark_micro_dry_run(tmp_path, monkeypatch):
   assert "### Targets" in (tmp_path / "train_step.md").read_text()
   # One contestant at a time (the paper shape's memory mode): built per round, the same numbers.
   monkeypatch.setitem(
-    train_step.SHAPES, "micro", dataclasses.replace(s, one_at_a_time=True, steps=4)
+    contestants.SHAPES, "micro", dataclasses.replace(s, one_at_a_time=True, steps=4)
   )
   info = train_step.main(
     ["--shapes", "micro", "--contestants", ",".join(names[:2]), "--rounds", "2", "--warmup", "1"]
@@ -129,7 +129,7 @@ def test_train_step_benchmark_micro_dry_run(tmp_path, monkeypatch):
 def test_profile_step_micro(model, capsys):
   """The step profile (ours by XLA op, a peer's by aten op) at the micro shape: the kinds add up
   to the op time, matmuls are among them, and the FLOPs are the benchmark's own count."""
-  from benchmarks import profile_step, train_step
+  from benchmarks import contestants, profile_step
 
   out = profile_step.main(
     ["--model", model, "--shape", "micro", "--steps", "2", "--no-matmul_rates"]
@@ -138,10 +138,10 @@ def test_profile_step_micro(model, capsys):
   assert out["wall_ms"] > 0 and out["op_ms"] > 0
   [mm] = [k for k in out["kinds"] if k.startswith("matmul")]
   assert out["kinds"][mm] > 0
-  shape = train_step.SHAPES["micro"]
+  shape = contestants.SHAPES["micro"]
   if model == "bert":
-    want = train_step.JaxStep("bert", shape, 0.2, cms=False).flops_per_step
+    want = contestants.JaxStep("bert", shape, 0.2, cms=False).flops_per_step
   else:
-    want = train_step.TorchStep("bert", shape, sparse=True).flops_per_step
+    want = contestants.TorchStep("bert", shape, sparse=True).flops_per_step
   assert out["flops"] == pytest.approx(want)
   assert f"{model} @ micro" in capsys.readouterr().out
