@@ -3,7 +3,7 @@ r"""Fit the hyperparameter laws from a finished batch-size x LR grid (SPEC §5).
   python -m cbert_jax.scaling.grid fit --grid runs/hparam_grid_cpu \
       [--out FILE] [--model bert|crossbert|all] [--bootstrap 10000] [--seed 0] \
       [--metric val_full|eval_loss] [--exclude arch:size,...] [--allow_few_sizes] [--allow_edges]
-      [--allow_implausible]
+      [--allow_implausible] [--optimum vertex|argmin]
 
 Reads every member workdir under `--grid` (the subdirectories with a config.json, as
 `experiments/hparam_grid.py` run by `python -m cbert_jax.main` leaves them): the member's resolved
@@ -16,10 +16,14 @@ the split (biased and batch-dependent; for grids from before val_full). Then:
   * members whose last logged step is short of total_steps are skipped, with a warning listing
     them; a member that diverged (non-finite loss, or a FAILED file saying so) stays in the grid
     as a loss of +inf: it bounds the grid, it is never the best;
-  * per (model, size), the member with the lowest final validation loss is the optimum (B*, lr*),
-    B* in tokens = rows x seq_len; `--exclude arch:size` leaves a size out (recorded in laws.json
-    and the laws' source), for a size whose optimum sits on an edge no grid can widen: a batch of
-    1 row (the refusal says so);
+  * per (model, size), the member with the lowest final validation loss is the best grid point;
+    the optimum (B*, lr*) is located around it (`--optimum`, `grid_vertex`): by default the vertex
+    of a parabola in log lr through it and its LR neighbours in its batch row, and of one in log B
+    through the best losses of its row and the neighbouring rows (a factor-2 grid's best point is
+    up to a factor sqrt(2) off on each axis, too coarse for the exponents measured); `argmin`
+    takes the grid point itself. B* in tokens = rows x seq_len; `--exclude arch:size` leaves a
+    size out (recorded in laws.json and the laws' source), for a size whose optimum sits on an
+    edge no grid can widen: a batch of 1 row (the refusal says so);
   * lr* = a C^alpha and B* = b C^beta by least squares in log space (`fit.fit_power_law_ci`: 90%
     percentile-bootstrap intervals, exact over every distinct resample up to 10 sizes, else
     `--bootstrap` draws; and 90% t-intervals beside them), and the same against N; `--model all`
@@ -83,6 +87,7 @@ from collections.abc import Collection
 import numpy as np
 
 from cbert_jax.scaling import fit as fit_lib
+from cbert_jax.scaling import grid_vertex
 from cbert_jax.scaling import laws as laws_lib
 from cbert_jax.scaling.grid_plot import draw, draw_curves
 from cbert_jax.scaling.grid_read import METRICS, GridError, Member, Optimum, read_grid
@@ -138,10 +143,11 @@ def _edges(best: Member, grid: list[Member]) -> list[str]:
 
 
 def select(
-  members: list[Member], model: str = "all", exclude: Collection[str] = ()
+  members: list[Member], model: str = "all", exclude: Collection[str] = (), optimum: str = "vertex"
 ) -> tuple[list[Optimum], list[Member], list[str]]:
   """(the optimum of every (arch, size) with a done member, the members skipped, warnings).
-  `exclude`: "arch:size" names left out of the fit (`--exclude`)."""
+  `exclude`: "arch:size" names left out of the fit (`--exclude`). `optimum`: how each size's
+  (lr*, B*) is located from its best member (`grid_vertex.METHODS`)."""
   chosen = [m for m in members if model == "all" or m.model == model]
   if not chosen:
     raise GridError(
@@ -180,8 +186,16 @@ def select(
         f"lr {best.lr:.3g}) is at the {' and '.join(edges)} of its grid; the "
         "optimum may lie outside it (widen the grid and rerun)"
       )
+    where = grid_vertex.locate(best, grid, optimum)
     optima.append(
-      Optimum(best=best, members=sorted(grid, key=lambda m: (m.batch_size, m.lr)), edges=edges)
+      Optimum(
+        best=best,
+        members=sorted(grid, key=lambda m: (m.batch_size, m.lr)),
+        edges=edges,
+        lr=where.lr,
+        batch_tokens=where.batch_tokens,
+        how=where.how,
+      )
     )
   if empty:
     warnings.append(f"no finished member (all diverged) at: {', '.join(empty)}")
@@ -237,21 +251,26 @@ def fit_grid(
   allow: Collection[str] = (),
   metric: str = "val_full",
   exclude: Collection[str] = (),
+  optimum: str = "vertex",
 ) -> FitResult:
   """Reads the grid, fits the laws, writes laws.json (and laws.png); see the module docstring.
   `n_boot`: bootstrap draws when the exact bootstrap is too large (0 = no bootstrap). `allow`:
   the refusal checks (`CHECKS`) to override; a failed check not in it raises GridError before
   anything is written. `command`: how it was invoked, for the provenance (the CLI passes its
   command line). `metric`: the final validation loss members are judged by (`grid_read.METRICS`).
-  `exclude`: "arch:size" sizes left out (recorded in the provenance and the source)."""
+  `exclude`: "arch:size" sizes left out (recorded in the provenance and the source). `optimum`:
+  how each size's (lr*, B*) is located (`grid_vertex.METHODS`: between grid points, or the best
+  grid point)."""
   unknown = sorted(set(allow) - set(CHECKS))
   if unknown:
     raise ValueError(f"allow: unknown check(s) {unknown}; known: {sorted(CHECKS)}")
   if metric not in METRICS:
     raise ValueError(f"metric: expected one of {sorted(METRICS)}, got {metric!r}")
+  if optimum not in grid_vertex.METHODS:
+    raise ValueError(f"optimum: expected one of {grid_vertex.METHODS}, got {optimum!r}")
   members = read_grid(grid, metric)
   exclude = sorted(set(exclude))
-  optima, skipped, warnings = select(members, model, exclude)
+  optima, skipped, warnings = select(members, model, exclude, optimum)
   grid_abs = os.path.abspath(grid)
   if (
     len(optima) < 2
@@ -272,8 +291,8 @@ def fit_grid(
     )
   c = np.array([o.best.compute for o in optima])
   n = np.array([o.best.n_params for o in optima], np.float64)
-  lr = np.array([o.best.lr for o in optima])
-  bt = np.array([o.best.batch_tokens for o in optima], np.float64)
+  lr = np.array([o.lr for o in optima])
+  bt = np.array([o.batch_tokens for o in optima], np.float64)
   fits = {
     "lr": _fit_axis(c, lr, n_boot, seed),
     "batch_tokens": _fit_axis(c, bt, n_boot, seed),
@@ -298,6 +317,7 @@ def fit_grid(
     "model_filter": model,
     "n_definition": defs[0],
     "selection": f"lowest {metric} per (model, size): {METRICS[metric]}",
+    "optimum": optimum,  # grid_vertex.METHODS: how lr* and B* are located around that member
     "metric": metric,
     "n_bootstrap": n_boot,
     "exact_bootstrap_limit": fit_lib.EXACT_LIMIT,
@@ -321,6 +341,9 @@ def fit_grid(
         "batch_tokens": o.best.batch_tokens,
         "lr": o.best.lr,
         "loss": o.best.loss,
+        "lr_located": o.lr,  # what the laws are fitted to (`optimum`)
+        "batch_tokens_located": o.batch_tokens,
+        "located": o.how,
         "edge": o.edges,
         "grid_members": [m.name for m in o.members],
       }
@@ -333,6 +356,8 @@ def fit_grid(
   source = f"fit: {grid_abs} ({len(optima)} sizes), {created[:10]}"
   if exclude:
     source += f"; excluded: {', '.join(exclude)}"
+  if optimum != "vertex":
+    source += f"; optima: {optimum}"
   if overridden:
     source += f"; checks overridden: {', '.join(overridden)}"
   laws = laws_lib.HyperLaws(
@@ -397,7 +422,19 @@ def describe_law(name: str, law: fit_lib.PowerLaw, x: str) -> list[str]:
 def table(result: FitResult) -> str:
   """The optima and the four fits, as plain text."""
   rows = [
-    ("model", "size", "N", "C (FLOPs)", "B* rows", "B* tokens", "lr*", "loss", "grid", "edge")
+    (
+      "model",
+      "size",
+      "N",
+      "C (FLOPs)",
+      "best B rows",
+      "best lr",
+      "loss",
+      "B* tokens",
+      "lr*",
+      "grid",
+      "edge",
+    )
   ]
   for o in result.optima:
     b = o.best
@@ -408,15 +445,19 @@ def table(result: FitResult) -> str:
         f"{b.n_params:.3g}",
         f"{b.compute:.3g}",
         str(b.batch_size),
-        str(b.batch_tokens),
         f"{b.lr:.3g}",
         f"{b.loss:.4f}",
+        f"{o.batch_tokens:.4g}",
+        f"{o.lr:.3g}",
         str(len(o.members)),
         ", ".join(o.edges) or "-",
       )
     )
   w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
   lines = ["  ".join(r[i].ljust(w[i]) for i in range(len(r))).rstrip() for r in rows]
+  lines.append("(best: the grid's lowest-loss member; B*, lr*: what the laws are fitted to)")
+  for o in result.optima:
+    lines.append(f"  {o.best.arch} {o.best.size}: lr* {o.how['lr']}; B* {o.how['batch']}")
   lines.append("")
   lv = result.laws
   for name, law, x in (
@@ -473,6 +514,14 @@ def main(argv=None) -> int:
     help="comma-separated arch:size (e.g. bert:d32L2) to leave out of the fit, recorded in the "
     "laws file: a size whose optimum is at an edge no grid can widen (1 row)",
   )
+  f.add_argument(
+    "--optimum",
+    default="vertex",
+    choices=grid_vertex.METHODS,
+    help="how each size's lr* and B* are located around its best member: vertex (parabolas in "
+    "log lr and log B through it and its grid neighbours; cbert_jax/scaling/grid_vertex.py) or "
+    "argmin (the best grid point itself)",
+  )
   f.add_argument("--no_plot", action="store_true", help=f"skip {PLOT_FILE}")
   for check, flag in CHECKS.items():
     f.add_argument(
@@ -498,6 +547,7 @@ def main(argv=None) -> int:
       allow=[k for k, flag in CHECKS.items() if getattr(ns, flag.lstrip("-"))],
       metric=ns.metric,
       exclude=[x.strip() for x in ns.exclude.split(",") if x.strip()],
+      optimum=ns.optimum,
     )
   except GridError as e:
     print(f"grid error: {e}", file=sys.stderr)

@@ -43,7 +43,8 @@ def draw(
 ) -> None:
   """laws.png: lr* and B* against C (top) and N (bottom), log-log; each grid point coloured by
   its final loss above the best of its size (the lowest over the other hyperparameter where
-  several share an x, y), diverged points as grey crosses, the optima as stars."""
+  several share an x, y), diverged points as grey crosses, the best grid points as stars, the
+  located optima the laws are fitted to (`grid_vertex`) as red diamonds."""
   Figure, FigureCanvasAgg = plotting.matplotlib_classes(  # pylint: disable=invalid-name
     os.path.join(os.path.dirname(path), ".matplotlib")
   )
@@ -97,8 +98,10 @@ def draw(
         linewidths=1.2,
         zorder=3,
       )
+      # the located optimum the law is fitted to (the star itself for --optimum argmin)
+      ax.scatter([x0], [getattr(o, ykey)], marker="D", s=22, c="tab:red", zorder=4)
     x = np.array([getattr(o.best, xkey) for o in optima], np.float64)
-    y = np.array([getattr(o.best, ykey) for o in optima], np.float64)
+    y = np.array([getattr(o, ykey) for o in optima], np.float64)
     xs = np.geomspace(x.min() / 1.5, x.max() * 1.5, 40)
     band = _band(x, y, xs, n_boot, seed)
     if band is not None:
@@ -128,7 +131,8 @@ def draw(
   fig.colorbar(
     cm.ScalarMappable(norm=norm, cmap=cmap),
     ax=fig.axes,
-    label="final val loss - best of its size (grey x: diverged; star: best)",
+    label="final val loss - best of its size (grey x: diverged; star: best grid point; "
+    "red diamond: located optimum)",
   )
   fig.suptitle(
     f"hyperparameter laws ({', '.join(sorted({o.best.arch for o in optima}))}; "
@@ -141,7 +145,8 @@ def draw(
 def draw_curves(optima: list[Optimum], path: str, metric: str = "val_full") -> None:
   """grid.png: one panel per (model, size), final validation loss (`metric`) against peak LR
   (log x), one line per batch size; the size's best run starred, diverged runs as crosses on the
-  panel's top edge. What the optima in laws.png were chosen from."""
+  panel's top edge, the located lr* (what the law is fitted to) as a red dotted line. What the
+  optima in laws.png were chosen from."""
   Figure, FigureCanvasAgg = plotting.matplotlib_classes(  # pylint: disable=invalid-name
     os.path.join(os.path.dirname(path), ".matplotlib")
   )
@@ -178,6 +183,10 @@ def draw_curves(optima: list[Optimum], path: str, metric: str = "val_full") -> N
       ax.scatter(
         [o.best.lr], [o.best.loss], marker="*", s=160, facecolors="none", edgecolors="k", zorder=4
       )
+      if math.isfinite(o.lr):
+        ax.axvline(
+          o.lr, color="tab:red", ls=":", lw=1, label=f"lr* {o.lr:.3g}, B* {o.batch_tokens:.4g} tok"
+        )
       edge = f"; edge: {', '.join(o.edges)}" if o.edges else ""
       ax.set_title(
         f"{arch} {o.best.size} (N {o.best.n_params:.3g}, C {o.best.compute:.2g}){edge}", fontsize=8

@@ -64,6 +64,9 @@ class Optimum:
   best: Member
   members: list[Member]  # done and diverged members of the size (its grid)
   edges: list[str]  # e.g. ["highest lr"]: the optimum may lie outside the grid
+  lr: float = math.nan  # the optimum's peak LR as the laws use it (grid_vertex.locate)
+  batch_tokens: float = math.nan  # the optimum's batch in tokens as the laws use it
+  how: dict = dataclasses.field(default_factory=dict)  # how lr and batch were located
 
 
 # ------------------------------------------------------------------------------- reading ---
