@@ -53,6 +53,7 @@ RESUMABLE = (
   "model.fused_projections",  # the same parameters, concatenated per step
   "optim.microbatches",  # gradient accumulation: the same batch, masks and update
   "sweep.laws_source",  # the description of where LR and batch came from (not their values)
+  "sweep.experiment",  # the file that listed the member, as invoked (absolute or relative path)
   "sweep.chip",
   "sweep.memory",
   "sweep.memory_",  # the memory plan (chip, setting, bytes)

@@ -257,6 +257,8 @@ def test_workdir_check_ignores_resumable_fields(tmp_path, caplog):
   new.total_steps, new.stop_after_step, new.evals.tasks, new.mesh.fsdp = 5000, 10, "sentiment", 2
   new.model.remat, new.data.cache_dir, new.model.vocab_size = "full", "/elsewhere", 0
   new.sweep.laws_source = "sweep.lr and sweep.batch_size set explicitly"  # reworded provenance
+  # launch.sweep names the experiment file relative to the repo, the in-process runner absolute
+  new.sweep.experiment = "experiments/hparam_grid.py"
   with caplog.at_level(logging.INFO):
     assert workdir_lib.check_config(str(tmp_path), new) == []
   assert f"resuming {tmp_path} with changed data.cache_dir '' -> '/elsewhere'" in caplog.text
