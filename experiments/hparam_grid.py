@@ -39,7 +39,8 @@ Scales:
          1/8..1/2 for CrossBERT d32L2 (its best was at 2 rows), and d128L3 (BERT N 787k,
          CrossBERT 1.05M) at batch x {1/8, 1/4, 1/2} x LR x {1/4, 1/2, 1} (both families' d32L2
          best is at 1 row, the smallest batch there is, so it is left out of the fits), and 2
-         rows at LR x 1/8..1/2 for CrossBERT d64L2 (its best was at 3 rows): 174 in all, on
+         rows at LR x 1/8..1/2 for CrossBERT d64L2 (its best was at 3 rows), and LR x 1/8 at
+         the d128L3 eighth batch (both families' best was at its lowest LR there): 176 in all, on
          experiments/sweep.py's cpu data
          (offline_small, vocabulary 4096, 128-token rows) at 5 tokens per parameter (the sweep
          trains on 20). Cost on 2 quiet cores, from measured throughput (BERT 45k / 43k / 27k
@@ -105,12 +106,16 @@ GRIDS = {
     # no grid can widen, so d32L2 is left out of both fits), 3 x 3 around BERT d64L2's best
     # (batch x 1/4, LR x 1/2), the same factors for both families
     # CrossBERT d64L2's best then landed on its eighth batch (3 rows, LR x 1/4: 5.975, against
-    # 6.067 at 7 rows), so a sixteenth batch (2 rows) at LR x 1/8..1/2 (174 members)
+    # 6.067 at 7 rows), so a sixteenth batch (2 rows) at LR x 1/8..1/2 (174 members).
+    # Both d128L3 optima then sat at their lowest LR, in their eighth-batch rows (BERT 7 rows,
+    # lr 1.66e-3: 4.899 against 5.003 at 3.32e-3; CrossBERT 9 rows, lr 1.51e-3: 4.9905 against
+    # 4.9958), so that row gets LR x 1/8 (176 members)
     extra_by_size={
       ("crossbert", "d32L2"): tuple((0.0625, f) for f in (0.125, 0.25, 0.5)),
       ("crossbert", "d64L2"): tuple((0.0625, f) for f in (0.125, 0.25, 0.5)),
       **{
         (m, "d128L3"): tuple((b, f) for b in (0.125, 0.25, 0.5) for f in (0.25, 0.5, 1.0))
+        + ((0.125, 0.125),)
         for m in ("bert", "crossbert")
       },
     },
