@@ -54,6 +54,17 @@ def test_an_archive_reads_back_as_the_grid_without_its_checkpoints(tmp_path, cap
   assert archive.main(["--root", str(root), "--out", str(out)]) == 0
   assert status.is_done(str(out / "b_lr8"), probe=False)
   assert key(grid_read.read_grid(str(out))) == key(grid_read.read_grid(str(root)))
+  # A member archived as failed, then retried successfully (its FAILED cleared): the archive
+  # drops the stale FAILED too, so it reads back as done, not failed.
+  shutil.rmtree(root / "b_lr4")
+  write_member(str(root), "b_lr4", "bert", "d32L2", 5e4, 3e11, 8, 4e-3, 5.9)
+  os.makedirs(root / "b_lr4" / "checkpoints" / "100")
+  assert os.path.exists(out / "b_lr4" / "FAILED")
+  assert archive.main(["--root", str(root), "--out", str(out)]) == 0
+  assert "archived 4 done and 0 failed member(s)" in capsys.readouterr().out
+  assert not os.path.exists(out / "b_lr4" / "FAILED")
+  assert status.member_state("b_lr4", str(out / "b_lr4"), probe=False).state == "done"
+  assert key(grid_read.read_grid(str(out))) == key(grid_read.read_grid(str(root)))
 
 
 def test_archive_refuses_a_missing_root_and_an_out_inside_it(tmp_path, capsys):

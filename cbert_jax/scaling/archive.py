@@ -85,8 +85,14 @@ def archive(root: str, out: str) -> dict[str, int]:
     if not done and not failed:
       counts["left"] += 1
       continue
-    for rel in _member_files(wd):
+    rels = _member_files(wd)
+    for rel in rels:
       _copy(os.path.join(wd, rel), os.path.join(out, name, rel))
+    # What an earlier archive of the member holds and the member no longer does: a FAILED file
+    # that a successful retry cleared (it would mark the archived member failed).
+    archived = os.path.join(out, name)
+    for rel in set(_member_files(archived)) - set(rels):
+      os.unlink(os.path.join(archived, rel))
     if done:
       record = {"final_step": total, "source": wd, "checkpoints_left_out": True}
       status_lib.write_json_atomic(os.path.join(out, name, status_lib.ARCHIVE_FILE), record)
