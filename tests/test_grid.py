@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -294,6 +295,22 @@ def test_vertex_is_the_parabola_minimum_and_argmin_keeps_the_grid_points(tmp_pat
   )
   want_b = true_optimum(compute, JITTER[[s[1] for s in SIZES].index("d64L2")])[1]
   assert run["batch_tokens_located"] == pytest.approx(want_b, rel=1e-9)
+  # Its best row without the LRs below the best (other rows still tried them): the best is on
+  # its row's lowest-LR edge, which the edge check names though the size's grid went lower.
+  lower = [
+    d
+    for d in os.listdir(root)
+    if d.startswith(f"bert_d64L2_b{rows}_lr") and float(d.split("_lr")[1]) < lr_best
+  ]
+  for d in lower:
+    shutil.rmtree(os.path.join(root, d))
+  removed_lrs = {d.split("_lr")[1] for d in lower}
+  assert removed_lrs and any(  # another row has those LRs
+    d.startswith("bert_d64L2_") and d.split("_lr")[1] in removed_lrs for d in os.listdir(root)
+  )
+  assert grid_lib.main(["fit", "--grid", root, "--bootstrap", "0"]) == 2
+  err = capsys.readouterr().err
+  assert f"bert d64L2 (B {rows} rows, lr {lr_best:.3g}: lowest lr)" in err, err
 
 
 def test_unfinished_skipped_diverged_kept_and_edge_refused_unless_allowed(tmp_path, capsys, caplog):
@@ -307,14 +324,15 @@ def test_unfinished_skipped_diverged_kept_and_edge_refused_unless_allowed(tmp_pa
     root, "bert_d32L2_b999_lr0.5", model, size, int(n), compute, 999, 0.5, -5.0, final_step=40
   )
   # A diverged member (NaN loss, FAILED by the runner): part of the grid, never the best.
+  best_rows = best[("bert", "d32L2")][3]  # in the best's row, beyond its LR: it bounds the row
   wd = write_member(
     root,
-    "bert_d32L2_b8_lr9",
+    f"bert_d32L2_b{best_rows}_lr9",
     model,
     size,
     int(n),
     compute,
-    8,
+    best_rows,
     9.0,
     -9.0,
     final_step=30,
@@ -351,7 +369,7 @@ def test_unfinished_skipped_diverged_kept_and_edge_refused_unless_allowed(tmp_pa
   assert checks["few_sizes"] == {"passed": True, "detail": "", "overridden": False}
   prov = laws.provenance
   assert prov["skipped"] == [{"name": "bert_d32L2_b999_lr0.5", "reason": "step 40/100"}]
-  assert prov["diverged"] == ["bert_d32L2_b8_lr9"]
+  assert prov["diverged"] == [f"bert_d32L2_b{best_rows}_lr9"]
   runs = {r["size"]: r for r in prov["runs"]}
   assert runs["d32L2"]["name"] == best[("bert", "d32L2")][0]
   assert "highest lr" in runs["d64L2"]["edge"] and "highest lr" in runs["d96L3"]["edge"]
@@ -412,7 +430,8 @@ def test_members_are_judged_by_the_full_split_loss_unless_told_otherwise(tmp_pat
   assert laws.provenance["metric"] == "val_full" and "full-split" in laws.provenance["selection"]
   runs = {(r["model"], r["size"]): r for r in laws.provenance["runs"]}
   assert runs[model, size]["name"] == winner[0]
-  result = grid_lib.fit_grid(root, n_boot=0, plot=False, metric="eval_loss")
+  # ("old" is then the best, alone at its batch: only one lr tried there, an edge)
+  result = grid_lib.fit_grid(root, n_boot=0, plot=False, metric="eval_loss", allow=("edges",))
   eval_runs = {(r["model"], r["size"]): r["name"] for r in result.laws.provenance["runs"]}
   assert result.laws.provenance["metric"] == "eval_loss" and not result.skipped
   assert eval_runs[model, size] == "old"  # eval/loss -2.0 is the lowest there
@@ -550,7 +569,7 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
   path = os.path.join(ROOT, "experiments", "hparam_grid.py")
   exp = load_module("hparam_grid_exp", path)
   sweep = exp.SWEEP
-  for scale, want, per_size in (("cpu", 176, {25, 28, 10}), ("paper", 105, {15})):
+  for scale, want, per_size in (("cpu", 177, {25, 28, 10, 11}), ("paper", 105, {15})):
     members = exp.get_sweep(scale)
     assert len(members) == want
     names = [exp.workdir_name(a) for a in members]

@@ -33,9 +33,10 @@ the split (biased and batch-dependent; for grids from before val_full). Then:
       few_sizes    fewer than 3 sizes (optima with distinct C and N): a line through 2 points has
                    no residual, its bootstrap interval is a point and its t-interval undefined;
                    override: --allow_few_sizes
-      edges        a size whose optimum is at the lowest or highest LR or batch its grid tried
-                   (or whose grid tried only one): the true optimum may lie outside (widen the
-                   grid); a diverged member beyond the best bounds the grid; --allow_edges
+      edges        a size whose optimum is at the lowest or highest batch its grid tried, or at
+                   the lowest or highest LR tried at its batch (or whose grid tried only one):
+                   the true optimum may lie outside (widen the grid); a diverged member beyond
+                   the best bounds the grid; --allow_edges
       implausible  an exponent outside `EXPONENT_BOUNDS` (below); --allow_implausible
     an overridden check is recorded in laws.json (`overridden`, and `provenance["checks"]`), in
     the laws' `source`, and loading such a file for a sweep logs a warning;
@@ -126,10 +127,14 @@ class FitResult:
 
 # ---------------------------------------------------------------------------------- fits ---
 def _edges(best: Member, grid: list[Member]) -> list[str]:
-  """Where `best` touches the edge of its size's grid (lowest/highest lr or batch tried)."""
+  """Where `best` touches the edge of its size's grid: the lowest/highest batch tried, or the
+  lowest/highest LR tried at its own batch. The LR edge is judged within the best member's row
+  because lr* is located along that row (`grid_vertex`); a grid whose rows try different LRs (the
+  cpu grid's added rows) can put the best at its row's lowest LR while another row tried lower."""
   out = []
+  row = [m.lr for m in grid if m.batch_size == best.batch_size]
   for label, value, values in (
-    ("lr", best.lr, [m.lr for m in grid]),
+    ("lr", best.lr, row),
     ("batch", best.batch_size, [m.batch_size for m in grid]),
   ):
     if len(set(values)) < 2:
