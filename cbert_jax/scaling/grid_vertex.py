@@ -20,7 +20,9 @@ between the outer points: the estimate never moves more than half a grid step fr
 Where a neighbour is missing or diverged (a loss of +inf), that axis keeps the grid point, and
 `how` says so. A row whose LRs miss its own optimum reports a best loss above the row's true
 minimum. Its neighbours' minima are then overestimated, which pulls B* towards the best row, so
-B* errs towards the grid point.
+B* errs towards the grid point. A lopsided valley (loss climbing much faster above the optimal LR
+than below it, as these grids' LR curves do) pulls the vertex towards the gentle side, by at most
+the same half step.
 """
 
 from __future__ import annotations
