@@ -12,6 +12,7 @@ the masking ids, benchmarks/profile_step.py and accelerator_step.py the steps.
   TorchStep           a Hugging Face masked LM (BERT or ModernBERT; SDPA or eager attention; a
                       dense or sparse MLM head; optionally torch.compile) with AdamW and gradient
                       clipping, with its executed FLOPs and the memory its backward pass holds
+  hf_config           a Hugging Face peer's transformers config at a shape (embed.py's peers too)
   CONTESTANTS/build   the named contestants and how each is built at a shape
 FLOPs conventions and what each contestant measures: benchmarks/train_step.py's docstring.
 """
@@ -165,6 +166,41 @@ class JaxStep:
 
 
 # ---------------------------------------------------------------------------------- torch peers --
+def hf_config(kind: str, s: Shape, attention: str | None = None, **extra):
+  """The transformers config of a Hugging Face peer at shape `s`: kind "bert" (BertConfig, GELU
+  FFN of width `s.bert_ffn`, dropout 0) or "modernbert" (ModernBertConfig, GLU FFN of width
+  `s.ffn`, our special ids); attention: its attn_implementation (None: transformers' default);
+  extra: further config fields. The train-step and the embedding benchmarks build their peers
+  from it."""
+  import transformers
+
+  common = dict(
+    vocab_size=s.vocab,
+    hidden_size=s.d,
+    num_hidden_layers=s.layers,
+    num_attention_heads=s.heads,
+    max_position_embeddings=s.seq,
+    **({"attn_implementation": attention} if attention else {}),
+    **extra,
+  )
+  if kind == "bert":
+    return transformers.BertConfig(
+      **common,
+      intermediate_size=s.bert_ffn,
+      hidden_dropout_prob=0.0,
+      attention_probs_dropout_prob=0.0,
+    )
+  return transformers.ModernBertConfig(
+    **common,
+    intermediate_size=s.ffn,
+    pad_token_id=0,
+    bos_token_id=2,
+    eos_token_id=3,
+    cls_token_id=2,
+    sep_token_id=3,
+  )
+
+
 class TorchStep:
   """A Hugging Face masked LM, AdamW and grad clipping, on a fixed random batch."""
 
@@ -187,35 +223,10 @@ class TorchStep:
     torch.manual_seed(0)
     s = shape
     if kind == "bert":
-      cfg = transformers.BertConfig(
-        vocab_size=s.vocab,
-        hidden_size=s.d,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        intermediate_size=s.bert_ffn,
-        max_position_embeddings=s.seq,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        attn_implementation=attention,
-      )
-      self.model = transformers.BertForMaskedLM(cfg)
+      self.model = transformers.BertForMaskedLM(hf_config("bert", s, attention))
       ffn_mm = 2 * s.d * s.bert_ffn
     else:
-      cfg = transformers.ModernBertConfig(
-        vocab_size=s.vocab,
-        hidden_size=s.d,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        intermediate_size=s.ffn,
-        max_position_embeddings=s.seq,
-        pad_token_id=0,
-        bos_token_id=2,
-        eos_token_id=3,
-        cls_token_id=2,
-        sep_token_id=3,
-        sparse_prediction=sparse,
-        attn_implementation=attention,
-      )
+      cfg = hf_config("modernbert", s, attention, sparse_prediction=sparse)
       self.model = transformers.ModernBertForMaskedLM(cfg)
       ffn_mm = 3 * s.d * s.ffn
     self.model.train()

@@ -76,7 +76,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from benchmarks import train_step  # noqa: E402
-from benchmarks.contestants import MASK_ID, SHAPES, SPECIAL, Shape  # noqa: E402
+from benchmarks.contestants import MASK_ID, SHAPES, SPECIAL, Shape, hf_config  # noqa: E402
 
 CONTESTANTS = {  # --contestants key -> the name in the tables
   "ours": "cbert_jax BERT features",
@@ -151,26 +151,12 @@ class TorchFeatures:
     import transformers
 
     torch.manual_seed(0)
-    common = dict(
-      vocab_size=s.vocab,
-      hidden_size=s.d,
-      num_hidden_layers=s.layers,
-      num_attention_heads=s.heads,
-      intermediate_size=s.ffn,
-      max_position_embeddings=s.seq,
-    )
     if key in ("hf_bert", "hf_bert_eager"):
-      common["intermediate_size"] = s.bert_ffn  # BERT-base's 3072 at the paper shape
-      cfg = transformers.BertConfig(
-        **common, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
-      )
-      cfg._attn_implementation = "eager" if key == "hf_bert_eager" else "sdpa"
+      attention = "eager" if key == "hf_bert_eager" else "sdpa"
+      cfg = hf_config("bert", s, attention)  # BERT-base's GELU 3072 at the paper shape
       self.model = transformers.BertModel(cfg, add_pooling_layer=False)
     else:
-      cfg = transformers.ModernBertConfig(
-        **common, pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3
-      )
-      self.model = transformers.ModernBertModel(cfg)
+      self.model = transformers.ModernBertModel(hf_config("modernbert", s))
     self.attn_implementation = self.model.config._attn_implementation
     self.model.eval()
     self.params = sum(p.numel() for p in self.model.parameters())
