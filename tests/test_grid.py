@@ -351,8 +351,19 @@ def test_unfinished_skipped_diverged_kept_and_edge_refused_unless_allowed(tmp_pa
   assert "bert d32L2" not in err and "(override: --allow_edges)" in err
   assert not os.path.exists(os.path.join(root, "laws.json"))
   assert not os.path.exists(os.path.join(root, "laws.png"))
-  # Overridden: written, with the override recorded, and the sweep's load warns.
-  assert grid_lib.main(["fit", "--grid", root, "--bootstrap", "50", "--allow_edges"]) == 0
+  # An override needs a reason, and a reason needs an override (argparse: exit 2, nothing written).
+  with pytest.raises(SystemExit):
+    grid_lib.main(["fit", "--grid", root, "--allow_edges"])
+  assert "--allow_edges needs --override_reason" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    grid_lib.main(["fit", "--grid", root, "--override_reason", "why not"])
+  assert "without an --allow_* flag" in capsys.readouterr().err
+  assert not os.path.exists(os.path.join(root, "laws.json"))
+  with pytest.raises(ValueError, match="needs a reason"):
+    grid_lib.fit_grid(root, allow=("edges",), override_reason="  ")
+  # Overridden: written, with the override and its reason recorded, and the sweep's load warns.
+  argv = ["fit", "--grid", root, "--bootstrap", "50", "--allow_edges"]
+  assert grid_lib.main([*argv, "--override_reason", "test: edges are fine here"]) == 0
   out = capsys.readouterr()
   err = out.err
   assert "1 unfinished member(s) skipped: bert_d32L2_b999_lr0.5 (step 40/100)" in err
@@ -362,8 +373,10 @@ def test_unfinished_skipped_diverged_kept_and_edge_refused_unless_allowed(tmp_pa
     assert json.load(f)["overridden"] == ["edges"]
   with caplog.at_level("WARNING"):
     laws = laws_lib.load(os.path.join(root, "laws.json"))
-  assert "fitted with its checks overridden (edges)" in caplog.text
-  assert laws.overridden == ("edges",) and laws.source.endswith("; checks overridden: edges")
+  assert "overridden (edges; reason: test: edges are fine here)" in caplog.text
+  assert laws.overridden == ("edges",)
+  assert laws.source.endswith("; checks overridden: edges (reason: test: edges are fine here)")
+  assert laws.provenance["override_reason"] == "test: edges are fine here"
   checks = laws.provenance["checks"]
   assert checks["edges"]["overridden"] and "bert d64L2" in checks["edges"]["detail"]
   assert checks["few_sizes"] == {"passed": True, "detail": "", "overridden": False}
@@ -377,10 +390,11 @@ def test_unfinished_skipped_diverged_kept_and_edge_refused_unless_allowed(tmp_pa
   # With the optimum inside the grid, no edge warning, nothing overridden.
   inner = str(tmp_path / "inner")
   make_grid(inner, SIZES[:3])
-  result = grid_lib.fit_grid(inner, n_boot=0, plot=False, allow=("edges",))
+  result = grid_lib.fit_grid(inner, n_boot=0, plot=False, allow=("edges",), override_reason="t")
   assert not any("edge" in w for w in result.warnings) and not result.skipped
   assert result.plot_path is None and os.path.exists(os.path.join(inner, "laws.json"))
   assert result.laws.overridden == () and "overridden" not in result.laws.source
+  assert result.laws.provenance["override_reason"] == ""  # nothing was overridden
 
 
 def test_a_size_best_at_one_row_is_refused_as_unwidenable_and_can_be_excluded(tmp_path, capsys):
@@ -431,7 +445,9 @@ def test_members_are_judged_by_the_full_split_loss_unless_told_otherwise(tmp_pat
   runs = {(r["model"], r["size"]): r for r in laws.provenance["runs"]}
   assert runs[model, size]["name"] == winner[0]
   # ("old" is then the best, alone at its batch: only one lr tried there, an edge)
-  result = grid_lib.fit_grid(root, n_boot=0, plot=False, metric="eval_loss", allow=("edges",))
+  result = grid_lib.fit_grid(
+    root, n_boot=0, plot=False, metric="eval_loss", allow=("edges",), override_reason="test"
+  )
   eval_runs = {(r["model"], r["size"]): r["name"] for r in result.laws.provenance["runs"]}
   assert result.laws.provenance["metric"] == "eval_loss" and not result.skipped
   assert eval_runs[model, size] == "old"  # eval/loss -2.0 is the lowest there
@@ -452,7 +468,20 @@ def test_few_sizes_refused_unless_allowed_and_every_failed_check_named(tmp_path,
   assert "rest on 2 sizes (bert d32L2, bert d64L2); need at least 3" in err
   assert "(override: --allow_few_sizes)" in err and "--allow_edges" not in err
   assert not os.path.exists(os.path.join(two, "laws.json"))
-  assert grid_lib.main(["fit", "--grid", two, "--no_plot", "--allow_few_sizes"]) == 0
+  assert (
+    grid_lib.main(
+      [
+        "fit",
+        "--grid",
+        two,
+        "--no_plot",
+        "--allow_few_sizes",
+        "--override_reason",
+        "test: the grid is synthetic",
+      ]
+    )
+    == 0
+  )
   capsys.readouterr()
   laws = laws_lib.load(os.path.join(two, "laws.json"))
   assert laws.overridden == ("few_sizes",)
@@ -462,19 +491,41 @@ def test_few_sizes_refused_unless_allowed_and_every_failed_check_named(tmp_path,
   # Two sizes, both on an edge: both checks named, each with its flag; both flags override both.
   edged = str(tmp_path / "edged")
   make_grid(edged, SIZES[:2], lr_shift=-3.0)
-  assert grid_lib.main(["fit", "--grid", edged, "--no_plot", "--allow_few_sizes"]) == 2
+  assert (
+    grid_lib.main(
+      [
+        "fit",
+        "--grid",
+        edged,
+        "--no_plot",
+        "--allow_few_sizes",
+        "--override_reason",
+        "test: the grid is synthetic",
+      ]
+    )
+    == 2
+  )
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and "(override: --allow_edges)" in err
   assert "--allow_few_sizes" not in err  # that one is overridden
   assert grid_lib.main(["fit", "--grid", edged, "--no_plot"]) == 2
   err = capsys.readouterr().err
   assert "(override: --allow_few_sizes)" in err and "(override: --allow_edges)" in err
-  argv = ["fit", "--grid", edged, "--no_plot", "--allow_few_sizes", "--allow_edges"]
+  argv = [
+    "fit",
+    "--grid",
+    edged,
+    "--no_plot",
+    "--allow_few_sizes",
+    "--allow_edges",
+    "--override_reason",
+    "test: the grid is synthetic",
+  ]
   assert grid_lib.main(argv) == 0
   capsys.readouterr()
   assert laws_lib.load(os.path.join(edged, "laws.json")).overridden == ("few_sizes", "edges")
   with pytest.raises(ValueError, match="unknown check"):
-    grid_lib.fit_grid(edged, allow=("everything",))
+    grid_lib.fit_grid(edged, allow=("everything",), override_reason="test")
 
 
 def test_implausible_exponent_refused_unless_allowed_and_the_sweep_warns(tmp_path, capsys, caplog):
@@ -494,7 +545,20 @@ def test_implausible_exponent_refused_unless_allowed_and_the_sweep_warns(tmp_pat
   assert f"lr*(N) exponent {want_n:+.3f} outside [-1, 0]" in err, err
   assert "B*(C)" not in err and "(override: --allow_implausible)" in err
   assert not os.path.exists(os.path.join(root, "laws.json"))
-  assert grid_lib.main(["fit", "--grid", root, "--no_plot", "--allow_implausible"]) == 0
+  assert (
+    grid_lib.main(
+      [
+        "fit",
+        "--grid",
+        root,
+        "--no_plot",
+        "--allow_implausible",
+        "--override_reason",
+        "test: the grid is synthetic",
+      ]
+    )
+    == 0
+  )
   assert "check implausible overridden" in capsys.readouterr().err
   path = os.path.join(root, "laws.json")
   laws = laws_lib.load(path)
@@ -506,8 +570,13 @@ def test_implausible_exponent_refused_unless_allowed_and_the_sweep_warns(tmp_pat
   m.sweep.laws = path
   with caplog.at_level("WARNING"):
     m = config_lib.resolve(m)
-  assert f"sweep.laws: {path} was fitted with its checks overridden (implausible)" in caplog.text
-  assert m.sweep.laws_source.endswith("checks overridden: implausible")
+  assert (
+    f"sweep.laws: {path} was fitted with its checks overridden (implausible; reason: test: the"
+    in caplog.text
+  )
+  assert m.sweep.laws_source.endswith(
+    "checks overridden: implausible (reason: test: the grid is synthetic)"
+  )
 
 
 def test_shipped_laws_load_by_name_and_unknown_names_are_listed(tmp_path, monkeypatch):

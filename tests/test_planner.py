@@ -51,11 +51,13 @@ def write_surface(path, law=TRUE, draws=None, level=0.9, problems=(), k=K) -> st
   return str(path)
 
 
-def write_laws(path, a=0.05, alpha=-0.08, b=0.5, beta=0.31) -> str:
+def write_laws(path, a=0.05, alpha=-0.08, b=0.5, beta=0.31, overridden=(), reason="") -> str:
   laws = laws_lib.HyperLaws(
     lr=PowerLaw(a=a, alpha=alpha, n_points=4),
     batch_tokens=PowerLaw(a=b, alpha=beta, n_points=4),
     source="synthetic test laws",
+    provenance={"override_reason": reason},
+    overridden=tuple(overridden),
   )
   laws_lib.save(str(path), laws)
   return str(path)
@@ -143,6 +145,12 @@ def test_lr_rows_steps_and_wall_time_from_known_laws_and_chips(tmp_path, capsys)
   got = plan_json(capsys, "--flops", str(compute), "--model", "bert")
   assert got["laws"]["source"] == laws_lib.DEFAULT.source
   assert got["laws"]["lr"] == pytest.approx(0.3118 * compute**-0.125)
+  assert not any("overridden" in n for n in got["notes"])
+  # Laws fitted with a check overridden: the plan's notes name the check and the reason.
+  laws = write_laws(tmp_path / "o.json", overridden=("implausible",), reason="interpolation only")
+  got = plan_json(capsys, "--flops", str(compute), "--model", "bert", "--laws", laws)
+  want = "the laws were fitted with checks overridden: implausible (reason: interpolation only)"
+  assert want in got["notes"]
 
 
 def test_the_loss_interval_is_the_percentiles_of_the_draws(tmp_path, capsys):

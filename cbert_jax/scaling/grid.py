@@ -3,7 +3,7 @@ r"""Fit the hyperparameter laws from a finished batch-size x LR grid (SPEC §5).
   python -m cbert_jax.scaling.grid fit --grid runs/hparam_grid_cpu \
       [--out FILE] [--model bert|crossbert|all] [--bootstrap 10000] [--seed 0] \
       [--metric val_full|eval_loss] [--exclude arch:size,...] [--allow_few_sizes] [--allow_edges]
-      [--allow_implausible] [--optimum vertex|argmin]
+      [--allow_implausible --override_reason TEXT] [--optimum vertex|argmin]
 
 Reads every member workdir under `--grid` (the subdirectories with a config.json, as
 `experiments/hparam_grid.py` run by `python -m cbert_jax.main` leaves them): the member's resolved
@@ -38,8 +38,9 @@ the split (biased and batch-dependent; for grids from before val_full). Then:
                    the true optimum may lie outside (widen the grid); a diverged member beyond
                    the best bounds the grid; --allow_edges
       implausible  an exponent outside `EXPONENT_BOUNDS` (below); --allow_implausible
-    an overridden check is recorded in laws.json (`overridden`, and `provenance["checks"]`), in
-    the laws' `source`, and loading such a file for a sweep logs a warning;
+    an override needs `--override_reason` (why, kept in `provenance["override_reason"]`); an
+    overridden check is recorded in laws.json (`overridden`, and `provenance["checks"]`), in
+    the laws' `source`, and loading such a file for a sweep logs a warning with the reason;
   * writes the laws (`laws.HyperLaws`, `laws.save`) to `--out` (default `<grid>/laws.json`) with
     provenance -- the grid directory, the runs used (name, size, C, N, chosen B and lr, loss),
     the runs skipped and why, the models pooled, the checks and exponent bounds, when -- and
@@ -257,6 +258,7 @@ def fit_grid(
   metric: str = "val_full",
   exclude: Collection[str] = (),
   optimum: str = "vertex",
+  override_reason: str = "",
 ) -> FitResult:
   """Reads the grid, fits the laws, writes laws.json (and laws.png); see the module docstring.
   `n_boot`: bootstrap draws when the exact bootstrap is too large (0 = no bootstrap). `allow`:
@@ -265,10 +267,18 @@ def fit_grid(
   command line). `metric`: the final validation loss members are judged by (`grid_read.METRICS`).
   `exclude`: "arch:size" sizes left out (recorded in the provenance and the source). `optimum`:
   how each size's (lr*, B*) is located (`grid_vertex.METHODS`: between grid points, or the best
-  grid point)."""
+  grid point). `override_reason`: why the checks in `allow` may be overridden, required with
+  them (an override is a decision, and the laws file keeps its reason)."""
   unknown = sorted(set(allow) - set(CHECKS))
   if unknown:
     raise ValueError(f"allow: unknown check(s) {unknown}; known: {sorted(CHECKS)}")
+  if allow and not override_reason.strip():
+    raise ValueError(
+      f"override_reason: overriding check(s) {sorted(allow)} needs a reason (--override_reason), "
+      "kept in the laws file"
+    )
+  if override_reason.strip() and not allow:
+    raise ValueError("override_reason: given without a check to override (--allow_*)")
   if metric not in METRICS:
     raise ValueError(f"metric: expected one of {sorted(METRICS)}, got {metric!r}")
   if optimum not in grid_vertex.METHODS:
@@ -333,6 +343,8 @@ def fit_grid(
       k: {"passed": k not in failed, "detail": failed.get(k, ""), "overridden": k in failed}
       for k in CHECKS
     },
+    # why the failed checks were overridden ("" when none was)
+    "override_reason": override_reason.strip() if overridden else "",
     "min_sizes": MIN_SIZES,
     "exponent_bounds": {k: list(v) for k, v in EXPONENT_BOUNDS.items()},
     "runs": [
@@ -364,7 +376,7 @@ def fit_grid(
   if optimum != "vertex":
     source += f"; optima: {optimum}"
   if overridden:
-    source += f"; checks overridden: {', '.join(overridden)}"
+    source += f"; checks overridden: {', '.join(overridden)} (reason: {override_reason.strip()})"
   laws = laws_lib.HyperLaws(
     lr=fits["lr"],
     batch_tokens=fits["batch_tokens"],
@@ -532,11 +544,26 @@ def main(argv=None) -> int:
     f.add_argument(
       flag,
       action="store_true",
-      help=f"fit even when check {check} fails (recorded in the laws file as overridden)",
+      help=f"fit even when check {check} fails (recorded in the laws file as overridden; "
+      "needs --override_reason)",
     )
+  f.add_argument(
+    "--override_reason",
+    default="",
+    help="why the --allow_* checks may be overridden (required with them; kept in the laws "
+    "file's provenance and shown wherever the laws are used)",
+  )
   ns = parser.parse_args(argv)
   if ns.bootstrap < 0:
     parser.error(f"--bootstrap must be >= 0, got {ns.bootstrap}")
+  allow = [k for k, flag in CHECKS.items() if getattr(ns, flag.lstrip("-"))]
+  if allow and not ns.override_reason.strip():
+    parser.error(
+      f"{', '.join(CHECKS[k] for k in allow)} needs --override_reason: say why the check may be "
+      "overridden (kept in the laws file)"
+    )
+  if ns.override_reason.strip() and not allow:
+    parser.error("--override_reason without an --allow_* flag: there is nothing to override")
   try:
     command = " ".join(
       ["python -m cbert_jax.scaling.grid", *(argv if argv is not None else sys.argv[1:])]
@@ -549,7 +576,8 @@ def main(argv=None) -> int:
       ns.seed,
       plot=not ns.no_plot,
       command=command,
-      allow=[k for k, flag in CHECKS.items() if getattr(ns, flag.lstrip("-"))],
+      allow=allow,
+      override_reason=ns.override_reason,
       metric=ns.metric,
       exclude=[x.strip() for x in ns.exclude.split(",") if x.strip()],
       optimum=ns.optimum,

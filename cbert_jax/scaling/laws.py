@@ -136,10 +136,11 @@ def load(path: str) -> HyperLaws:
     raise ConfigError(f"sweep.laws: {path!r} is not a laws file ({type(e).__name__}: {e})") from e
   if laws.overridden:
     logging.warning(
-      "sweep.laws: %s was fitted with its checks overridden (%s); see its provenance['checks'] "
-      "before trusting the LR and batch it gives",
+      "sweep.laws: %s was fitted with its checks overridden (%s; reason: %s); see its "
+      "provenance['checks'] before trusting the LR and batch it gives",
       path,
       ", ".join(laws.overridden),
+      laws.provenance.get("override_reason") or "none given",
     )
   return laws
 

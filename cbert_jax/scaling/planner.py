@@ -334,7 +334,11 @@ def make_plan(
     "notes": notes,
   }
   if laws.overridden:
-    notes.append(f"the laws were fitted with checks overridden: {', '.join(laws.overridden)}")
+    reason = laws.provenance.get("override_reason") or "none given"
+    notes.append(
+      f"the laws were fitted with checks overridden: {', '.join(laws.overridden)} "
+      f"(reason: {reason})"
+    )
   # 4. Predicted loss.
   if surface is not None:
     fit = surface.fit
