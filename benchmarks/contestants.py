@@ -13,6 +13,7 @@ the masking ids, benchmarks/profile_step.py and accelerator_step.py the steps.
                       dense or sparse MLM head; optionally torch.compile) with AdamW and gradient
                       clipping, with its executed FLOPs and the memory its backward pass holds
   hf_config           a Hugging Face peer's transformers config at a shape (embed.py's peers too)
+  model_config        cbert_jax's ModelConfig at a shape (embed.py's encoders too)
   CONTESTANTS/build   the named contestants and how each is built at a shape
 FLOPs conventions and what each contestant measures: benchmarks/train_step.py's docstring.
 """
@@ -97,6 +98,23 @@ HF_MODERNBERT = tuple(n for n in CONTESTANTS if n.startswith("HF ModernBert"))
 
 
 # ----------------------------------------------------------------------------------- cbert_jax --
+def model_config(s: Shape, **model_kw):
+  """The cbert_jax ModelConfig at shape `s`: its width, depth, heads, FFN and vocabulary, the
+  predictor a quarter of the encoder's depth (at least 1; BERT has none, so its parameters do not
+  depend on it). `model_kw`: further ModelConfig fields (fused attention, a CE chunk)."""
+  from cbert_jax.models.model_config import ModelConfig
+
+  return ModelConfig(
+    vocab_size=s.vocab,
+    d_model=s.d,
+    num_layers=s.layers,
+    num_heads=s.heads,
+    ffn_dim=s.ffn,
+    predictor_layers=max(1, s.layers // 4),
+    **model_kw,
+  )
+
+
 class JaxStep:
   """One cbert_jax model's jitted, donated train step on a fixed random batch."""
 
@@ -109,18 +127,10 @@ class JaxStep:
     from cbert_jax import config_lib, optim, steps
     from cbert_jax.models import FAMILIES
     from cbert_jax.models import flops as flops_lib
-    from cbert_jax.models.model_config import MaskConfig, ModelConfig
+    from cbert_jax.models.model_config import MaskConfig
 
     s = shape
-    cfg = ModelConfig(
-      vocab_size=s.vocab,
-      d_model=s.d,
-      num_layers=s.layers,
-      num_heads=s.heads,
-      ffn_dim=s.ffn,
-      predictor_layers=max(1, s.layers // 4),
-      **model_kw,
-    )
+    cfg = model_config(s, **model_kw)
     mask = MaskConfig(mask_ratio=mask_ratio, mask_id=MASK_ID, special_ids=SPECIAL, cms=cms)
     with nnx.use_eager_sharding(False):
       model = FAMILIES[family](cfg, mask, nnx.Rngs(0))

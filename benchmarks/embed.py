@@ -76,7 +76,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from benchmarks import train_step  # noqa: E402
-from benchmarks.contestants import MASK_ID, SHAPES, SPECIAL, Shape, hf_config  # noqa: E402
+from benchmarks.contestants import MASK_ID, SHAPES, SPECIAL, Shape, hf_config, model_config  # noqa: E402
 
 CONTESTANTS = {  # --contestants key -> the name in the tables
   "ours": "cbert_jax BERT features",
@@ -121,11 +121,9 @@ class JaxFeatures:
 
     from cbert_jax.evaluators import features
     from cbert_jax.models import FAMILIES
-    from cbert_jax.models.model_config import MaskConfig, ModelConfig
+    from cbert_jax.models.model_config import MaskConfig
 
-    cfg = ModelConfig(
-      vocab_size=s.vocab, d_model=s.d, num_layers=s.layers, num_heads=s.heads, ffn_dim=s.ffn
-    )
+    cfg = model_config(s)
     mask = MaskConfig(mask_ratio=0.2, mask_id=MASK_ID, special_ids=SPECIAL)
     with nnx.use_eager_sharding(False):
       model = FAMILIES["bert"](cfg, mask, nnx.Rngs(0))
@@ -194,7 +192,7 @@ class EndToEnd:
 
     from cbert_jax import config_lib, embed, sharding, trained
     from cbert_jax.data import tokenizer as tokenizer_lib
-    from cbert_jax.models.model_config import MaskConfig, ModelConfig
+    from cbert_jax.models.model_config import MaskConfig
     from cbert_jax.state import abstract_model
 
     with open(CORPUS, encoding="utf-8") as f:
@@ -205,9 +203,7 @@ class EndToEnd:
       f.write(tokenizer_lib._train(docs, vocab_size=self.tokenizer_vocab, model_type="bpe"))
     tok = tokenizer_lib.Tokenizer(tok_path)
     # The encoder keeps the shape's vocabulary (ids past the tokenizer's are never looked up).
-    model_cfg = ModelConfig(
-      vocab_size=s.vocab, d_model=s.d, num_layers=s.layers, num_heads=s.heads, ffn_dim=s.ffn
-    )
+    model_cfg = model_config(s)
     mask_cfg = MaskConfig(mask_ratio=0.2, mask_id=tok.mask_id, special_ids=tok.special_ids)
     # As trained.load: a data-parallel mesh of every device, parameters replicated on it.
     mesh = sharding.make_mesh(ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}))
