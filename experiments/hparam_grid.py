@@ -41,7 +41,8 @@ Scales:
          best is at 1 row, the smallest batch there is, so it is left out of the fits), and 2
          rows at LR x 1/8..1/2 for CrossBERT d64L2 (its best was at 3 rows), and LR x 1/8 at
          the d128L3 eighth batch (both families' best was at its lowest LR there), and at BERT
-         d128L3's quarter batch (its best moved there, at that row's lowest LR): 177 in all, on
+         d128L3's quarter batch (its best moved there, at that row's lowest LR), and the whole
+         batch at LR x 1/4..1 for BERT d128L3 (its best moved to its half batch): 180 in all, on
          experiments/sweep.py's cpu data
          (offline_small, vocabulary 4096, 128-token rows) at 5 tokens per parameter (the sweep
          trains on 20). Cost on 2 quiet cores, from measured throughput (BERT 45k / 43k / 27k
@@ -112,14 +113,17 @@ GRIDS = {
     # lr 1.66e-3: 4.899 against 5.003 at 3.32e-3; CrossBERT 9 rows, lr 1.51e-3: 4.9905 against
     # 4.9958), so that row gets LR x 1/8 (176 members). BERT d128L3's best then moved to its
     # quarter batch at that row's lowest LR (14 rows, lr 1.66e-3: 4.7736, against 4.7780 at
-    # 3.32e-3), so that row gets LR x 1/8 too (177 members)
+    # 3.32e-3), so that row gets LR x 1/8 too (177 members). The last half-batch member then
+    # moved BERT d128L3's best to its highest batch (27 rows, lr 3.32e-3: 4.6667, against 4.7736
+    # at 14 rows and 4.8190 at 27 rows and lr 1.66e-3), so it gets the whole batch (54 rows) at
+    # LR x 1/4..1 (180 members)
     extra_by_size={
       ("crossbert", "d32L2"): tuple((0.0625, f) for f in (0.125, 0.25, 0.5)),
       ("crossbert", "d64L2"): tuple((0.0625, f) for f in (0.125, 0.25, 0.5)),
       **{
         (m, "d128L3"): tuple((b, f) for b in (0.125, 0.25, 0.5) for f in (0.25, 0.5, 1.0))
         + ((0.125, 0.125),)
-        + (((0.25, 0.125),) if m == "bert" else ())
+        + (((0.25, 0.125),) + tuple((1.0, f) for f in (0.25, 0.5, 1.0)) if m == "bert" else ())
         for m in ("bert", "crossbert")
       },
     },
