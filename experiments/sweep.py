@@ -27,6 +27,14 @@ Scales:
          of training on 2 quiet cores (the largest CrossBERT+CMS alone ~40 min), plus the probes.
   quick  3 sizes (d32L2 d64L2 d96L3) x {BERT, CrossBERT+CMS} at 5 tokens per parameter with the
          probe suite capped at 2000 training texts per task: under 30 minutes.
+
+LR and batch laws: `cpu` and `quick` use the laws fitted on the cpu grid (experiments/
+hparam_grid.py:cpu), one per family, shipped in the package (`shipped:cpu-{model}`:
+cbert_jax/scaling/fitted/cpu-bert.json, cpu-crossbert.json, with their provenance and plots;
+CrossBERT without CMS reads CrossBERT's). Their implausible-exponent check was overridden by a
+rule fixed before the final fit (docs/scaling.md). `paper` keeps the published defaults
+(DeepSeek LLM's, fitted on decoders) until the paper grid (experiments/hparam_grid.py:paper) is
+run and fitted: --config.sweep.laws=<its laws.json>.
 """
 
 from cbert_jax import config_lib
@@ -61,6 +69,8 @@ PAPER_DEVICES = {
 # --config.sweep.chip=h100 (launch.sweep sets it from --tpu_generation / --gpu_type).
 PAPER_CHIP = "v5p"
 CPU_SIZES = ("d32L2", "d64L2", "d96L3", "d128L3")
+# The cpu and quick scales' LR and batch laws: the cpu grid's fits, per family ({model})
+CPU_LAWS = "shipped:cpu-{model}"
 
 SCALES = {
   # scale: BERT sizes, CrossBERT+CMS sizes, controls (model, size, cms), tokens per parameter
@@ -195,6 +205,7 @@ def get_config(arg=None):
     c.log_every = 50
     c.eval_batches = 16
   else:
+    c.sweep.laws = CPU_LAWS  # fitted on the cpu grid, one law per family (docstring)
     c.data.corpus = "offline_small"
     c.data.vocab_size = 4096
     c.data.seq_len = 128

@@ -114,7 +114,11 @@ def test_member_plan_arithmetic_follows_budget_and_laws():
   n = flops.param_counts("crossbert", model_cfg).non_embedding
   assert c.sweep.n_params == n and c.sweep.target_tokens == math.ceil(20 * n)
   per_token = flops.flops_per_token("crossbert", model_cfg, mask_cfg, 128)
-  lr, rows = laws_lib.suggest(laws_lib.DEFAULT, per_token * c.sweep.target_tokens, 128)
+  # the cpu scale's laws: the cpu grid's CrossBERT fit, shipped in the package
+  assert c.sweep.laws == "shipped:cpu-{model}"
+  shipped = laws_lib.load("shipped:cpu-crossbert")
+  assert c.sweep.laws_source == shipped.source != laws_lib.DEFAULT.source
+  lr, rows = laws_lib.suggest(shipped, per_token * c.sweep.target_tokens, 128)
   assert c.batch_size == rows and c.optim.lr == pytest.approx(lr)
   assert c.total_steps == math.ceil(c.sweep.target_tokens / (rows * 128))
   assert c.sweep.compute == pytest.approx(per_token * c.total_steps * rows * 128)
@@ -154,6 +158,6 @@ def test_bad_sweep_arguments_fail_with_one_clear_message():
   with pytest.raises(ConfigError, match="sweep.n_definition must be one of"):
     config_lib.resolve(c)
   c = exp.get_config("model=bert,size=d32L2")
-  c.sweep.law_axis = "params"
+  c.sweep.law_axis, c.sweep.laws = "params", ""  # the published defaults: fitted against C only
   with pytest.raises(ConfigError, match="law_axis=params: the laws .* have no fit against N"):
     config_lib.resolve(c)

@@ -326,7 +326,8 @@ def fit_grid(
   created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
   models = sorted({o.best.arch for o in optima})
   provenance = {
-    "grid": grid_abs,
+    "grid": grid,  # as given (a path in the repo stays relative: results/grid_cpu)
+    "grid_abs": grid_abs,
     "created": created,
     "models": models,
     "model_filter": model,
@@ -370,7 +371,7 @@ def fit_grid(
     "skipped": [{"name": m.name, "reason": m.reason} for m in skipped],
     "excluded": exclude,  # sizes left out by --exclude
   }
-  source = f"fit: {grid_abs} ({len(optima)} sizes), {created[:10]}"
+  source = f"fit: {grid} ({len(optima)} sizes), {created[:10]}"
   if exclude:
     source += f"; excluded: {', '.join(exclude)}"
   if optimum != "vertex":

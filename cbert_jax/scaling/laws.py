@@ -117,10 +117,13 @@ def resolve_path(path: str) -> str:
   return os.path.join(SHIPPED_DIR, f"{name}.json")
 
 
+_WARNED: set[str] = set()  # laws files whose overridden checks were warned about
+
+
 def load(path: str) -> HyperLaws:
   """The constants in `path` (written by the fit command, or "shipped:<name>"); DEFAULT when path
   is "". Laws fitted with a refusal check overridden (`overridden`) load, with a warning naming
-  the checks."""
+  the checks and the reason (once per file and process)."""
   if not path:
     return DEFAULT
   path = resolve_path(path)
@@ -134,7 +137,8 @@ def load(path: str) -> HyperLaws:
     ) from e
   except (ValueError, KeyError, TypeError) as e:
     raise ConfigError(f"sweep.laws: {path!r} is not a laws file ({type(e).__name__}: {e})") from e
-  if laws.overridden:
+  if laws.overridden and path not in _WARNED:  # once per file and process (a sweep loads it often)
+    _WARNED.add(path)
     logging.warning(
       "sweep.laws: %s was fitted with its checks overridden (%s; reason: %s); see its "
       "provenance['checks'] before trusting the LR and batch it gives",
