@@ -265,7 +265,7 @@ def support(members, groups, loss_fits, probe_fits, chin) -> list[str]:
       if _spans0(ci)
       else "excludes 0."
       if ci
-      else "is not defined."
+      else f"is not defined ({lf['n_points']} sizes: a slope through 2 points)."
     )
     alphas = [r["alpha"] for r in lf.get("per_seed", [])]
     if len(alphas) >= 2 and ci:
@@ -281,23 +281,35 @@ def support(members, groups, loss_fits, probe_fits, chin) -> list[str]:
         else f" No loss floor: {sat['e_note']}."
       )
     out.append(s)
-  flat, split = [], []
+  flat, split, undefined = [], [], []
   for arch in ARCHS:
     for key, t in probe_fits.get(arch, {}).items():
-      if _spans0(t["slope_ci"]):
+      if not t["slope_ci"]:
+        undefined.append(f"{LABELS[arch]} {key}")
+      elif _spans0(t["slope_ci"]):
         flat.append(f"{LABELS[arch]} {key}")
       signs = {np.sign(r["slope_per_decade"]) for r in t.get("per_seed", [])}
       if len(signs) > 1:
         split.append(f"{LABELS[arch]} {key}")
-  if any(probe_fits.values()):
+  n_trends = sum(len(t) for t in probe_fits.values())
+  if n_trends:
     out.append(
       (
         f"Probe trends whose interval spans 0 (no trend): {', '.join(flat)}."
         if flat
-        else "Every probe trend's 90% interval excludes 0."
+        else ""
+        if len(undefined) == n_trends
+        else "Every probe trend's 90% interval excludes 0"
+        + (" (of those with an interval)." if undefined else ".")
+      )
+      + (
+        f" No interval (fewer than 3 sizes): {', '.join(undefined)}: a slope through 2 points."
+        if undefined
+        else ""
       )
       + (f" Seeds disagree in the sign of the slope: {', '.join(split)}." if split else "")
     )
+    out[-1] = out[-1].strip()
   if any("logreg" in t for t in probe_fits.values()):
     out.append(
       "logreg's mean covers the classification tasks only (no regression tasks), so its level "

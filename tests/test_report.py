@@ -4,6 +4,7 @@ the loss surface L(N, D) and its refusal, the controlled CMS summary."""
 
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -296,6 +297,28 @@ def test_seeds_are_grouped_per_size_and_fits_use_the_seed_means(tmp_path, monkey
   assert not member["crossbert_d128L3_s1"]["finished"]
   # D = 20 N for every member: the loss surface is not fitted, and says why
   assert out["chinchilla"]["bert"]["reason"].startswith("D/N is 20 at every point, so A/N^alpha")
+
+
+def test_a_sweep_of_two_sizes_gets_slopes_but_no_intervals(tmp_path, monkeypatch):
+  # A sweep cut short at 2 sizes: a line through 2 points has no interval (its bootstrap would
+  # be one line, zero width), and the report says so rather than "excludes 0".
+  _no_plots(monkeypatch)
+  root = tmp_path / "sweep"
+  _two_seed_sweep(root)
+  for d in root.iterdir():
+    if not d.name.split("_")[1].startswith(("d32L2", "d64L2")):
+      shutil.rmtree(d)
+  text = open(report.write(str(root), n_boot=0)).read()
+  out = json.load(open(root / "report" / "report.json"))
+  for arch in ("bert", "crossbert"):
+    p = out["loss_fits"][arch]["power_law"]
+    assert p["n_points"] == 2 and p["alpha_ci"] is None and p["alpha_t_ci"] is None
+    assert all(t["slope_ci"] is None for t in out["probe_fits"][arch].values())
+  assert (
+    "BERT's loss exponent" in text and "is not defined (2 sizes: a slope through 2 points)" in text
+  )
+  assert "excludes 0" not in text
+  assert "\n* No interval (fewer than 3 sizes): BERT ridge" in text
 
 
 def test_seed_spread_with_more_than_two_seeds_is_the_sample_sd():

@@ -216,3 +216,14 @@ def test_report_states_both_intervals_and_an_unidentified_floor_in_words():
   lo, hi = power.alpha_t_ci
   assert f"(exact, 6/46656 skipped) | [{lo:.4f}, {hi:.4f}] | 6 |" in text
   assert f"t [{lo:.3f}, {hi:.3f}]) over 6 sizes" in text
+
+
+def test_two_points_give_no_bootstrap_interval_three_do():
+  # With 2 points every resample that has a slope is the line through both: a zero-width
+  # "interval", so none is given. 3 points, even at 2 distinct x, vary between resamples.
+  law = fit.fit_power_law_ci([1e12, 1e13], [5.0, 4.0])
+  assert law.alpha_ci is None and law.a_ci is None and law.alpha_t_ci is None
+  assert law.alpha == pytest.approx(fit.fit_power_law([1e12, 1e13], [5.0, 4.0]).alpha)
+  for x, y in (([1e12, 1e13, 1e14], [5.0, 4.1, 3.5]), ([1e12, 1e12, 1e13], [5.0, 5.2, 4.0])):
+    law = fit.fit_power_law_ci(x, y)
+    assert law.alpha_ci is not None and law.alpha_ci[0] < law.alpha_ci[1], x

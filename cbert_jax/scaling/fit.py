@@ -104,6 +104,9 @@ def percentiles(values, weights, level: float = LEVEL) -> np.ndarray:
   return np.percentile(values, q, weights=weights, method="inverted_cdf", axis=0)
 
 
+MIN_POINTS = 3  # points a bootstrap interval needs (with 2, every resample is the same line)
+
+
 @dataclasses.dataclass(frozen=True)
 class LinearBootstrap:
   """The bootstrap distribution of a straight-line fit: the defined resamples' parameters."""
@@ -114,9 +117,12 @@ class LinearBootstrap:
   method: str  # exact | draws
   total: int  # resamples in all (n^n when exact, else draws)
   skipped: int  # of them, the resamples with no slope (all drawn points at one x)
+  n_points: int = MIN_POINTS  # the points resampled (below 3: no interval, see `ci`)
 
   def ci(self, values: np.ndarray, level: float = LEVEL) -> tuple[float, float] | None:
-    if not self.weights.size:
+    """The percentile interval; None with fewer than 3 points: every resample of 2 points that
+    has a slope is the line through both, so its "interval" would have zero width."""
+    if not self.weights.size or self.n_points < MIN_POINTS:
       return None
     lo, hi = percentiles(values, self.weights, level)
     return float(lo), float(hi)
@@ -139,6 +145,7 @@ def bootstrap_line(
     method=r.method,
     total=int(r.total),
     skipped=int(r.multiplicity[~ok].sum()),
+    n_points=int(len(u)),
   )
 
 
