@@ -51,12 +51,14 @@ def write_surface(path, law=TRUE, draws=None, level=0.9, problems=(), k=K) -> st
   return str(path)
 
 
-def write_laws(path, a=0.05, alpha=-0.08, b=0.5, beta=0.31, overridden=(), reason="") -> str:
+def write_laws(
+  path, a=0.05, alpha=-0.08, b=0.5, beta=0.31, overridden=(), reason="", runs=()
+) -> str:
   laws = laws_lib.HyperLaws(
     lr=PowerLaw(a=a, alpha=alpha, n_points=4),
     batch_tokens=PowerLaw(a=b, alpha=beta, n_points=4),
     source="synthetic test laws",
-    provenance={"override_reason": reason},
+    provenance={"override_reason": reason, "runs": list(runs)},
     overridden=tuple(overridden),
   )
   laws_lib.save(str(path), laws)
@@ -151,6 +153,21 @@ def test_lr_rows_steps_and_wall_time_from_known_laws_and_chips(tmp_path, capsys)
   got = plan_json(capsys, "--flops", str(compute), "--model", "bert", "--laws", laws)
   want = "the laws were fitted with checks overridden: implausible (reason: interpolation only)"
   assert want in got["notes"]
+  # Laws whose provenance lists their grid runs: how far the plan's C lies outside them.
+  runs = [{"compute": c, "n_params": 1e5} for c in (1e12, 1e13, 2e13)]
+  laws = write_laws(tmp_path / "r.json", runs=runs)
+  got = plan_json(capsys, "--flops", str(compute), "--model", "bert", "--laws", laws)
+  assert got["laws"]["fitted_range"] == [1e12, 2e13]
+  assert got["laws"]["extrapolation"] == pytest.approx(compute / 2e13)
+  want = (
+    "the laws were fitted on C 1e+12-2e+13; C = 1e+20 is 5e+06x above the largest (6.7 decades)"
+  )
+  assert any(n.startswith(want) for n in got["notes"]), got["notes"]
+  got = plan_json(capsys, "--flops", "5e12", "--model", "bert", "--laws", laws)
+  assert got["laws"]["extrapolation"] == 1.0 and not any("extrapolation" in n for n in got["notes"])
+  got = plan_json(capsys, "--flops", "1e11", "--model", "bert", "--laws", laws)
+  assert got["laws"]["extrapolation"] == pytest.approx(10.0)
+  assert any("10x below the smallest (1.0 decades)" in n for n in got["notes"])
 
 
 def test_the_loss_interval_is_the_percentiles_of_the_draws(tmp_path, capsys):

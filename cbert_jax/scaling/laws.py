@@ -149,6 +149,15 @@ def load(path: str) -> HyperLaws:
   return laws
 
 
+def fitted_range(laws: HyperLaws, law_axis: str = "compute") -> tuple[float, float] | None:
+  """(lowest, highest) x the laws were fitted on -- training FLOPs (law_axis "compute") or N
+  ("params") of the grid runs in their provenance; None when the provenance lists no runs (the
+  published defaults)."""
+  key = "compute" if law_axis == "compute" else "n_params"
+  xs = [float(r[key]) for r in laws.provenance.get("runs", ()) if r.get(key)]
+  return (min(xs), max(xs)) if xs else None
+
+
 def save(path: str, laws: HyperLaws) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = f"{path}.tmp"

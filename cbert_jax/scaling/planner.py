@@ -31,7 +31,9 @@ Where every number comes from:
                  rounded to a multiple of the data-parallel devices (FSDP over every chip), at least
                  one multiple. --laws FILE is a laws.json of `python -m cbert_jax.scaling.grid fit`
                  (or shipped:<name>); without it `laws.DEFAULT` (DeepSeek LLM's published laws);
-                 the output names the source (`laws.source`).
+                 the output names the source (`laws.source`), the x range the laws were fitted on
+                 (from their provenance's grid runs) and, in a note, how many decades x lies
+                 outside it (an extrapolation), and any refusal check overridden with its reason.
   steps          ceil(D / (rows x seq_len)); the run trains steps x rows x seq_len tokens (at most
                  one step's tokens more than D).
   loss           with --surface: the point L(N, D) at the rung and its trained tokens, and the
@@ -323,6 +325,8 @@ def make_plan(
       "rows": rows,
       "batch_tokens": rows * seq_len,
       "multiple": devices,
+      "fitted_range": None,  # the x the laws were fitted on (None: no runs in their provenance)
+      "extrapolation": None,  # how far x lies outside it (1 = inside)
     },
     "steps": steps,
     "tokens_trained": trained,
@@ -333,6 +337,19 @@ def make_plan(
     "wall_time": None,
     "notes": notes,
   }
+  span = laws_lib.fitted_range(laws, ns.law_axis)
+  if span is not None:
+    name = "C" if ns.law_axis == "compute" else "N"
+    plan["laws"]["fitted_range"] = list(span)
+    factor = x / span[1] if x > span[1] else span[0] / x if x < span[0] else 1.0
+    plan["laws"]["extrapolation"] = factor
+    if factor > 1.0:
+      side = "above the largest" if x > span[1] else "below the smallest"
+      notes.append(
+        f"the laws were fitted on {name} {span[0]:.3g}-{span[1]:.3g}; {name} = {x:.3g} is "
+        f"{factor:.3g}x {side} ({math.log10(factor):.1f} decades): the LR and batch are an "
+        "extrapolation"
+      )
   if laws.overridden:
     reason = laws.provenance.get("override_reason") or "none given"
     notes.append(
