@@ -10,7 +10,10 @@ full-split validation record `eval/val_full-step_<final>.json` (else eval/loss, 
 probe suite) -- and writes to `<sweep>/report/`:
   report.md, report.json   member table, per-size table over seeds, fits with bootstrap
                            intervals and per-seed exponents, the four claims, what the fits
-                           support, the loss surface L(N, D); report.json holds every number
+                           support, the loss surface L(N, D), the LR / batch laws the members
+                           used (exponents, both intervals, fitted range, overridden checks);
+                           report.json holds every number
+  laws_<name>.png, laws_<name>_grid.png   those laws' plots, copied from beside their file
   loss_vs_flops.png        final validation loss vs C per architecture (seeds, seed means, law)
   probes_vs_flops.png      frozen ridge / logreg / kNN / retrieval scores vs C, fitted trends
   flops_per_token.png      analytic training FLOPs per data token vs N (not a throughput)
@@ -19,7 +22,8 @@ probe suite) -- and writes to `<sweep>/report/`:
 --cms DIR: the controlled CMS experiment's directory (cms.json from `python -m
 cbert_jax.scaling.cms`), quoted for claim 2. --grid DIR: a hyperparameter grid whose optima join
 the sweep's members in the loss-surface fit. --n_boot: its bootstrap resamples.
-Reading and fits: report_fits.py; the loss surface: report_chinchilla.py; figures: report_plots.py.
+Reading and fits: report_fits.py; the loss surface: report_chinchilla.py; figures: report_plots.py;
+the laws: report_laws.py.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import time
 
 import numpy as np
 
-from cbert_jax import report_chinchilla
+from cbert_jax import report_chinchilla, report_laws
 from cbert_jax.report_fits import (
   ALL_ARCHS,
   ARCHS,
@@ -366,8 +370,10 @@ def markdown(
   groups=None,
   controlled=None,
   chin=None,
+  laws_lines=(),
 ) -> str:
-  """The report's text (`ratios`: flops_ratios; `groups`: default group(members))."""
+  """The report's text (`ratios`: flops_ratios; `groups`: default group(members); `laws_lines`:
+  report_laws.section's)."""
   groups = group(members) if groups is None else groups
   lines = [
     f"# Scaling report: {root}",
@@ -485,6 +491,7 @@ def markdown(
   ]
   lines += support(members, groups, loss_fits, probe_fits, chin)
   lines += [""] + report_chinchilla.markdown(chin)
+  lines += list(laws_lines)
   lines += ["## Plots", ""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots]
   return "\n".join(lines) + "\n"
 
@@ -528,6 +535,7 @@ def write(
   if eff:
     plots.append(os.path.join(out_dir, "cms_efficiency.png"))
     plot_cms(members, eff, plots[-1], root)
+  laws_lines, laws_entries = report_laws.section(members, out_dir)
   shown = os.path.relpath(root) if not os.path.relpath(root).startswith("..") else root
   text = markdown(
     shown,
@@ -540,6 +548,7 @@ def write(
     groups=groups,
     controlled=controlled,
     chin=chin,
+    laws_lines=laws_lines,
   )
   path = os.path.join(out_dir, "report.md")
   with open(path, "w") as f:
@@ -555,6 +564,7 @@ def write(
         "cms_efficiency": eff,
         "cms_controlled": controlled,
         "chinchilla": chin,
+        "laws": laws_entries,
         "claims": claims(loss_fits, probe_fits, ratios, eff, controlled),
         "support": support(members, groups, loss_fits, probe_fits, chin),
       },

@@ -35,6 +35,7 @@ import numpy as np
 
 from cbert_jax import metrics as metrics_lib
 from cbert_jax.scaling import fit as fit_lib
+from cbert_jax.scaling import laws as laws_lib
 from cbert_jax.scaling import status as status_lib
 
 ARCHS = ("bert", "crossbert")  # the curves; other members (controls) are listed only
@@ -112,6 +113,11 @@ def read_member(workdir: str) -> dict | None:
     "batch_size": int(cfg["batch_size"]),
     "lr": float(cfg["optim"]["lr"]),
     "laws_source": str(sweep.get("laws_source", "")),  # where the LR and batch came from
+    # the laws file the member read ("shipped:cpu-bert", a path, "" = the published defaults);
+    # None when its LR and batch were both set by hand (a grid or CMS-experiment member)
+    "laws_spec": None
+    if float(sweep.get("lr", 0) or 0) > 0 and int(sweep.get("batch_size", 0) or 0) > 0
+    else laws_lib.for_model(str(sweep.get("laws", "")), cfg["model_name"]),
     "finished": final is not None,
     "final_loss": final,
     "loss_source": source,  # val_full | eval_loss (fallback, marked in the table) | None

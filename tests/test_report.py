@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from cbert_jax import report, report_chinchilla, report_fits
-from cbert_jax.scaling import chinchilla
+from cbert_jax.scaling import chinchilla, fit
+from cbert_jax.scaling import grid as grid_lib
+from cbert_jax.scaling import laws as laws_lib
 
 SIZES = ("d32L2", "d64L2", "d96L3", "d128L3")
 # A few optimiser starts near the planted surface keep these tests fast: the start grid's search
@@ -319,6 +321,81 @@ def test_a_sweep_of_two_sizes_gets_slopes_but_no_intervals(tmp_path, monkeypatch
   )
   assert "excludes 0" not in text
   assert "\n* No interval (fewer than 3 sizes): BERT ridge" in text
+
+
+def test_the_laws_the_members_used_are_shown_with_intervals_range_override_and_plots(
+  tmp_path, monkeypatch
+):
+  _no_plots(monkeypatch)
+  root = tmp_path / "sweep"
+  _two_seed_sweep(root)
+  # A fitted laws file per family ("{model}"), with its grid runs and plots beside it; BERT's
+  # fitted with a check overridden. crossbert_d32L2 set its LR and batch by hand: no law.
+  laws_dir = tmp_path / "laws"
+  for model, runs, over in (
+    ("bert", (1e9, 4e9, 2e10), ("implausible",)),
+    ("crossbert", (1e9, 1e10), ()),
+  ):
+    law = fit.fit_power_law_ci([1e9, 4e9, 2e10, 5e10], [1e-3, 9e-4, 8e-4, 7.5e-4])
+    laws = laws_lib.HyperLaws(
+      lr=law,
+      batch_tokens=fit.PowerLaw(a=0.5, alpha=0.3, n_points=3),
+      source=f"fit: grid_{model} (3 sizes)"
+      + ("; checks overridden: implausible (reason: because)" if over else ""),
+      provenance={
+        "runs": [{"compute": c, "n_params": 1} for c in runs],
+        "override_reason": "because" if over else "",
+      },
+      overridden=over,
+    )
+    path = laws_dir / f"{model}.json"
+    laws_lib.save(str(path), laws)
+    for plot in grid_lib.plot_paths(str(path)):
+      open(plot, "wb").write(b"png")
+  for d in root.iterdir():
+    cfg_path = d / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    sw = cfg["config"]["sweep"]
+    sw["laws"] = str(laws_dir / "{model}.json")
+    if d.name == "crossbert_d32L2":
+      sw["lr"], sw["batch_size"] = 1e-3, 4
+    cfg_path.write_text(json.dumps(cfg))
+  path = report.write(str(root), n_boot=0)
+  text = open(path).read()
+  out = json.load(open(root / "report" / "report.json"))
+  entries = {e["spec"]: e for e in out["laws"]}
+  bert, cross = entries[str(laws_dir / "bert.json")], entries[str(laws_dir / "crossbert.json")]
+  assert bert["families"] == ["bert"] and cross["families"] == ["crossbert"]
+  assert bert["fitted_compute"] == [1e9, 2e10] and cross["fitted_compute"] == [1e9, 1e10]
+  # the members that used each law: CrossBERT's hand-set d32L2 is not among them
+  used = {
+    a: [m["compute"] for m in out["members"] if m["arch"] == a and m["name"] != "crossbert_d32L2"]
+    for a in ("bert", "crossbert")
+  }
+  assert bert["used_compute"] == [min(used["bert"]), max(used["bert"])]
+  assert cross["used_compute"] == [min(used["crossbert"]), max(used["crossbert"])]
+  want = bert["laws"]["lr"]
+  assert (
+    f"| lr* vs C | {want['a']:.4g} | {want['alpha']:+.3f} | [{want['alpha_ci'][0]:+.3f}, "
+    f"{want['alpha_ci'][1]:+.3f}] | [{want['alpha_t_ci'][0]:+.3f}, {want['alpha_t_ci'][1]:+.3f}] | 4 |"
+    in text
+  )
+  assert (
+    "* Refused by default; fitted with check(s) implausible overridden (reason: because)." in text
+  )
+  assert text.count("Refused by default") == 1 and "Source: fit: grid_bert (3 sizes)." in text
+  assert f"({max(used['bert']) / 2e10:.2g}x the largest fitted C at most)" in text
+  for name in ("laws_bert.png", "laws_bert_grid.png", "laws_crossbert.png"):
+    assert (root / "report" / name).read_bytes() == b"png" and f"![{name}]({name})" in text
+  # A laws plot that is missing: the grid plot keeps its own name.
+  (laws_dir / "crossbert.png").unlink()
+  (root / "report" / "laws_crossbert.png").unlink()
+  text = open(report.write(str(root), n_boot=0)).read()
+  assert "laws_crossbert.png" not in text and "![laws_crossbert_grid.png]" in text
+  # A laws file that has gone since the sweep ran: named, its source only.
+  (laws_dir / "crossbert.json").unlink()
+  text = open(report.write(str(root), n_boot=0)).read()
+  assert "Not readable now (sweep.laws: no such file" in text
 
 
 def test_seed_spread_with_more_than_two_seeds_is_the_sample_sd():
