@@ -75,7 +75,8 @@ class HyperLaws:
 DEFAULT = HyperLaws(
   lr=PowerLaw(a=0.3118, alpha=-0.1250, n_points=0),
   batch_tokens=PowerLaw(a=0.2920, alpha=0.3271, n_points=0),
-  source="default: DeepSeek LLM (arXiv 2401.02954) eq. 1, decoder LMs; no fit of ours yet",
+  source="default: DeepSeek LLM (arXiv 2401.02954) eq. 1, fitted on decoder LMs, not on encoders "
+  "(an encoder fit: experiments/hparam_grid.py, then scaling.grid fit)",
 )
 
 
