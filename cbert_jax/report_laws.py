@@ -59,7 +59,7 @@ def describe(spec: str, families: list[str]) -> dict:
   span = laws_lib.fitted_range(laws, "compute")
   entry["fitted_compute"] = list(span) if span else None
   entry["overridden"] = list(laws.overridden)
-  entry["override_reason"] = laws.provenance.get("override_reason", "")
+  entry["override_reason"] = laws.override_reason
   # [file, suffix of its copy]: the laws plot (.png) and the grid plot (_grid.png), if they exist
   pairs = zip(plot_paths(path), (".png", "_grid.png")) if path else ()
   entry["plots"] = [[p, suffix] for p, suffix in pairs if os.path.exists(p)]
@@ -88,7 +88,7 @@ def section(members: list[dict], out_dir: str) -> tuple[list[str], list[dict]]:
       lines += [f"Not readable now ({e['error']}); the members record only its source.", ""]
       continue
     # the override and its reason get a line of their own below
-    lines += [f"Source: {e['source'].split('; checks overridden:')[0]}.", ""]
+    lines += [f"Source: {e['source'].split(laws_lib.OVERRIDDEN_MARK)[0]}.", ""]
     lines += ["| law | a | exponent | 90% bootstrap | 90% t | sizes |", "|---|---|---|---|---|---|"]
     for field, what, x in LAWS:
       law = e["laws"].get(field)
@@ -113,7 +113,7 @@ def section(members: list[dict], out_dir: str) -> tuple[list[str], list[dict]]:
     if e["overridden"]:
       lines.append(
         f"* Refused by default; fitted with check(s) {', '.join(e['overridden'])} overridden "
-        f"(reason: {e['override_reason'] or 'none given'})."
+        f"(reason: {e['override_reason']})."
       )
     lines.append("")
     # laws_<file stem>.png and laws_<file stem>_grid.png (the laws and the grid they came from)

@@ -377,7 +377,9 @@ def fit_grid(
   if optimum != "vertex":
     source += f"; optima: {optimum}"
   if overridden:
-    source += f"; checks overridden: {', '.join(overridden)} (reason: {override_reason.strip()})"
+    source += (
+      f"{laws_lib.OVERRIDDEN_MARK}{', '.join(overridden)} (reason: {override_reason.strip()})"
+    )
   laws = laws_lib.HyperLaws(
     lr=fits["lr"],
     batch_tokens=fits["batch_tokens"],

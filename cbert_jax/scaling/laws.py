@@ -19,6 +19,10 @@ from absl import logging
 from cbert_jax.errors import ConfigError
 from cbert_jax.scaling.fit import PowerLaw
 
+# How a fit's `source` records its overridden checks (grid.fit_grid writes it; the report's laws
+# section shows the override on a line of its own)
+OVERRIDDEN_MARK = "; checks overridden: "
+
 
 @dataclasses.dataclass(frozen=True)
 class HyperLaws:
@@ -44,6 +48,11 @@ class HyperLaws:
     if self.lr_n is not None and self.batch_tokens_n is not None:
       out |= {"lr_n": self.lr_n.to_dict(), "batch_tokens_n": self.batch_tokens_n.to_dict()}
     return out
+
+  @property
+  def override_reason(self) -> str:
+    """Why the overridden checks were overridden (`provenance["override_reason"]`)."""
+    return self.provenance.get("override_reason") or "none given"
 
   def axis(self, law_axis: str) -> tuple[PowerLaw, PowerLaw]:
     """(lr law, batch law) against `law_axis` (compute | params); ConfigError when not fitted."""
@@ -145,7 +154,7 @@ def load(path: str) -> HyperLaws:
       "provenance['checks'] before trusting the LR and batch it gives",
       path,
       ", ".join(laws.overridden),
-      laws.provenance.get("override_reason") or "none given",
+      laws.override_reason,
     )
   return laws
 

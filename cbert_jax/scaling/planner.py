@@ -351,10 +351,9 @@ def make_plan(
         "extrapolation"
       )
   if laws.overridden:
-    reason = laws.provenance.get("override_reason") or "none given"
     notes.append(
       f"the laws were fitted with checks overridden: {', '.join(laws.overridden)} "
-      f"(reason: {reason})"
+      f"(reason: {laws.override_reason})"
     )
   # 4. Predicted loss.
   if surface is not None:
