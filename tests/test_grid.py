@@ -2,10 +2,10 @@
 synthetic grid (losses from a bowl whose optimum follows lr* = a C^alpha, B* = b C^beta), writes a
 laws file the sweep reads, skips unfinished members; it refuses (exit 2, nothing written) a fit on
 fewer than 3 sizes, with an optimum on a grid's edge or with an implausible exponent, unless the
-check's flag overrides it, and then records the override (and the sweep warns); every member of
-experiments/hparam_grid.py resolves to its own workdir with the B and LR it names."""
+check's flag (with a reason) overrides it, and then records the override (and the sweep warns).
+experiments/hparam_grid.py's members: tests/test_hparam_grid_experiment.py; the shipped laws:
+tests/test_shipped_laws.py."""
 
-import importlib.util
 import json
 import math
 import os
@@ -19,26 +19,13 @@ from cbert_jax import metrics as metrics_lib
 from cbert_jax.scaling import grid as grid_lib
 from cbert_jax.scaling import laws as laws_lib
 from cbert_jax.scaling import members as members_lib
-from cbert_jax.scaling import plan as plan_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SWEEP = os.path.join(ROOT, "experiments", "sweep.py")
 SEQ_LEN = 128
 # The bowl's optimum: lr* = LR_A C^LR_ALPHA, B* (tokens) = B_A C^B_BETA.
 LR_A, LR_ALPHA = 0.5, -0.15
 B_A, B_BETA = 0.05, 0.4
-
-
-# The fields a grid member may differ in from the sweep's member: name, and the plan (B, LR, steps).
-PLAN_FIELDS = {"name", "total_steps", "batch_size", "optim.lr", "checkpoint_every", "eval_every"}
-# The memory plan (sweep.chip) follows the batch: another B may get another setting.
-MEMORY_FIELDS = {"model.remat", "model.ce_chunk", "optim.microbatches"}
-
-
-def load_module(name, path):
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def write_member(
@@ -231,7 +218,7 @@ def test_fit_recovers_exponents_writes_laws_and_plot_the_sweep_reads(tmp_path, c
   )
   assert {"bert.png", "crossbert.png", "crossbert_grid.png"} <= set(os.listdir(tmp_path / "fits"))
   # experiments/sweep.py reads the file through sweep.laws: the member's LR and batch follow it.
-  sweep = load_module("sweep_for_grid_test", os.path.join(ROOT, "experiments", "sweep.py"))
+  sweep = members_lib.load_experiment(SWEEP)
   for axis in ("compute", "params"):
     m = sweep.get_config("model=bert,size=d64L2")
     m.sweep.laws, m.sweep.law_axis = os.path.join(root, "laws.json"), axis
@@ -564,7 +551,7 @@ def test_implausible_exponent_refused_unless_allowed_and_the_sweep_warns(tmp_pat
   assert "check implausible overridden" in capsys.readouterr().err
   path = os.path.join(root, "laws.json")
   # A sweep member planned with these laws warns and records them (laws_source).
-  sweep = load_module("sweep_for_implausible_test", os.path.join(ROOT, "experiments", "sweep.py"))
+  sweep = members_lib.load_experiment(SWEEP)
   m = sweep.get_config("model=bert,size=d32L2")
   m.sweep.laws = path
   with caplog.at_level("WARNING"):
@@ -583,36 +570,6 @@ def test_implausible_exponent_refused_unless_allowed_and_the_sweep_warns(tmp_pat
   assert "overridden" not in caplog.text
   assert laws.overridden == ("implausible",) and laws.lr.alpha == pytest.approx(0.31, abs=0.03)
   assert f"lr*(C) exponent {want_c:+.3f}" in laws.provenance["checks"]["implausible"]["detail"]
-
-
-def test_shipped_laws_load_by_name_and_unknown_names_are_listed(tmp_path, monkeypatch):
-  root = str(tmp_path / "grid")
-  make_grid(root, SIZES[:3])
-  fitted = tmp_path / "fitted"
-  grid_lib.fit_grid(root, str(fitted / "cpu-bert.json"), model="bert", n_boot=0, plot=False)
-  monkeypatch.setattr(laws_lib, "SHIPPED_DIR", str(fitted))
-  assert laws_lib.shipped_names() == ["cpu-bert"]
-  shipped = laws_lib.load("shipped:cpu-bert")
-  assert shipped == laws_lib.load(str(fitted / "cpu-bert.json"))
-  assert shipped.provenance["model_filter"] == "bert"
-  with pytest.raises(
-    config_lib.ConfigError, match=r"no shipped laws named 'cpu-x'; shipped: cpu-bert"
-  ):
-    laws_lib.load("shipped:cpu-x")
-  # "{model}": each member reads its own family's laws (here only BERT's are shipped).
-  sweep = load_module("sweep_for_model_laws", os.path.join(ROOT, "experiments", "sweep.py"))
-  bert = sweep.get_config("model=bert,size=d64L2")
-  bert.sweep.laws = "shipped:cpu-{model}"
-  bert = config_lib.resolve(bert)
-  by_file = sweep.get_config("model=bert,size=d64L2")
-  by_file.sweep.laws = str(fitted / "cpu-bert.json")
-  by_file = config_lib.resolve(by_file)
-  assert (bert.optim.lr, bert.batch_size) == (by_file.optim.lr, by_file.batch_size)
-  assert bert.sweep.laws_source == shipped.source
-  cross = sweep.get_config("model=crossbert,size=d64L2")
-  cross.sweep.laws = "shipped:cpu-{model}"
-  with pytest.raises(config_lib.ConfigError, match=r"no shipped laws named 'cpu-crossbert'"):
-    config_lib.resolve(cross)
 
 
 def test_bad_grid_input_is_one_line_naming_the_path_exit_2(tmp_path, capsys):
@@ -638,105 +595,3 @@ def test_bad_grid_input_is_one_line_naming_the_path_exit_2(tmp_path, capsys):
     grid_lib.main(["fit", "--grid", one, "--bootstrap", "-1"])
   assert e.value.code == 2
   capsys.readouterr()
-
-
-def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
-  path = os.path.join(ROOT, "experiments", "hparam_grid.py")
-  exp = load_module("hparam_grid_exp", path)
-  sweep = exp.SWEEP
-  for scale, want, per_size in (("cpu", 180, {25, 28, 14, 10}), ("paper", 105, {15})):
-    members = exp.get_sweep(scale)
-    assert len(members) == want
-    names = [exp.workdir_name(a) for a in members]
-    assert len(set(names)) == len(names)
-    per = {}
-    for arg in members:
-      a = config_lib.parse_arg(arg, scale="", model="", size="", batch=0, lr=0.0)
-      c = config_lib.resolve(exp.get_config(arg))
-      assert c.mode == "train" and c.sweep.scale == scale and not c.sweep.probe
-      assert (c.batch_size, c.optim.lr) == (a.batch, a.lr)
-      assert c.sweep.laws_source.startswith(
-        "sweep.lr and sweep.batch_size set explicitly; laws otherwise: default: DeepSeek"
-      )
-      assert c.sweep.tokens_per_param == exp.GRIDS[scale]["tokens_per_param"]
-      assert c.name == f"hparam_grid_{scale}/{exp.workdir_name(arg)}"
-      tokens = c.total_steps * c.batch_size * c.data.seq_len
-      assert tokens == c.sweep.tokens >= c.sweep.target_tokens
-      assert c.batch_size % c.sweep.batch_multiple == 0
-      per.setdefault((a.model, a.size), []).append(arg)
-      if scale == "paper":
-        assert 50e6 <= c.sweep.n_params <= 700e6
-      # Everything but B, LR, budget and bookkeeping is the sweep's member.
-      ref = config_lib.resolve(sweep.get_config(sweep.member_arg(scale, a.model, a.size)))
-      leaves = config_lib.leaves
-      ours, theirs = dict(leaves(c)), dict(leaves(ref))
-      differ = {k for k in ours if ours[k] != theirs[k]}
-      assert differ <= PLAN_FIELDS | {k for k in differ if k.startswith("sweep.")} | (
-        MEMORY_FIELDS if c.sweep.chip else set()
-      ), differ
-      if c.sweep.chip:  # the grid member trains with the setting its own plan chose
-        assert c.sweep.memory_verdict == "fits"
-        assert c.sweep.memory_setting == plan_lib.current_setting(c).describe()
-    assert set(map(len, per.values())) == per_size
-    # The law's own suggestion is the centre of every size's grid (a size gridded at its own
-    # pairs only, extra_by_size, is centred elsewhere).
-    for (model, size), args in per.items():
-      if size not in exp.GRIDS[scale]["sizes"]:
-        continue
-      lr0, rows0, _, _ = exp.law_point(scale, model, size)
-      assert f"batch={rows0},lr={float(f'{lr0:.3g}'):.3g}" in ",".join(args)
-  assert {s for _, s in per} == {"d768L12", "d1024L16", "d1280L20", "d1536L24"}  # paper
-  assert "d1536L24" in exp.grid_sizes("paper", "bert")
-  assert "d1536L24" not in exp.grid_sizes("paper", "crossbert")  # N 849M > 700M
-  cpu = exp.get_sweep("cpu")
-  assert {exp.workdir_name(a).split("_b")[0] for a in cpu} == {
-    f"{m}_{s}" for m in ("bert", "crossbert") for s in ("d32L2", "d64L2", "d96L3")
-  } | {"bert_d128L3", "crossbert_d128L3"}
-  # The whole grid: mode=sweep, no probes, no scaling report; the runner plans it (1 device).
-  for arg, scale in ((None, "auto"), ("cpu", "cpu"), ("paper", "paper")):
-    c = exp.get_config(arg)
-    assert c.mode == "sweep" and c.sweep.scale == scale and c.sweep.experiment == path
-    assert not c.sweep.probe and not c.sweep.report
-  c = exp.get_config("cpu")
-  with c.unlocked():
-    c.num_devices = 1
-  scale, planned = members_lib.plan(c, "/nonexistent/root")
-  assert scale == "cpu" and [n for n, _, _ in planned] == [exp.workdir_name(a) for a in cpu]
-  # Bad member args are named.
-  from cbert_jax.errors import ConfigError
-
-  for bad, words in (
-    ("model=bert,size=d32L2", "needs model=, size=, batch="),
-    ("model=bert,size=d256L4,batch=8,lr=0.01", "is in no grid"),
-    ("scale=paper,model=crossbert,size=d1536L24,batch=8,lr=0.01", "not in the paper grid"),
-    ("scale=quick", "scale must be one of"),
-  ):
-    with pytest.raises(ConfigError, match=words):
-      exp.get_config(bad)
-
-
-@pytest.mark.parametrize("model", ["bert", "crossbert"])
-def test_the_shipped_cpu_laws_are_the_fit_of_the_archived_cpu_grid(model, tmp_path):
-  # The shipped laws (the cpu and quick sweeps' default) were fitted on the live grid; fitting
-  # its archive in the repo (results/grid_cpu: configs, metrics and full-split validation, no
-  # checkpoints) must give the same optima and the same laws, intervals included.
-  shipped = laws_lib.load(f"shipped:cpu-{model}")
-  prov = shipped.provenance
-  assert prov["excluded"] == [f"{model}:d32L2"] and shipped.overridden == ("implausible",)
-  assert "fixed before the final fit" in prov["override_reason"]
-  assert prov["optimum"] == "vertex" and prov["metric"] == "val_full"
-  refit = grid_lib.fit_grid(
-    os.path.join(ROOT, "results", "grid_cpu"),
-    str(tmp_path / f"cpu-{model}.json"),
-    model=model,
-    n_boot=prov["n_bootstrap"],
-    seed=prov["seed"],
-    plot=False,
-    allow=("implausible",),
-    override_reason="test",
-    exclude=[f"{model}:d32L2"],
-  )
-  assert not refit.skipped
-  for law in ("lr", "batch_tokens", "lr_n", "batch_tokens_n"):
-    assert getattr(refit.laws, law) == getattr(shipped, law), law
-  assert refit.laws.provenance["runs"] == prov["runs"]
