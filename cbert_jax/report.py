@@ -297,23 +297,21 @@ def support(members, groups, loss_fits, probe_fits, chin) -> list[str]:
         split.append(f"{LABELS[arch]} {key}")
   n_trends = sum(len(t) for t in probe_fits.values())
   if n_trends:
-    out.append(
-      (
-        f"Probe trends whose interval spans 0 (no trend): {', '.join(flat)}."
-        if flat
-        else ""
-        if len(undefined) == n_trends
-        else "Every probe trend's 90% interval excludes 0"
+    parts = []
+    if flat:
+      parts.append(f"Probe trends whose interval spans 0 (no trend): {', '.join(flat)}.")
+    elif len(undefined) < n_trends:
+      parts.append(
+        "Every probe trend's 90% interval excludes 0"
         + (" (of those with an interval)." if undefined else ".")
       )
-      + (
-        f" No interval (fewer than 3 sizes): {', '.join(undefined)}: a slope through 2 points."
-        if undefined
-        else ""
+    if undefined:
+      parts.append(
+        f"No interval (fewer than 3 sizes): {', '.join(undefined)}: a slope through 2 points."
       )
-      + (f" Seeds disagree in the sign of the slope: {', '.join(split)}." if split else "")
-    )
-    out[-1] = out[-1].strip()
+    if split:
+      parts.append(f"Seeds disagree in the sign of the slope: {', '.join(split)}.")
+    out.append(" ".join(parts))
   if any("logreg" in t for t in probe_fits.values()):
     out.append(
       "logreg's mean covers the classification tasks only (no regression tasks), so its level "
