@@ -119,10 +119,15 @@ class LinearBootstrap:
   skipped: int  # of them, the resamples with no slope (all drawn points at one x)
   n_points: int = MIN_POINTS  # the points resampled (below 3: no interval, see `ci`)
 
+  @property
+  def has_interval(self) -> bool:
+    """False without a defined resample or with fewer than 3 points: every resample of 2 points
+    that has a slope is the line through both, so its "interval" would have zero width."""
+    return bool(self.weights.size) and self.n_points >= MIN_POINTS
+
   def ci(self, values: np.ndarray, level: float = LEVEL) -> tuple[float, float] | None:
-    """The percentile interval; None with fewer than 3 points: every resample of 2 points that
-    has a slope is the line through both, so its "interval" would have zero width."""
-    if not self.weights.size or self.n_points < MIN_POINTS:
+    """The percentile interval; None when there is none (`has_interval`)."""
+    if not self.has_interval:
       return None
     lo, hi = percentiles(values, self.weights, level)
     return float(lo), float(hi)

@@ -29,7 +29,7 @@ def _band(x, y, xs, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray] | N
   if n_boot <= 0:
     return None
   boot = fit_lib.bootstrap_line(np.log(x), np.log(y), n_boot, seed)
-  if not boot.weights.size or boot.n_points < fit_lib.MIN_POINTS:  # no band, as no interval
+  if not boot.has_interval:  # no band where the laws have no interval
     return None
   log_y = boot.intercepts[:, None] + boot.slopes[:, None] * np.log(xs)[None, :]
   lo, hi = fit_lib.percentiles(log_y, boot.weights, CI_LEVEL)
