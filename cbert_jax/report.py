@@ -19,6 +19,8 @@ probe suite) -- and writes to `<sweep>/report/`:
   flops_per_token.png      analytic training FLOPs per data token vs N (not a throughput)
   cms_efficiency.png       validation loss vs tokens of CrossBERT with and without CMS (if the
                            sweep has the control)
+  surface_<family>.json    each fitted loss surface with its problems and provenance, for
+                           `python -m cbert_jax.scaling.planner --surface`
 --cms DIR: the controlled CMS experiment's directory (cms.json from `python -m
 cbert_jax.scaling.cms`), quoted for claim 2. --grid DIR: a hyperparameter grid whose optima join
 the sweep's members in the loss-surface fit. --n_boot: its bootstrap resamples.
@@ -501,10 +503,12 @@ def write(
   grid: str | None = None,
   n_boot: int = report_chinchilla.N_BOOT,
   chinchilla_starts=None,
+  command: str | None = None,
 ) -> str:
   """Reads the sweep in `root` (and the controlled CMS experiment in `cms`, the grid in `grid`),
   writes the report files; returns the markdown's path. `n_boot`, `chinchilla_starts`: the loss
-  surface's bootstrap resamples and optimiser starts (default: chinchilla.START_GRID)."""
+  surface's bootstrap resamples and optimiser starts (default: chinchilla.START_GRID); `command`:
+  the command line recorded in the surface files' provenance."""
   root = os.path.abspath(root)
   members = read_sweep(root)
   groups = group(members)
@@ -519,7 +523,14 @@ def write(
   eff = cms_efficiency(members)
   controlled = read_cms_dir(cms) if cms else None
   try:
-    chin = report_chinchilla.surfaces(members, grid, n_boot, chinchilla_starts)
+    chin = report_chinchilla.surfaces(
+      members,
+      grid,
+      n_boot,
+      chinchilla_starts,
+      out_dir=out_dir,
+      provenance={"sweep": root, "command": command},
+    )
   except GridError as e:
     raise ReportError(str(e)) from e
   plots = [
@@ -590,7 +601,10 @@ def main(argv=None) -> int:
   )
   ns = parser.parse_args(argv)
   try:
-    path = write(ns.sweep, ns.out, cms=ns.cms, grid=ns.grid, n_boot=ns.n_boot)
+    command = " ".join(
+      ["python -m cbert_jax.report", *(argv if argv is not None else sys.argv[1:])]
+    )
+    path = write(ns.sweep, ns.out, cms=ns.cms, grid=ns.grid, n_boot=ns.n_boot, command=command)
   except ReportError as e:
     print(f"report error: {e}", file=sys.stderr)
     return 2

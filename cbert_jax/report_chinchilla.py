@@ -13,11 +13,21 @@ of their own analytic FLOPs / (N D) (`chinchilla.flops_per_param_token`).
 No fit when the points' D/N spans less than `MIN_DN_SPAN`: with D a fixed multiple of N (a sweep
 at 20 tokens per parameter alone) the data do not separate A/N^alpha from B/D^beta, whatever
 the optimiser would return. The allocation (N_opt, D_opt at the largest sweep member's C, 10x
-and 100x it) is given only when the fit is usable (`Fit.problems` empty); otherwise the problems
-are printed ("refused").
+and 100x it) is given only when the fit is usable (`Fit.problems` empty) and its D/N at the
+largest member's C lies within the points' D/N (`chinchilla.allocation_problems`); otherwise the
+problems are printed ("refused").
+
+With an output directory, each fitted family's surface is also written as
+`surface_<family>.json` (`chinchilla.save`: the law, k, bootstrap draws, the problems above, and
+provenance: the points, their N and D/N ranges, N's definition, the command), the file
+`python -m cbert_jax.scaling.planner --surface` plans from (it refuses one with problems unless
+--allow_unusable).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import os
 
 import numpy as np
 
@@ -65,14 +75,27 @@ def sweep_points(members: list[dict]) -> list[dict]:
       "loss": float(m["final_loss"]),
       "compute": float(m["compute"]),
       "metric": m["loss_source"],
+      "n_definition": m.get("n_definition"),
     }
     for m in members
     if m["finished"] and m["n_params"] > 0 and m["tokens"] > 0 and m["compute"] > 0
   ]
 
 
-def fit_family(points: list[dict], n_boot: int = N_BOOT, starts=None) -> dict:
-  """The surface fitted to `points` (one family), its intervals and, when usable, the allocation."""
+def surface_file(out_dir: str, family: str) -> str:
+  return os.path.join(out_dir, f"surface_{family}.json")
+
+
+def fit_family(
+  points: list[dict],
+  n_boot: int = N_BOOT,
+  starts=None,
+  save_path: str | None = None,
+  provenance: dict | None = None,
+) -> dict:
+  """The surface fitted to `points` (one family), its intervals and, when usable, the allocation;
+  with `save_path`, the fit (its problems included) is written there (`chinchilla.save`) with
+  `provenance` plus the points and their ranges."""
   metric = "val_full" if any(p["metric"] == "val_full" for p in points) else "eval_loss"
   left_out = [p["name"] for p in points if p["metric"] != metric]
   pts = [p for p in points if p["metric"] == metric]
@@ -110,6 +133,11 @@ def fit_family(points: list[dict], n_boot: int = N_BOOT, starts=None) -> dict:
     return out | {"reason": str(e)}
   law = f.law
   k = chinchilla.flops_per_param_token(c, n, d)
+  sweep_c = [p["compute"] for p in pts if p["source"] == "sweep"] or list(c)
+  c_max = float(max(sweep_c))
+  # the allocation's own test, beside the surface's (both reasons are named when both fail)
+  extra = chinchilla.allocation_problems(law, c_max, k, out["d_per_n"])
+  f = dataclasses.replace(f, problems=[*f.problems, *extra])
   out |= {
     "fitted": True,
     "E": law.E,
@@ -124,8 +152,6 @@ def fit_family(points: list[dict], n_boot: int = N_BOOT, starts=None) -> dict:
     "problems": list(f.problems),
     "usable": bool(f.usable),
   }
-  sweep_c = [p["compute"] for p in pts if p["source"] == "sweep"] or list(c)
-  c_max = float(max(sweep_c))
   out["c_largest"] = c_max
   if out["usable"]:
     out["allocation"] = [
@@ -133,14 +159,45 @@ def fit_family(points: list[dict], n_boot: int = N_BOOT, starts=None) -> dict:
       for s in SCALES
       for no, do in [law.optimal(c_max * s, k)]
     ]
+  if save_path:
+    defs = {p.get("n_definition") for p in pts if p["source"] == "sweep"} - {None}
+    chinchilla.save(
+      save_path,
+      f,
+      k,
+      dict(provenance or {})
+      | {
+        "metric": metric,
+        "n_definition": defs.pop() if len(defs) == 1 else None,
+        "n_range": out["n_range"],
+        "d_per_n": out["d_per_n"],
+        "c_largest": c_max,
+        "points": [{key: p[key] for key in ("source", "name", "n", "d", "loss")} for p in pts],
+      },
+    )
+    out["surface_file"] = save_path
   return out
 
 
-def surfaces(members, grid_dir=None, n_boot: int = N_BOOT, starts=None) -> dict:
-  """{family: fit_family(...)} over the sweep's members plus the grid's optima (if any)."""
+def surfaces(
+  members,
+  grid_dir=None,
+  n_boot: int = N_BOOT,
+  starts=None,
+  out_dir: str | None = None,
+  provenance: dict | None = None,
+) -> dict:
+  """{family: fit_family(...)} over the sweep's members plus the grid's optima (if any); with
+  `out_dir`, each fitted surface is written to `surface_file(out_dir, family)`."""
   pts = sweep_points(members) + (grid_optima(grid_dir) if grid_dir else [])
   out = {
-    fam: fit_family([p for p in pts if p["arch"] == fam], n_boot, starts)
+    fam: fit_family(
+      [p for p in pts if p["arch"] == fam],
+      n_boot,
+      starts,
+      save_path=surface_file(out_dir, fam) if out_dir else None,
+      provenance=dict(provenance or {}) | {"family": fam, "grid": grid_dir},
+    )
     for fam in FAMILIES
     if any(p["arch"] == fam for p in pts)
   }
@@ -204,6 +261,12 @@ def markdown(chin: dict) -> list[str]:
         for a in r["allocation"]
       )
       lines.append(f"* {fam}: compute-optimal allocation (C = k N D, k = {r['k']:.3g}): {alloc}.")
+    if r.get("surface_file"):
+      notes.append(
+        f"surface file `{os.path.basename(r['surface_file'])}` for "
+        "`python -m cbert_jax.scaling.planner --surface`"
+        + ("" if r["usable"] else ", which refuses it without --allow_unusable")
+      )
     if notes:
       lines[-1] = lines[-1][:-1] + f" ({'; '.join(notes)})."
   return lines + [""]

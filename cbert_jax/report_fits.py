@@ -107,6 +107,7 @@ def read_member(workdir: str) -> dict | None:
     "size": cfg["model"].get("size", ""),
     "seed": int(cfg.get("seed", 0) or 0),
     "n_params": int(sweep.get("n_params", 0)),
+    "n_definition": sweep.get("n_definition"),
     "compute": float(sweep.get("compute", 0.0)),
     "tokens": int(sweep.get("tokens", 0)),
     "steps": total,

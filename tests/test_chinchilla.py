@@ -1,5 +1,6 @@
 """The Chinchilla-style surface: a known surface is recovered from noisy synthetic runs, the
-allocation matches a brute-force search, and a floor at the optimiser's bound is refused."""
+allocation matches a brute-force search, a floor at (or within a hair of) the optimiser's bound is
+refused, and so is an allocation outside the runs' D/N."""
 
 import dataclasses
 import itertools
@@ -59,6 +60,32 @@ def test_a_floor_at_the_bound_or_above_the_data_is_refused():
   steep = chinchilla.LossSurface(E=1.0, A=1.0, alpha=2.5, B=1.0, beta=0.3)
   assert any("alpha" in p for p in chinchilla.problems(steep, np.array([4.0])))
   assert chinchilla.problems(TRUE, np.array([2.0, 3.0])) == []
+
+
+def test_a_floor_within_a_hair_of_zero_is_no_floor():
+  """E above the optimiser's bound but under 1% of the data is refused like E at the bound;
+  at 1% it is a floor."""
+  loss = np.array([3.5, 5.0])
+  tiny = chinchilla.LossSurface(E=1.9e-4, A=400.0, alpha=0.34, B=410.0, beta=0.28)
+  got = chinchilla.problems(tiny, loss)
+  assert len(got) == 1 and "under 1% of the smallest observed loss 3.5" in got[0]
+  assert "no floor identified" in got[0]
+  edge = dataclasses.replace(tiny, E=chinchilla.FLOOR_MIN_FRACTION * 3.5)
+  assert chinchilla.problems(edge, loss) == []
+
+
+def test_an_allocation_outside_the_runs_d_per_n_is_refused():
+  """D/N_opt at C, from the closed form, inside [lo / 2, hi x 2] of the runs' D/N passes; a
+  compute whose optimum lies past that margin is named with the factor."""
+  k = 6.0
+  n_opt, d_opt = TRUE.optimal(1e20, k)
+  dn = d_opt / n_opt
+  assert chinchilla.allocation_problems(TRUE, 1e20, k, (dn / 2.5, dn * 1.5)) == []
+  assert chinchilla.allocation_problems(TRUE, 1e20, k, (dn * 2.0, dn * 4.0)) == []  # at lo / 2
+  got = chinchilla.allocation_problems(TRUE, 1e20, k, (dn / 40.0, dn / 10.0))
+  assert len(got) == 1 and f"is {dn:.3g}, 10x outside the D/N" in got[0]
+  got = chinchilla.allocation_problems(TRUE, 1e20, k, (dn * 5.0, dn * 20.0))
+  assert len(got) == 1 and "5x outside" in got[0]
 
 
 def test_bad_input_is_refused():

@@ -43,11 +43,12 @@ def known_draws(n: int = 40, seed: int = 0) -> np.ndarray:
   return centre + rng.normal(0.0, [0.2, 0.2, 0.02, 0.01, 0.01], (n, 5))
 
 
-def write_surface(path, law=TRUE, draws=None, level=0.9, problems=(), k=K) -> str:
+def write_surface(path, law=TRUE, draws=None, level=0.9, problems=(), k=K, **provenance) -> str:
   fit = chinchilla.Fit(
     law=law, objective=0.0, points=15, problems=list(problems), draws=draws, level=level
   )
-  chinchilla.save(str(path), fit, k, {"n_definition": "non_embedding", "runs": "synthetic"})
+  provenance = {"n_definition": "non_embedding", "runs": "synthetic"} | provenance
+  chinchilla.save(str(path), fit, k, provenance)
   return str(path)
 
 
@@ -231,6 +232,40 @@ def test_bad_input_is_one_line_before_any_config_is_built(
     assert "not below the smallest loss" in err and "--allow_unusable" in err
   if names == "--chips":
     assert "<tpu>-<N>" in err and "<gpu>x<N>" in err
+
+
+def test_a_surface_says_how_far_the_optimum_lies_outside_what_it_was_fitted_on(tmp_path, capsys):
+  """The surface file records the N and D/N of its points (as `python -m cbert_jax.report` writes
+  them); the plan notes N_opt's and D_opt/N_opt's distance outside them, in decades."""
+  compute = 1e21
+  n_opt, d_opt = TRUE.optimal(compute, K)
+  n_range, dn_range = [n_opt / 1e4, n_opt / 1e3], [d_opt / n_opt / 3, d_opt / n_opt * 2]
+  surface = write_surface(tmp_path / "s.json", n_range=n_range, d_per_n=dn_range)
+  notes = plan_json(capsys, "--flops", "1e21", "--model", "crossbert", "--surface", surface)[
+    "notes"
+  ]
+  want = (
+    f"the surface was fitted on N {n_range[0]:.3g}-{n_range[1]:.3g}; N_opt = {n_opt:.3g} is "
+    "1e+03x above the largest (3.0 decades): an extrapolation"
+  )
+  assert want in notes
+  assert not any("fitted on D/N" in n for n in notes)  # inside its D/N range: no note
+  dn_range = [d_opt / n_opt * 10, d_opt / n_opt * 100]
+  surface = write_surface(tmp_path / "s.json", n_range=n_range, d_per_n=dn_range)
+  notes = plan_json(capsys, "--flops", "1e21", "--model", "crossbert", "--surface", surface)[
+    "notes"
+  ]
+  assert any(
+    n.endswith(
+      "D/N_opt = %.3g is 10x below the smallest (1.0 decades): an extrapolation" % (d_opt / n_opt)
+    )
+    for n in notes
+  ), notes
+  surface = write_surface(tmp_path / "s.json")  # no ranges recorded: no such note
+  notes = plan_json(capsys, "--flops", "1e21", "--model", "crossbert", "--surface", surface)[
+    "notes"
+  ]
+  assert not any("the surface was fitted on" in n for n in notes)
 
 
 def test_an_unusable_surface_plans_with_allow_unusable(tmp_path, capsys):

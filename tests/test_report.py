@@ -2,6 +2,7 @@
 size, the full-split loss preferred over eval/loss, the CMS levels over the whole shared range,
 the loss surface L(N, D) and its refusal, the controlled CMS summary."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -527,9 +528,17 @@ def test_an_unusable_surface_is_refused_with_its_problems():
   assert "N_opt" not in lines
 
 
-def test_grid_optima_join_the_sweep_in_the_surface_fit(tmp_path, monkeypatch):
+# The planted surface with B = 500: its compute-optimal D/N at the largest member's C is ~13,
+# inside the points' D/N 5-20; TRUE's (B = 900) is ~80, 4x past it (> the 2x margin).
+IN_RANGE = dataclasses.replace(TRUE, B=500.0)
+
+
+@pytest.mark.parametrize("law", [IN_RANGE, TRUE], ids=["optimum_inside", "optimum_outside"])
+def test_grid_optima_join_the_sweep_in_the_surface_fit(tmp_path, monkeypatch, law):
   """Sweep members at D = 20 N, the grid's best member per size at D = 5 N (a worse one beside
-  it), losses from the planted surface: the fit uses sweep + optima and is usable."""
+  it), losses from the planted surface: the fit uses sweep + optima, recovers the surface and
+  writes it for the planner; its allocation is given when the optimum's D/N lies within the
+  points' D/N (closed form on the fitted law) and refused, naming the factor, when not."""
   _no_plots(monkeypatch)
   root, grid = tmp_path / "sweep", tmp_path / "grid"
   for i, (size, m) in enumerate(zip(SIZES, (1000, 2500, 6250, 15626))):
@@ -546,7 +555,7 @@ def test_grid_optima_join_the_sweep_in_the_surface_fit(tmp_path, monkeypatch):
       (0.5, 0.4, 0.1),
       1.0,
       [(d / 2, 9.0), (d, 8.0)],
-      val_full=float(TRUE(n, d)),
+      val_full=float(law(n, d)),
     )
     for j, extra in enumerate((0.0, 0.3)):
       if i == 3:
@@ -566,9 +575,10 @@ def test_grid_optima_join_the_sweep_in_the_surface_fit(tmp_path, monkeypatch):
       }
       (w / "config.json").write_text(json.dumps({"config": cfg}))
       (w / "metrics.jsonl").write_text(json.dumps({"step": steps, "train/loss": 5.0}) + "\n")
-      record = {"step": steps, "loss": float(TRUE(n, 5 * n)) + extra}
+      record = {"step": steps, "loss": float(law(n, 5 * n)) + extra}
       (w / "eval" / f"val_full-step_{steps}.json").write_text(json.dumps(record))
-  path = report.write(str(root), grid=str(grid), n_boot=2, chinchilla_starts=STARTS)
+  starts = [(6.0, float(np.log(law.B)), 0.4, 0.35, 0.3), *STARTS]  # one near each planted law
+  path = report.write(str(root), grid=str(grid), n_boot=2, chinchilla_starts=starts)
   out = json.load(open(root / "report" / "report.json"))
   r = out["chinchilla"]["bert"]
   assert (r["points"], r["sweep_points"], r["grid_points"]) == (7, 4, 3)
@@ -580,10 +590,31 @@ def test_grid_optima_join_the_sweep_in_the_surface_fit(tmp_path, monkeypatch):
   assert (
     "## Loss surface L(N, D)" in text and "plus the hyperparameter grid's optimum per size" in text
   )
-  assert r["usable"] and r["alpha"] == pytest.approx(0.35, abs=0.01)
-  law = chinchilla.LossSurface(E=r["E"], A=r["A"], alpha=r["alpha"], B=r["B"], beta=r["beta"])
+  assert r["alpha"] == pytest.approx(0.35, abs=0.01) and r["B"] == pytest.approx(law.B, rel=0.05)
+  got = chinchilla.LossSurface(E=r["E"], A=r["A"], alpha=r["alpha"], B=r["B"], beta=r["beta"])
   assert r["c_largest"] == pytest.approx(max(p["compute"] for p in r["point_list"]))
-  for a, s in zip(r["allocation"], (1, 10, 100)):
-    assert [a["n_opt"], a["d_opt"]] == pytest.approx(law.optimal(s * r["c_largest"], r["k"]))
-  assert f"N_opt {r['allocation'][2]['n_opt']:.3g}" in text
+  n_opt, d_opt = got.optimal(r["c_largest"], r["k"])
+  lo, hi = r["d_per_n"]
+  assert (lo, hi) == (pytest.approx(5.0), pytest.approx(20.0))
+  if law is IN_RANGE:
+    assert lo / 2 < d_opt / n_opt < hi * 2 and r["usable"], r["problems"]
+    for a, s in zip(r["allocation"], (1, 10, 100)):
+      assert [a["n_opt"], a["d_opt"]] == pytest.approx(got.optimal(s * r["c_largest"], r["k"]))
+    assert f"N_opt {r['allocation'][2]['n_opt']:.3g}" in text
+  else:
+    assert d_opt / n_opt > hi * 2 and not r["usable"] and "allocation" not in r
+    assert r["problems"] == [
+      f"the compute-optimal D/N at C = {r['c_largest']:.3g} is {d_opt / n_opt:.3g}, "
+      f"{d_opt / n_opt / hi:.3g}x outside the D/N 5-20 the runs span (margin 2x): the N-vs-D "
+      "trade-off there is extrapolated, not measured"
+    ]
+    assert "bert: allocation refused: the compute-optimal D/N" in text
+  # The surface file: the fit as reported, its problems, where it came from.
+  path_s = root / "report" / "surface_bert.json"
+  assert r["surface_file"] == str(path_s) and "`surface_bert.json` for" in text
+  saved = chinchilla.load(str(path_s), allow_unusable=True)
+  assert saved.fit.law == got and saved.k == r["k"] and saved.fit.problems == r["problems"]
+  assert saved.provenance["d_per_n"] == r["d_per_n"] and saved.provenance["family"] == "bert"
+  assert saved.provenance["grid"] == str(grid) and len(saved.provenance["points"]) == 7
+  assert saved.fit.draws is not None and len(saved.fit.draws) == 2  # n_boot
   assert report.main(["--sweep", str(root), "--grid", str(tmp_path / "nogrid")]) == 2

@@ -7,9 +7,14 @@ starting points, keeping the best. Written here because no maintained library fi
 (scipy supplies the optimiser; the objective and its gradient are ten lines).
 
 A fit is *usable* only when every exponent and the floor are interior: alpha and beta inside
-(EXPONENT_BOUNDS) and not at a bound of the optimiser, and 0 < E < the smallest observed loss (a
-floor at or above the data, or at 0, is the optimiser's bound, not an estimate). `Fit.problems`
-lists what fails; callers refuse an unusable fit unless told otherwise.
+(EXPONENT_BOUNDS) and not at a bound of the optimiser, and FLOOR_MIN_FRACTION x the smallest
+observed loss <= E < the smallest observed loss (a floor at or above the data is not a floor; one
+at the optimiser's bound, or within a hair of it -- under 1% of the data, below what a seed's
+noise could tell from 0 -- is no floor identified: the data fit a pure power law). `Fit.problems`
+lists what fails; callers refuse an unusable fit unless told otherwise. `allocation_problems`
+adds the allocation's own test: the compute-optimal D/N at the runs' compute must lie within
+(a margin of) the D/N the runs span, or the allocation extrapolates the trade-off between N and
+D the data never measured.
 
 Intervals: a percentile bootstrap over the runs (resampling (N, D, L) points with replacement,
 each resample refitted from the point estimate and a few grid starts), with the number of
@@ -55,6 +60,12 @@ START_GRID = dict(
   beta=(0.3, 0.8),
 )
 _BOUNDS = [(-10.0, 60.0), (-10.0, 60.0), (-10.0, 5.0), (0.0, 3.0), (0.0, 3.0)]
+# A floor E under this fraction of the smallest observed loss is not told apart from E = 0 (two
+# seeds of one member differ by ~1% of the loss): "no floor identified", like E at the bound.
+FLOOR_MIN_FRACTION = 0.01
+# The compute-optimal D/N at the runs' own compute must lie within [min / m, max x m] of the runs'
+# D/N (m = this margin): beyond it the N-vs-D trade-off is extrapolated, not measured.
+ALLOCATION_DN_MARGIN = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,9 +200,36 @@ def problems(law: LossSurface, loss: np.ndarray) -> list[str]:
       out.append(f"{name} = {v:.3g} is outside the plausible range ({lo}, {hi})")
   if law.E <= np.exp(_BOUNDS[2][0]) * 1.01:
     out.append(f"E = {law.E:.3g} sits at the optimiser's lower bound (no floor identified)")
+  elif law.E < FLOOR_MIN_FRACTION * float(np.min(loss)):
+    out.append(
+      f"E = {law.E:.3g} is under {FLOOR_MIN_FRACTION:.0%} of the smallest observed loss "
+      f"{np.min(loss):.4g} (no floor identified: the data fit a pure power law)"
+    )
   elif law.E >= float(np.min(loss)):
     out.append(f"E = {law.E:.3g} is not below the smallest observed loss {np.min(loss):.4g}")
   return out
+
+
+def allocation_problems(
+  law: LossSurface,
+  compute: float,
+  k: float,
+  d_per_n: Sequence[float],
+  margin: float = ALLOCATION_DN_MARGIN,
+) -> list[str]:
+  """Why the allocation at `compute` is not supported by runs spanning D/N `d_per_n` = (lo, hi):
+  its D/N_opt outside [lo / margin, hi x margin] (empty when inside)."""
+  lo, hi = float(min(d_per_n)), float(max(d_per_n))
+  n_opt, d_opt = law.optimal(compute, k)
+  dn = d_opt / n_opt
+  if lo / margin <= dn <= hi * margin:
+    return []
+  factor = dn / hi if dn > hi else lo / dn
+  return [
+    f"the compute-optimal D/N at C = {compute:.3g} is {dn:.3g}, {factor:.3g}x outside the D/N "
+    f"{lo:.3g}-{hi:.3g} the runs span (margin {margin:g}x): the N-vs-D trade-off there is "
+    "extrapolated, not measured"
+  ]
 
 
 def fit(

@@ -20,7 +20,10 @@ Where every number comes from:
   FLOPs/token    `flops.flops_per_token` (training FLOPs per data token, algorithmic count).
   N_opt, D_opt   with --surface FILE (a fitted Chinchilla surface, `chinchilla.save`): the surface's
                  `LossSurface.optimal(C, k)`, k = FLOPs per parameter per token stored with the
-                 surface, i.e. N_opt = G (C/k)^(beta/(alpha+beta)), D_opt = C / (k N_opt).
+                 surface, i.e. N_opt = G (C/k)^(beta/(alpha+beta)), D_opt = C / (k N_opt); a note
+                 says how many decades N_opt and D_opt/N_opt lie outside the N and D/N the
+                 surface was fitted on (its provenance; `python -m cbert_jax.report` writes
+                 surface_<family>.json with them).
                  Without one: the sweep's rule D = tokens_per_param x N (--tokens_per_param,
                  default 20) with C = k(N) N D, k(N) = FLOPs per data token / N of the ladder's rungs,
                  interpolated log-linearly in log N (clamped at the ends); solved for N by bisection.
@@ -246,6 +249,32 @@ def check_args(
   return chips, laws, surface
 
 
+def _outside(x: float, lo: float, hi: float) -> float:
+  """How many times x lies outside [lo, hi] (1.0 inside)."""
+  return x / hi if x > hi else lo / x if x < lo else 1.0
+
+
+def surface_range_notes(surface: chinchilla.SavedSurface, n_opt: float, d_opt: float) -> list[str]:
+  """Notes on how far N_opt and D_opt / N_opt lie outside the N and D/N the surface was fitted on
+  (its provenance's `n_range`, `d_per_n`; nothing when the file does not record them)."""
+  notes = []
+  for name, x, span in (
+    ("N", n_opt, surface.provenance.get("n_range")),
+    ("D/N", d_opt / n_opt, surface.provenance.get("d_per_n")),
+  ):
+    if not span:
+      continue
+    lo, hi = float(min(span)), float(max(span))
+    factor = _outside(x, lo, hi)
+    if factor > 1.0:
+      side = "above the largest" if x > hi else "below the smallest"
+      notes.append(
+        f"the surface was fitted on {name} {lo:.3g}-{hi:.3g}; {name}_opt = {x:.3g} is "
+        f"{factor:.3g}x {side} ({math.log10(factor):.1f} decades): an extrapolation"
+      )
+  return notes
+
+
 def make_plan(
   ns: argparse.Namespace,
   chips: chips_lib.Chips | None,
@@ -272,6 +301,8 @@ def make_plan(
       "tokens_per_param": float(ns.tokens_per_param),
     }
   allocation |= {"n_opt": n_opt, "d_opt": d_opt, "k": k, "k_source": k_source}
+  if surface is not None:
+    notes.extend(surface_range_notes(surface, n_opt, d_opt))
   i = nearest(rungs, n_opt)
   rung = rungs[i]
   cut = bisect.bisect_left([r.n_params for r in rungs], n_opt)
@@ -341,7 +372,7 @@ def make_plan(
   if span is not None:
     name = "C" if ns.law_axis == "compute" else "N"
     plan["laws"]["fitted_range"] = list(span)
-    factor = x / span[1] if x > span[1] else span[0] / x if x < span[0] else 1.0
+    factor = _outside(x, span[0], span[1])
     plan["laws"]["extrapolation"] = factor
     if factor > 1.0:
       side = "above the largest" if x > span[1] else "below the smallest"
