@@ -20,11 +20,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A sweep of one quick member (BERT d32L2: 2 heads, vocabulary 4096) on differently shaped meshes.
 EXPERIMENT = """
-import importlib.util
+from cbert_jax.scaling import members as _members
 
-_spec = importlib.util.spec_from_file_location("sweep", {sweep!r})
-sweep = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sweep)
+sweep = _members.load_experiment({sweep!r})
 
 MEMBERS = {{  # name: (mesh data, fsdp, tensor), batch rows
     "fsdp4": ((1, -1, 1), 8),

@@ -8,7 +8,6 @@ the compiled bytes must fall with each policy: XLA:CPU honours remat in the comp
 """
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ import sys
 import pytest
 
 from cbert_jax import config_lib
+from cbert_jax.scaling import members as members_lib
 from cbert_jax.scaling import memory
 from cbert_jax.scaling import plan as plan_lib
 
@@ -25,11 +25,9 @@ SWEEP = os.path.join(ROOT, "experiments", "sweep.py")
 
 # One member (CrossBERT+CMS d64L2 by default, FSDP over 4 devices, 512-token rows) per setting.
 EXPERIMENT = """
-import importlib.util
+from cbert_jax.scaling import members as _members
 
-_spec = importlib.util.spec_from_file_location("sweep", {sweep!r})
-sweep = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sweep)
+sweep = _members.load_experiment({sweep!r})
 
 SETTINGS = {{  # name: (model, remat, ce_chunk)
     "none": ("crossbert", "none", 0),
@@ -154,9 +152,7 @@ def test_planner_picks_the_least_costly_setting_that_fits(monkeypatch):
 
 
 def _paper_members():
-  spec = importlib.util.spec_from_file_location("paper_sweep", SWEEP)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = members_lib.load_experiment(SWEEP)
   return [config_lib.resolve(module.get_config(a)) for a in module.get_sweep("paper")]
 
 
@@ -175,9 +171,7 @@ def test_every_paper_member_has_a_plan_that_fits_its_chips():
 def test_bad_memory_plan_input_is_one_clear_error():
   from cbert_jax.errors import ConfigError
 
-  spec = importlib.util.spec_from_file_location("paper_sweep2", SWEEP)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = members_lib.load_experiment(SWEEP)
   c = module.get_config("scale=paper,model=bert,size=d384L6")
   c.sweep.chip = "tpu9"
   with pytest.raises(ConfigError, match=r"sweep.chip='tpu9': expected one of v4, v5e, v5p"):

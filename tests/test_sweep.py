@@ -1,7 +1,6 @@
 """experiments/sweep.py and the member plan: every member resolves and validates, budgets and
 hyperparameters follow the laws (the scaling report's tests: tests/test_report.py)."""
 
-import importlib.util
 import math
 import os
 
@@ -19,12 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def experiment():
-  spec = importlib.util.spec_from_file_location(
-    "sweep_exp", os.path.join(ROOT, "experiments", "sweep.py")
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return members_lib.load_experiment(os.path.join(ROOT, "experiments", "sweep.py"))
 
 
 def test_every_member_of_every_scale_resolves_and_validates_on_its_target_devices():
@@ -74,11 +68,7 @@ def test_cms_control_arms_differ_only_in_cms_and_seed():
   """experiments/cms_control.py: 8 members; within a size both arms train with the CMS member's
   batch, LR and steps of the cpu sweep, on the same tokens; only masking.cms (and the FLOPs that
   follow) differ; seeds change config.seed only."""
-  spec = importlib.util.spec_from_file_location(
-    "cms_control_exp", os.path.join(ROOT, "experiments", "cms_control.py")
-  )
-  cc = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(cc)
+  cc = members_lib.load_experiment(os.path.join(ROOT, "experiments", "cms_control.py"))
   args = cc.get_sweep()
   names = [cc.workdir_name(a) for a in args]
   assert len(set(names)) == 8 and "crossbert-nocms_d96L3_s1" in names

@@ -1,7 +1,6 @@
 """The in-process sweep runner: trains and probes every member, skips finished ones, resumes a
 member killed mid-run, and writes the status, the manifest and the scaling report."""
 
-import importlib.util
 import json
 import os
 import signal
@@ -39,10 +38,7 @@ def tiny_overrides(cache) -> dict:
 
 
 def whole_sweep_config(cache, **extra):
-  spec = importlib.util.spec_from_file_location("sweep_exp", SWEEP)
-  exp = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(exp)
-  c = exp.get_config("quick")
+  c = members_lib.load_experiment(SWEEP).get_config("quick")
   for path, value in (tiny_overrides(cache) | extra).items():
     members_lib._set(c, path, value)  # pylint: disable=protected-access
   return c
