@@ -364,10 +364,12 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, members: list[dict], what: str, path: str, root: str) -> None:
-  """cms_curves.png (what="curves": half loss vs tokens, the levels as faint lines) or
-  cms_probes.png (what="probes": the PLOT_PROBE average vs tokens); one panel per size, CMS solid,
-  no-CMS dashed, one colour per seed."""
+  """cms_curves.png (what="curves": half loss vs log tokens, the levels as faint lines) or
+  cms_probes.png (what="probes": the PLOT_PROBE average vs tokens, linear); one panel per size,
+  CMS solid, no-CMS dashed, one colour per seed."""
   Figure, Canvas = plotting.matplotlib_classes(os.path.join(root, ".matplotlib"))
+  from matplotlib import ticker  # pylint: disable=import-outside-toplevel  # after the setup
+
   sizes = [s["size"] for s in result["sizes"]]
   fig = Figure(figsize=(5.5 * len(sizes), 4.2))
   for i, size in enumerate(sizes):
@@ -386,7 +388,15 @@ def plot(result: dict, members: list[dict], what: str, path: str, root: str) -> 
         for r in p["levels"]:
           ax.axhline(r["level"], color=f"C{p['seed'] % 10}", alpha=0.15, lw=0.7)
     ylabel = "val_full half loss" if what == "curves" else f"probe average ({PLOT_PROBE})"
-    ax.set(xscale="log", xlabel="training tokens seen", ylabel=ylabel, title=size)
+    # the loss curve on log tokens (its measurements span >1 decade), the probes' evenly spaced
+    # points on linear tokens; labels "200k", "1M"
+    ax.set(xscale="log" if what == "curves" else "linear", xlabel="training tokens seen")
+    ax.set(ylabel=ylabel, title=size)
+    if what == "curves":  # ticks at 1, 2, 5 x 10^k (matplotlib labels every minor tick of a log
+      # axis spanning about a decade, and they overlap)
+      ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+      ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    ax.xaxis.set_major_formatter(ticker.EngFormatter(sep=""))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
   fig.tight_layout()
