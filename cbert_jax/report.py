@@ -159,9 +159,9 @@ def claim_cms(eff: dict | None, controlled: dict | None) -> str:
     if controlled["lines"]:
       text = (
         f"{head}, from the controlled experiment (experiments/cms_control.py, "
-        f"{controlled['json']}): "
-        + "; ".join(controlled["lines"])
-        + f". Details: {controlled['md']}."
+        f"{controlled['json']}; no-CMS / CMS ratios > 1 favour CMS): "
+        + " ".join(controlled["lines"])
+        + f" Details: {controlled['md']}."
       )
     else:
       why = "" if controlled["found"] else f" (no readable cms.json in {controlled['path']})"

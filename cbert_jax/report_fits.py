@@ -412,9 +412,9 @@ def _tokens_to_reach(tokens: np.ndarray, loss: np.ndarray, level: float) -> floa
 
 # ------------------------------------------------------------ the controlled CMS experiment ---
 def read_cms_dir(path: str) -> dict:
-  """What `python -m cbert_jax.scaling.cms` left in `path` (cms.json), read defensively: its
-  per-size entries' ratio fields (keys containing "ratio") when it has any; `lines` renders them.
-  The schema is not fixed: anything unrecognised is left to `<path>/cms.md`."""
+  """What `python -m cbert_jax.scaling.cms` left in `path`: cms.json's `verdict` sentences (one
+  per size on the loss ratios, one per size on the probes), quoted by claim 2 as `lines`; none
+  when the file is missing, unreadable or has no verdict (the claim then points at cms.md)."""
   path = os.path.abspath(path)
   out = {"path": path, "json": os.path.join(path, "cms.json"), "md": os.path.join(path, "cms.md")}
   try:
@@ -424,31 +424,6 @@ def read_cms_dir(path: str) -> dict:
     return out | {"found": False, "lines": []}
   except (OSError, ValueError) as e:
     return out | {"found": False, "error": str(e), "lines": []}
-  entries = []
-  for key in ("sizes", "summary", "per_size"):
-    block = data.get(key) if isinstance(data, dict) else None
-    if isinstance(block, dict):
-      entries += [(str(k), v) for k, v in block.items() if isinstance(v, dict)]
-    elif isinstance(block, list):
-      entries += [(str(v.get("size", i)), v) for i, v in enumerate(block) if isinstance(v, dict)]
-  if isinstance(data, dict) and any("ratio" in k for k in data):
-    entries.append(("all", data))
-  lines = []
-  for name, entry in entries:
-    fields = [f"{k} {_num(v)}" for k, v in entry.items() if "ratio" in str(k) and _num(v)]
-    if fields:
-      lines.append(f"{name}: " + ", ".join(fields))
-  return out | {"found": True, "entries": dict(entries), "lines": lines}
-
-
-def _num(v) -> str:
-  """A number as '1.23', a pair as '[1.1, 1.3]', a dict of those as '(k 1.23, ...)', anything
-  else as ''."""
-  if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v):
-    return f"{v:.3g}"
-  if isinstance(v, (list, tuple)) and len(v) == 2 and all(_num(x) for x in v):
-    return f"[{_num(v[0])}, {_num(v[1])}]"
-  if isinstance(v, dict):  # e.g. {"median": 1.4, "ci": [1.2, 1.6]}
-    inner = ", ".join(f"{k} {_num(x)}" for k, x in v.items() if _num(x) and not isinstance(x, dict))
-    return f"({inner})" if inner else ""
-  return ""
+  verdict = data.get("verdict") if isinstance(data, dict) else None
+  lines = [v for v in verdict if isinstance(v, str)] if isinstance(verdict, list) else []
+  return out | {"found": True, "lines": lines}

@@ -161,7 +161,7 @@ def test_no_shared_range_and_verdict(report):
   assert "tokens_ratio" not in p
   md = (out / "cms.md").read_text()
   assert "No shared range: L_lo = " in md
-  d64, d96 = res["verdict"]
+  d64, d96 = res["verdict"][:2]
   assert (
     d64.startswith("d64L2: CMS reaches the shared loss levels with ") and "x fewer tokens" in d64
   )
@@ -179,6 +179,26 @@ def test_probe_differences_at_equal_tokens(report):
     assert r["tokens"] == r["step"] * B * T
     assert r["diff"] == pytest.approx(0.01 * math.log(2.0))  # the final row: the suite's average
     assert r["diff"] == pytest.approx(r["cms"] - r["nocms"])
+
+
+def test_the_probe_verdict_gives_the_last_steps_difference_per_seed(report):
+  """The planted difference is 0.01 log r at every step: at the last one, per seed and its mean
+  over seeds; CMS ahead on `all` wherever r > 1."""
+  _, res, out = report
+  d64, d96 = res["verdict"][2:]
+  diffs = {s: 0.01 * math.log(r) for s, r in RATIOS["d64L2"].items()}
+  mean = statistics.fmean(diffs.values())
+  want = f"ridge {mean:+.4f} (seed 0 {diffs[0]:+.4f}, seed 1 {diffs[1]:+.4f})"
+  assert d64.startswith("d64L2: frozen probes at the last step") and want in d64
+  assert d64.index("ridge") < d64.index("knn") < d64.index("all")
+  assert d64.endswith("CMS ahead on the all average at 8 of 8 (seed, step) points.")
+  # d96L3: seed 0's no-CMS is ahead (r = 0.8), seed 1's arms tie (the same probe curve)
+  assert (
+    f"ridge {0.01 * math.log(0.8) / 2:+.4f} (seed 0 {0.01 * math.log(0.8):+.4f}, seed 1 +0.0000)"
+    in d96
+  )
+  assert d96.endswith("at 0 of 8 (seed, step) points.")
+  assert all(v in (out / "cms.md").read_text() for v in (d64, d96))
 
 
 def test_outputs_pngs_and_json_matches_markdown(report):

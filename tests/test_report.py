@@ -454,27 +454,21 @@ def test_cms_levels_cover_the_whole_shared_range_and_ratios_are_exact(tmp_path):
 
 
 def test_the_controlled_cms_summary_is_quoted_when_given(tmp_path):
+  """Claim 2 quotes the verdict sentences `python -m cbert_jax.scaling.cms` wrote into cms.json
+  (its own schema; tests/test_cms.py builds one from runs), and points at cms.md without them."""
   d = tmp_path / "cms"
   d.mkdir()
-  (d / "cms.json").write_text(
-    json.dumps(
-      {
-        "sizes": {
-          "d64L2": {"tokens_ratio": 1.8, "flops_ratio": 0.9, "tokens_ratio_ci": [1.5, 2.1], "n": 2}
-        }
-      }
-    )
-  )
+  verdict = ["d64L2: CMS reaches the shared loss levels with 1.8x fewer tokens.", "d64L2: probes."]
+  (d / "cms.json").write_text(json.dumps({"sizes": [], "verdict": verdict}))
   c = report_fits.read_cms_dir(str(d))
-  assert c["lines"] == ["d64L2: tokens_ratio 1.8, flops_ratio 0.9, tokens_ratio_ci [1.5, 2.1]"]
-  assert "from the controlled experiment" in report.claim_cms(None, c)
-  summary = [{"size": "d96L3", "tokens_ratio": {"median": 1.4, "ci": [1.2, 1.6]}, "note": "x"}]
-  (d / "cms.json").write_text(json.dumps({"summary": summary}))
-  assert report_fits.read_cms_dir(str(d))["lines"] == [
-    "d96L3: tokens_ratio (median 1.4, ci [1.2, 1.6])"
-  ]
+  assert c["found"] and c["lines"] == verdict
+  text = report.claim_cms(None, c)
+  assert "from the controlled experiment" in text and " ".join(verdict) in text
+  assert text.endswith(f"Details: {d}/cms.md.")
   (d / "cms.json").write_text(json.dumps({"whatever": [1, 2]}))
   assert f"see {d}/cms.md" in report.claim_cms(None, report_fits.read_cms_dir(str(d)))
+  (d / "cms.json").write_text("{not json")
+  assert "no readable cms.json" in report.claim_cms(None, report_fits.read_cms_dir(str(d)))
   text = report.claim_cms(None, report_fits.read_cms_dir(str(tmp_path / "none")))
   assert "see " in text and "no readable cms.json" in text
 

@@ -283,6 +283,38 @@ def verdict(sizes: list[dict]) -> list[str]:
   return lines
 
 
+def probe_verdict(rows: list[dict]) -> list[str]:
+  """One sentence per size on the frozen probes (what the paper's claim is about): CMS - no-CMS
+  at each pair's last probed step (both arms at the same tokens; the final offline suite), the
+  mean over seeds with each seed's value, per probe; and at how many (seed, step) points CMS is
+  ahead on the PLOT_PROBE average."""
+  lines = []
+  for size in dict.fromkeys(r["size"] for r in rows):
+    mine = [r for r in rows if r["size"] == size]
+    last = {}
+    for r in mine:
+      last[r["seed"]] = max(last.get(r["seed"], r["step"]), r["step"])
+    final = [r for r in mine if r["step"] == last[r["seed"]]]
+    present = {r["probe"] for r in final}
+    parts = []
+    for probe in [k for k in PROBE_ORDER if k in present] + sorted(present - set(PROBE_ORDER)):
+      by_seed = {r["seed"]: r["diff"] for r in final if r["probe"] == probe}
+      seeds = ", ".join(f"seed {k} {v:+.4f}" for k, v in sorted(by_seed.items()))
+      parts.append(f"{probe} {statistics.fmean(by_seed.values()):+.4f} ({seeds})")
+    line = (
+      f"{size}: frozen probes at the last step (both arms at the same tokens), CMS - no-CMS, "
+      f"mean over seeds: {'; '.join(parts)}"
+    )
+    headline = [r for r in mine if r["probe"] == PLOT_PROBE]
+    if headline:
+      ahead = sum(r["diff"] > 0 for r in headline)
+      line += (
+        f"; CMS ahead on the {PLOT_PROBE} average at {ahead} of {len(headline)} (seed, step) points"
+      )
+    lines.append(line + ".")
+  return lines
+
+
 # ------------------------------------------------------------------------------- outputs ---
 def _g(x: float | None, star: bool = False) -> str:
   """A table cell: 4 significant digits, '*' when an upper bound, '-' for None."""
@@ -421,7 +453,7 @@ def analyse(runs: str, out: str | None = None, allow_incomplete: bool = False) -
     "sizes": per_size(analysed),
     "probes": [r for c, n in pairs for r in probe_diffs(c, n)],
   }
-  result["verdict"] = verdict(result["sizes"])
+  result["verdict"] = verdict(result["sizes"]) + probe_verdict(result["probes"])
   out = out or os.path.join(runs, "report")
   os.makedirs(out, exist_ok=True)
   files = {k: os.path.join(out, f"cms{k}") for k in (".md", ".json", "_curves.png", "_probes.png")}
