@@ -207,9 +207,25 @@ def surfaces(
   return out
 
 
+AT_BOUND = "\u2020"  # marks an interval end at the optimiser's bound (see `_iv`)
+
+
+def _at_bound(x: float, bound: float) -> bool:
+  """x within 1% of an optimiser bound (relative; absolute near 0)."""
+  return abs(x - bound) <= 0.01 * max(abs(bound), 1e-2)
+
+
 def _iv(r: dict, name: str, spec: str) -> str:
+  """' [lo, hi]' of the bootstrap interval, an end marked AT_BOUND where it sits at the
+  optimiser's bound (resamples whose fit went there: the interval is cut by the optimiser)."""
   ci = r.get("intervals", {}).get(name)
-  return f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else ""
+  if not ci:
+    return ""
+  ends = [
+    f"{v:{spec}}" + (AT_BOUND if _at_bound(v, b) else "")
+    for v, b in zip(ci, chinchilla.optimiser_bounds(name))
+  ]
+  return f" [{ends[0]}, {ends[1]}]"
 
 
 def markdown(chin: dict) -> list[str]:
@@ -244,6 +260,12 @@ def markdown(chin: dict) -> list[str]:
       f"| {r['beta']:.3f}{_iv(r, 'beta', '.3f')} | {r['k']:.3g} |"
     )
   lines.append("")
+  if any(AT_BOUND in line for line in lines):
+    lines += [
+      f"{AT_BOUND} an interval end at the optimiser's bound: some resamples' fits went to the "
+      "bound, so the interval there is set by the optimiser, not by the data.",
+      "",
+    ]
   for fam, r in chin.items():
     notes = []
     if r.get("left_out"):

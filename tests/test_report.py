@@ -510,6 +510,15 @@ def test_the_loss_surface_recovers_a_planted_one_and_allocates_by_it():
   assert (
     "compute-optimal allocation" in lines and f"N_opt {r['allocation'][0]['n_opt']:.3g}" in lines
   )
+  assert report_chinchilla.AT_BOUND not in lines  # no interval reaches the optimiser's bounds
+  # An interval end at the optimiser's bound (alpha's upper 3, E's lower e^-10) is marked, once
+  # per end, with the footnote; an end near but not at it is not.
+  cut = r | {"grid": None, "intervals": r["intervals"] | {"alpha": [0.2, 3.0], "E": [4.54e-5, 1.0]}}
+  lines = "\n".join(report_chinchilla.markdown({"bert": cut}))
+  assert "[0.200, 3.000\u2020]" in lines and "[4.54e-05\u2020, 1]" in lines
+  assert "\u2020 an interval end at the optimiser's bound" in lines
+  near = r | {"grid": None, "intervals": r["intervals"] | {"alpha": [0.2, 2.9]}}
+  assert report_chinchilla.AT_BOUND not in "\n".join(report_chinchilla.markdown({"bert": near}))
 
 
 def test_an_unusable_surface_is_refused_with_its_problems():

@@ -296,6 +296,16 @@ def flops_per_param_token(flops: Sequence[float], n: Sequence[float], d: Sequenc
 # ------------------------------------------------------ draws, intervals and surface files ---
 # The columns of `Fit.draws` (the optimiser's parameterisation; see `_unpack`).
 DRAW_COLUMNS = ("log_A", "log_B", "log_E", "alpha", "beta")
+
+
+def optimiser_bounds(name: str) -> tuple[float, float]:
+  """The optimiser's bounds on a surface parameter ("A", "B", "E": in natural units; "alpha",
+  "beta"): a bootstrap interval that ends there is cut by the optimiser, not by the data."""
+  i = DRAW_COLUMNS.index(name if name in ("alpha", "beta") else f"log_{name}")
+  lo, hi = _BOUNDS[i]
+  return (lo, hi) if name in ("alpha", "beta") else (float(np.exp(lo)), float(np.exp(hi)))
+
+
 SURFACE_FORMAT = "cbert_jax.chinchilla.surface/1"
 
 
