@@ -61,8 +61,9 @@ START_GRID = dict(
 )
 _BOUNDS = [(-10.0, 60.0), (-10.0, 60.0), (-10.0, 5.0), (0.0, 3.0), (0.0, 3.0)]
 # A floor E under this fraction of the smallest observed loss is not told apart from E = 0 (two
-# seeds of one config differ by 0.5-1.1% of the loss: 4 BERT d32L2 grid configs, results/
-# grid_cpu_seed1 vs grid_cpu): "no floor identified", like E at the bound.
+# seeds of one config differ by 0.5-1.1% of the loss for 4 BERT d32L2 grid configs, results/
+# grid_cpu_seed1 vs grid_cpu, and by 1.9% for the sweep's bert_d96L3): "no floor identified",
+# like E at the bound.
 FLOOR_MIN_FRACTION = 0.01
 # The compute-optimal D/N at the runs' own compute must lie within [min / m, max x m] of the runs'
 # D/N (m = this margin): beyond it the N-vs-D trade-off is extrapolated, not measured.
