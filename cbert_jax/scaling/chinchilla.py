@@ -200,7 +200,7 @@ def problems(law: LossSurface, loss: np.ndarray) -> list[str]:
     v = getattr(law, name)
     if not lo < v < hi:
       out.append(f"{name} = {v:.3g} is outside the plausible range ({lo}, {hi})")
-  if law.E <= np.exp(_BOUNDS[2][0]) * 1.01:
+  if law.E <= optimiser_bounds("E")[0] * 1.01:
     out.append(f"E = {law.E:.3g} sits at the optimiser's lower bound (no floor identified)")
   elif law.E < FLOOR_MIN_FRACTION * float(np.min(loss)):
     out.append(
@@ -210,6 +210,11 @@ def problems(law: LossSurface, loss: np.ndarray) -> list[str]:
   elif law.E >= float(np.min(loss)):
     out.append(f"E = {law.E:.3g} is not below the smallest observed loss {np.min(loss):.4g}")
   return out
+
+
+def range_factor(x: float, lo: float, hi: float) -> float:
+  """How many times x lies outside [lo, hi]: x / hi above it, lo / x below it, 1.0 inside."""
+  return x / hi if x > hi else lo / x if x < lo else 1.0
 
 
 def allocation_problems(
@@ -226,7 +231,7 @@ def allocation_problems(
   dn = d_opt / n_opt
   if lo / margin <= dn <= hi * margin:
     return []
-  factor = dn / hi if dn > hi else lo / dn
+  factor = range_factor(dn, lo, hi)
   return [
     f"the compute-optimal D/N at C = {compute:.3g} is {dn:.3g}, {factor:.3g}x outside the D/N "
     f"{lo:.3g}-{hi:.3g} the runs span (margin {margin:g}x): the N-vs-D trade-off there is "

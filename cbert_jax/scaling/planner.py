@@ -249,30 +249,32 @@ def check_args(
   return chips, laws, surface
 
 
-def _outside(x: float, lo: float, hi: float) -> float:
-  """How many times x lies outside [lo, hi] (1.0 inside)."""
-  return x / hi if x > hi else lo / x if x < lo else 1.0
+def range_note(subject: str, name: str, label: str, x: float, span, consequence: str) -> str | None:
+  """'<subject> fitted on <name> lo-hi; <label> = x is <f>x above the largest (<d> decades):
+  <consequence>' when x lies outside span = (lo, hi) (`chinchilla.range_factor`); None inside."""
+  lo, hi = float(min(span)), float(max(span))
+  factor = chinchilla.range_factor(x, lo, hi)
+  if factor <= 1.0:
+    return None
+  side = "above the largest" if x > hi else "below the smallest"
+  return (
+    f"{subject} fitted on {name} {lo:.3g}-{hi:.3g}; {label} = {x:.3g} is {factor:.3g}x {side} "
+    f"({math.log10(factor):.1f} decades): {consequence}"
+  )
 
 
 def surface_range_notes(surface: chinchilla.SavedSurface, n_opt: float, d_opt: float) -> list[str]:
   """Notes on how far N_opt and D_opt / N_opt lie outside the N and D/N the surface was fitted on
   (its provenance's `n_range`, `d_per_n`; nothing when the file does not record them)."""
-  notes = []
-  for name, x, span in (
-    ("N", n_opt, surface.provenance.get("n_range")),
-    ("D/N", d_opt / n_opt, surface.provenance.get("d_per_n")),
-  ):
-    if not span:
-      continue
-    lo, hi = float(min(span)), float(max(span))
-    factor = _outside(x, lo, hi)
-    if factor > 1.0:
-      side = "above the largest" if x > hi else "below the smallest"
-      notes.append(
-        f"the surface was fitted on {name} {lo:.3g}-{hi:.3g}; {name}_opt = {x:.3g} is "
-        f"{factor:.3g}x {side} ({math.log10(factor):.1f} decades): an extrapolation"
-      )
-  return notes
+  notes = (
+    range_note("the surface was", name, f"{name}_opt", x, span, "an extrapolation")
+    for name, x, span in (
+      ("N", n_opt, surface.provenance.get("n_range")),
+      ("D/N", d_opt / n_opt, surface.provenance.get("d_per_n")),
+    )
+    if span
+  )
+  return [n for n in notes if n]
 
 
 def make_plan(
@@ -372,15 +374,10 @@ def make_plan(
   if span is not None:
     name = "C" if ns.law_axis == "compute" else "N"
     plan["laws"]["fitted_range"] = list(span)
-    factor = _outside(x, span[0], span[1])
-    plan["laws"]["extrapolation"] = factor
-    if factor > 1.0:
-      side = "above the largest" if x > span[1] else "below the smallest"
-      notes.append(
-        f"the laws were fitted on {name} {span[0]:.3g}-{span[1]:.3g}; {name} = {x:.3g} is "
-        f"{factor:.3g}x {side} ({math.log10(factor):.1f} decades): the LR and batch are an "
-        "extrapolation"
-      )
+    plan["laws"]["extrapolation"] = chinchilla.range_factor(x, span[0], span[1])
+    note = range_note("the laws were", name, name, x, span, "the LR and batch are an extrapolation")
+    if note:
+      notes.append(note)
   if laws.overridden:
     notes.append(
       f"the laws were fitted with checks overridden: {', '.join(laws.overridden)} "
