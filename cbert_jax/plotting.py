@@ -4,6 +4,7 @@
   training curves here, the sweep report (`report.py`) and the laws plot (`scaling/grid.py`)
   all go through it.
 * `plot_metrics` draws a run's metrics.jsonl to a PNG.
+* `plain_log_ticks` labels a log axis of about a decade with plain numbers.
 """
 
 import math
@@ -51,6 +52,16 @@ def matplotlib_classes(config_dir: str | None) -> tuple[type, type]:
 
   # pylint: enable=g-import-not-at-top
   return Figure, FigureCanvasAgg
+
+
+def plain_log_ticks(axis) -> None:
+  """Labels a log axis that spans about a decade or less at 1-9 x 10^k as plain numbers ("4", "5",
+  "6"), not matplotlib's "6 x 10^0"; minor ticks unlabelled. `axis`: ax.xaxis or ax.yaxis."""
+  from matplotlib import ticker  # pylint: disable=import-outside-toplevel  # after the setup
+
+  axis.set_major_locator(ticker.LogLocator(base=10, subs=tuple(range(1, 10))))
+  axis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+  axis.set_minor_formatter(ticker.NullFormatter())
 
 
 # ---------------------------------------------------------------------------------------------

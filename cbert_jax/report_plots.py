@@ -79,6 +79,7 @@ def plot_loss(members, groups, fits, path, root) -> None:
         )
   ax.set_xscale("log")
   ax.set_yscale("log")
+  plotting.plain_log_ticks(ax.yaxis)  # losses span 3-7: "4", "5", "6", not "6 x 10^0"
   ax.set_xlabel("training compute C (FLOPs)")
   ax.set_ylabel("final validation MLM loss (full split)")
   ax.set_title("MLM loss vs compute (levels differ by task: compare trends)", fontsize=9)

@@ -482,3 +482,16 @@ def test_matplotlib_classes_set_mplconfigdir_only_around_the_first_import(tmp_pa
     text=True,
   ).stdout
   assert out.strip() == str(tmp_path / "mpl")
+
+
+def test_plain_log_ticks_label_a_decade_of_losses_as_plain_numbers(tmp_path):
+  Figure, Canvas = plotting.matplotlib_classes(str(tmp_path / "mpl"))
+  fig = Figure()
+  ax = fig.add_subplot(1, 1, 1)
+  ax.plot([1, 10], [3.5, 6.2])
+  ax.set_yscale("log")
+  plotting.plain_log_ticks(ax.yaxis)
+  Canvas(fig).draw()
+  shown = [t.get_text() for t in ax.yaxis.get_ticklabels() if 3.5 <= t.get_position()[1] <= 6.2]
+  assert shown == ["4", "5", "6"]  # matplotlib's default labels these "4 x 10^0" or not at all
+  assert all(t.get_text() == "" for t in ax.yaxis.get_ticklabels(minor=True))
