@@ -371,15 +371,16 @@ def markdown(
   controlled=None,
   chin=None,
   laws_lines=(),
+  command=None,
 ) -> str:
   """The report's text (`ratios`: flops_ratios; `groups`: default group(members); `laws_lines`:
-  report_laws.section's)."""
+  report_laws.section's; `command`: the command line that wrote it, default the --sweep part)."""
   groups = group(members) if groups is None else groups
+  command = command or f"python -m cbert_jax.report --sweep {root}"
   lines = [
     f"# Scaling report: {root}",
     "",
-    f"Generated {time.strftime('%Y-%m-%d %H:%M %Z')} by `python -m cbert_jax.report --sweep "
-    f"{root}`. C = training FLOPs (SPEC §4, analytic, per data token x tokens); N = "
+    f"Generated {time.strftime('%Y-%m-%d %H:%M %Z')} by `{command}`. C = training FLOPs (SPEC §4, analytic, per data token x tokens); N = "
     "non-embedding parameters (the sweep's `sweep.n_definition`). Final validation loss: the "
     "full-split record (cbert_jax.validation, the same rows and masks for every member of a "
     "family). Probe scores: mean over the offline task kit's tasks (test split) of the frozen, "
@@ -558,6 +559,7 @@ def write(
     controlled=controlled,
     chin=chin,
     laws_lines=laws_lines,
+    command=command,
   )
   path = os.path.join(out_dir, "report.md")
   with open(path, "w") as f:

@@ -137,9 +137,11 @@ def test_report_on_a_synthetic_sweep_states_the_four_claims_with_the_planted_num
     val_full=2.0 + 30 * (tokens[-1] / 2) ** -0.3,
     batch=8,
   )
-  path = report.write(str(root))
+  command = f"python -m cbert_jax.report --sweep {root} --cms {tmp_path / 'cms'}"
+  path = report.write(str(root), command=command)
   text = open(path).read()
   out = json.load(open(root / "report" / "report.json"))
+  assert f"by `{command}`." in text.splitlines()[2]  # the whole command line, not only --sweep
   # claim 1: the analytic FLOPs-per-token ratio, not logged tokens/s
   assert out["flops_ratios"]["crossbert"]["per_size"] == {s: pytest.approx(1.5) for s in SIZES}
   assert out["flops_ratios"]["crossbert-nocms"]["per_size"] == {"d96L3": pytest.approx(1.0)}
