@@ -380,7 +380,8 @@ def markdown(
   lines = [
     f"# Scaling report: {root}",
     "",
-    f"Generated {time.strftime('%Y-%m-%d %H:%M %Z')} by `{command}`. C = training FLOPs (SPEC §4, analytic, per data token x tokens); N = "
+    f"Generated {time.strftime('%Y-%m-%d %H:%M %Z')} by `{command}`. C = training FLOPs (SPEC "
+    "§4, analytic, per data token x tokens); N = "
     "non-embedding parameters (the sweep's `sweep.n_definition`). Final validation loss: the "
     "full-split record (cbert_jax.validation, the same rows and masks for every member of a "
     "family). Probe scores: mean over the offline task kit's tasks (test split) of the frozen, "
