@@ -96,8 +96,8 @@ def base_config() -> ml_collections.ConfigDict:
     ml_collections.ConfigDict()
   )  # frozen-feature probes (--config.mode=eval, or during training)
   c.evals.tasks = (
-    "sentiment,news_topic,tweet_source,genre,graded_sentiment,claim_evidence,"
-    "question_paragraph,claim_evidence_retrieval"
+    "sentiment,news_topic,tweet_source,genre,graded_sentiment,nli,"
+    "question_passage,entailment_retrieval"
   )  # task-kit tasks (cbert_jax/data/TASKS.md)
   c.evals.every = 0  # during training: run the probes every N steps (0 = off)
   c.evals.probes = "ridge,knn"  # which probes on classification/regression/pair tasks

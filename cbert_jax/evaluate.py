@@ -10,6 +10,7 @@ differ from the defaults), and prints each table. Every suite's settings are che
 model is built. The predictor of CrossBERT is never used: the encoder alone reads unmasked input.
 """
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -89,33 +90,96 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     mesh=mesh,
     rules=rules,
   )
-  all_results = {}
+  # The probe tasks the training corpus was not checked against are refused (suite.run).
+  unchecked = suite.unchecked_tasks(_data_manifest(workdir)) if checkpointer else {}
+  all_results, failed = {}, []
   for chosen in suites:
-    name = chosen.name
+    name, file_tag = chosen.name, chosen.file_prefix + tag
+    json_path = os.path.join(out_dir, f"{file_tag}.json")
+
+    def save(results: dict, complete: bool, name=name, json_path=json_path) -> None:
+      if jax.process_index() != 0:
+        return
+      record = {
+        "tag": tag,
+        "suite": name,
+        "step": step,
+        "model_name": config.model_name,
+        "evals": evals,
+        "complete": complete,
+        "results": results,
+      }
+      _atomic_json(json_path, record)
+
+    if name == "offline":  # saved after every task; a rerun reuses what was scored
+      done = _scored_before(json_path, step, evals)
+      if done:
+        logging.info("%s: %d task(s) already scored at %s", json_path, len(done), tag)
+      ctx = dataclasses.replace(
+        ctx, unchecked=unchecked, done=done, on_task=lambda r, save=save: save(r, False)
+      )
     results = chosen.run(graphdef, params, tok, config.evals, ctx)
-    table, file_tag = chosen.markdown(results, chosen.title + title), chosen.file_prefix + tag
+    table = chosen.markdown(results, chosen.title + title)
+    save(results, True)
     if jax.process_index() == 0:
-      os.makedirs(out_dir, exist_ok=True)
-      with open(os.path.join(out_dir, f"{file_tag}.json"), "w") as f:
-        json.dump(
-          {
-            "tag": tag,
-            "suite": name,
-            "step": step,
-            "model_name": config.model_name,
-            "evals": config.evals.to_dict(),
-            "results": results,
-          },
-          f,
-          indent=2,
-        )
       with open(os.path.join(out_dir, f"{file_tag}.md"), "w") as f:
         f.write(table + "\n")
     print(table, flush=True)
-    logging.info("%s results written to %s", name, os.path.join(out_dir, f"{file_tag}.json"))
+    logging.info("%s results written to %s", name, json_path)
     all_results[name] = results
+    failed += [f"{task} ({r['failed']})" for task, r in results.items() if _failed(r)]
+  if failed:
+    raise EvalFailed(
+      f"{len(failed)} task(s) failed: {'; '.join(failed)}. The other results are saved in "
+      f"{out_dir}; rerun the same command to retry only the failed tasks"
+    )
   # One suite (the usual case): its results, as before; several: {suite: results}.
   return all_results[suites[0].name] if len(suites) == 1 else all_results
+
+
+class EvalFailed(RuntimeError):
+  """Some tasks of an evaluation raised; the others' results are saved (main: exit status 1)."""
+
+
+def _failed(result) -> bool:
+  return isinstance(result, dict) and "failed" in result
+
+
+def _data_manifest(workdir: str) -> dict:
+  """The data manifest the workdir's run trained on (config.json's provenance), or {}."""
+  try:
+    with open(os.path.join(workdir, "config.json")) as f:
+      return json.load(f)["provenance"]["data_manifest"] or {}
+  except (OSError, ValueError, KeyError, TypeError):
+    return {}
+
+
+def _scored_before(path: str, step, evals: dict) -> dict:
+  """{task: result} of the tasks an earlier run of this same evaluation (same checkpoint step and
+  `evals` settings) scored, read from its results file; {} when there is none."""
+  try:
+    with open(path) as f:
+      record = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  same = json.loads(json.dumps(evals))  # as the file holds it (tuples are lists there)
+  if not isinstance(record, dict) or record.get("step") != step or record.get("evals") != same:
+    return {}
+  results = record.get("results") or {}
+  return {
+    k: v
+    for k, v in results.items()
+    if k != "average" and isinstance(v, dict) and not suite.not_scored(v)
+  }
+
+
+def _atomic_json(path: str, record: dict) -> None:
+  """Writes `record` as JSON to `path` via a temporary file and a rename (never half a file)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(record, f, indent=2)
+  os.replace(tmp, path)
 
 
 # Fields that decide the encoder's family and shapes, compared with the workdir's config.json.

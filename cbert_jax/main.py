@@ -83,7 +83,11 @@ def main(argv):
     if config.get("mode", "train") == "eval":
       from cbert_jax import evaluate
 
-      evaluate.run(config, workdir)
+      try:
+        evaluate.run(config, workdir)
+      except evaluate.EvalFailed as e:
+        print(f"eval: {e}", file=sys.stderr)
+        sys.exit(1)
       return
     if config.get("mode", "train") == "sweep":
       from cbert_jax import sweep

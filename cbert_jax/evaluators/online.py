@@ -15,6 +15,8 @@ def flatten(results: dict) -> dict[str, float]:
   for task, r in results.items():
     if task == "average":
       out.update({f"probe/avg/{k}": float(v) for k, v in r.items()})
+    elif r.get("skipped") or r.get("failed"):
+      continue  # not scored (suite.not_scored): no metric, the suite's log line says why
     elif r["kind"] == "retrieval":
       out[f"probe/{task}/{r['metric']}"] = float(r["test"][r["metric"]])
       for key in ("pooler_frozen", "pooler_unfrozen"):

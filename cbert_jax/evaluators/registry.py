@@ -28,6 +28,12 @@ class Context:
   tag: str = ""  # e.g. "step_300" (MTEB's revision)
   mesh: Any = None
   rules: Any = None
+  # The offline suite only: tasks to refuse ({task: why}: the training corpus was not checked
+  # against them), tasks already scored by an earlier run of the same evaluation, and a callback
+  # that saves the results after each task.
+  unchecked: Any = None
+  done: Any = None
+  on_task: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +48,16 @@ class Suite:
 
 def _offline_run(graphdef, params, tokenizer, ecfg, ctx: Context) -> dict:
   return suite.run(
-    graphdef, params, tokenizer, ecfg, cache_dir=ctx.cache_dir, mesh=ctx.mesh, rules=ctx.rules
+    graphdef,
+    params,
+    tokenizer,
+    ecfg,
+    cache_dir=ctx.cache_dir,
+    mesh=ctx.mesh,
+    rules=ctx.rules,
+    unchecked=ctx.unchecked,
+    done=ctx.done,
+    on_task=ctx.on_task,
   )
 
 

