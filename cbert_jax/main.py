@@ -158,7 +158,12 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except (AttributeError, KeyError) as e:
     from cbert_jax import config_lib  # pylint: disable=g-import-not-at-top (the error path only)
 
-    name = str(e).strip("\"'")
+    # ml_collections' message may carry a suggestion on a second line ("'total_step'\nDid you
+    # mean ..."); the field name is the first line, without its quotes.
+    while e.args and isinstance(e.args[0], BaseException):  # AttributeError(KeyError(...))
+      e = e.args[0]
+    raw = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
+    name = raw.strip().splitlines()[0].strip("\"' ") if raw.strip() else raw
     args = [a for a in argv if a.startswith("--config.") and name in a.split("=")[0]]
     unknown = [a for a in args if config_lib.expected_type(_field_path(a)) is None]
     culprit = (unknown or args or [None])[0]

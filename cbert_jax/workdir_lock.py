@@ -98,6 +98,7 @@ class WorkdirLock:
     }
     self._stop = threading.Event()
     self._thread = None
+    self._created = False  # whether acquire() created the workdir (release removes it if empty)
 
   def acquire(self) -> None:
     """Take the lock, or raise WorkdirError (one line) naming the run that holds it.
@@ -138,6 +139,12 @@ class WorkdirLock:
           os.remove(self.path)
         except FileNotFoundError:
           pass
+    if self._created:  # a run that failed before writing anything leaves no empty workdir
+      try:
+        os.rmdir(self.workdir)  # only succeeds when it is empty
+        logging.info("removed the empty workdir %s this run had created", self.workdir)
+      except OSError:
+        pass
 
   def __enter__(self):
     self.acquire()
@@ -152,6 +159,7 @@ class WorkdirLock:
         f"--workdir {self.workdir} is a file, not a directory; pass a directory "
         "path (it is created if missing)"
       )
+    self._created = not os.path.exists(self.workdir)
     try:
       os.makedirs(self.workdir, exist_ok=True)
     except OSError as e:

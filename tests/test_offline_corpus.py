@@ -351,8 +351,9 @@ def test_bad_archives(tmp_path, archives):
 def fake_task_kit(monkeypatch):
   kit = types.ModuleType("cbert_jax.data.tasks.kit")
   kit.PROBE_SOURCES = FAKE_PROBE_SOURCES
+  kit.TASKS = {}  # no task archive to fetch: unavailable_tasks finds none missing
   tfds_mod = types.ModuleType("cbert_jax.data.tasks.tfds")
-  tfds_mod.all_probe_texts = lambda cache_dir="": iter(FAKE_PROBE_TEXTS)
+  tfds_mod.all_probe_texts = lambda cache_dir="", tasks=None: iter(FAKE_PROBE_TEXTS)
   monkeypatch.setitem(sys.modules, "cbert_jax.data.tasks.kit", kit)
   monkeypatch.setitem(sys.modules, "cbert_jax.data.tasks.tfds", tfds_mod)
   import cbert_jax.data.tasks as tasks_pkg  # pylint: disable=import-outside-toplevel

@@ -33,7 +33,9 @@ so each split reads back in corpus order.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -286,7 +288,8 @@ def _build_into(
   )
   start = time.perf_counter()
   try:
-    builder.download_and_prepare()
+    with contextlib.redirect_stdout(io.StringIO()):  # TFDS prints two banners per dataset
+      builder.download_and_prepare()
   except Exception:
     # Another process may have finished the same build first (its rename won).
     if _complete(path):

@@ -328,9 +328,7 @@ def read_nli(path: str, cache_dir: str = "") -> list[spec_lib.Example]:
   premises: dict[str, set[str]] = {}
   for p, h, _ in pairs:
     premises.setdefault(h, set()).add(p)
-  return [
-    spec_lib.Example(p, label, text_b=h) for p, h, label in pairs if len(premises[h]) == 1
-  ]
+  return [spec_lib.Example(p, label, text_b=h) for p, h, label in pairs if len(premises[h]) == 1]
 
 
 def read_entailment_retrieval(path: str, cache_dir: str = "") -> spec_lib.RetrievalRaw:

@@ -25,7 +25,9 @@ only format that works without TensorFlow; read back with `builder_from_director
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -305,9 +307,10 @@ def prepare(
     # leaves a half-built dataset that a later call would trust. One log line per dataset
     # instead of TFDS's progress bars (several per split).
     tfds.disable_progress_bar()
-    builder.download_and_prepare(
-      download_config=tfds.download.DownloadConfig(try_download_gcs=False)
-    )
+    with contextlib.redirect_stdout(io.StringIO()):  # TFDS prints two banners per dataset
+      builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(try_download_gcs=False)
+      )
     sizes = {k: v.num_examples for k, v in builder.info.splits.items()}
     logging.info(
       "probe task %s built in %.1f s (%s) at %s", name, time.perf_counter() - start, sizes, out
