@@ -56,7 +56,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # The run's own tokenizer (saved in the workdir by the trainer); else rebuilt from the data config.
   tok = workdir_lib.saved_tokenizer(workdir) if checkpointer else None
   if tok is None:
-    tok = prepare.prepare(settings.data_config(config), config.data.seq_len).tokenizer
+    tok = prepare.prepare_once(settings.data_config(config), config.data.seq_len).tokenizer
+  # The probe tasks the training corpus was not checked against are refused (suite.run).
+  unchecked = suite.unchecked_tasks(_data_manifest(workdir)) if checkpointer else {}
+  if "offline" in [s.name for s in suites]:  # the task datasets: process 0 builds, the rest wait
+    wanted = [t for t in suite.task_names(config.evals) if t not in unchecked]
+    prepare.first_on_process_0(
+      lambda: prepare.prepare_tasks(wanted, config.data.cache_dir, warn=False), "probe tasks"
+    )
   model_cfg, mask_cfg = config_lib.model_configs(
     config, tok.vocab_size, tok.mask_id, tok.special_ids
   )
@@ -90,8 +97,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     mesh=mesh,
     rules=rules,
   )
-  # The probe tasks the training corpus was not checked against are refused (suite.run).
-  unchecked = suite.unchecked_tasks(_data_manifest(workdir)) if checkpointer else {}
   all_results, failed = {}, []
   for chosen in suites:
     name, file_tag = chosen.name, chosen.file_prefix + tag

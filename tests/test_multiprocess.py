@@ -35,12 +35,12 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def launch(commands, log_dir, timeout=240):
+def launch(commands, log_dir, timeout=240, env=None):
   """Run `commands` concurrently -> [(returncode, stderr)], killing any still running at the end."""
   os.makedirs(log_dir, exist_ok=True)
   logs = [open(os.path.join(log_dir, f"p{i}.log"), "w+") for i in range(len(commands))]
   procs = [
-    subprocess.Popen(c, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=f, text=True)
+    subprocess.Popen(c, cwd=ROOT, env=env or ENV, stdout=subprocess.DEVNULL, stderr=f, text=True)
     for c, f in zip(commands, logs)
   ]
   try:

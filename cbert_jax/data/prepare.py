@@ -150,10 +150,11 @@ def _save_cached(
   )
 
 
-def prepare_tasks(names: Sequence[str], cache_dir: str = "") -> dict[str, str]:
+def prepare_tasks(names: Sequence[str], cache_dir: str = "", warn: bool = True) -> dict[str, str]:
   """Builds the probe task datasets `names` into the cache (each once per host: build_lock);
   returns {task: why} of those whose source cannot be had (skipped, with one WARNING line each),
-  so compute nodes that prepared here need no network for the probe step."""
+  so compute nodes that prepared here need no network for the probe step. `warn=False` leaves
+  the warning to the caller."""
   from cbert_jax.data.tasks import tfds as task_tfds  # pylint: disable=import-outside-toplevel
 
   unavailable = {}
@@ -162,6 +163,8 @@ def prepare_tasks(names: Sequence[str], cache_dir: str = "") -> dict[str, str]:
       task_tfds.prepare(name, cache_dir=cache_dir)
     except fetch.SourceUnavailable as e:
       unavailable[name] = str(e)
+      if not warn:  # the caller reports it (the probe suite marks the task skipped)
+        continue
       logging.warning(
         "probe task %s: skipped (source unavailable): %s==%s cannot be fetched. Manual fix: %s",
         name,

