@@ -21,10 +21,7 @@ from cbert_jax.data import tokenizer as tokenizer_lib
 from cbert_jax.data.offline import build as offline_build
 from cbert_jax.data.offline import readers as offline_readers
 from cbert_jax.data.offline import tfds as offline_tfds
-from cbert_jax.data.tasks import readers as task_readers
-from cbert_jax.data.tasks import spec as task_spec
 from cbert_jax.errors import ConfigError
-from tests import helpers
 
 TINY = os.path.join(os.path.dirname(__file__), "data", "tiny_corpus.txt")
 SEQ_LEN = 32
@@ -367,55 +364,6 @@ def test_tfds_damaged_and_archives_gone(tfds_pristine, tmp_path, monkeypatch):
   assert msg.startswith(f"data.corpus='offline_small': the cached dataset {path} was damaged (")
   assert "moved to " + os.path.join(cache, "damaged", "tfds-offline_corpus-small-") in msg
   assert "put it at " + os.path.join(cache, "downloads") in msg  # what to do
-
-
-# --- Task kit bigbench extracts ---------------------------------------------------------------
-
-
-def _bigbench(tmp_path):
-  examples = [
-    {
-      "input": f"Evidence {i} .\nClaim: claim {i} .",
-      "target_scores": {"True": 1, "False": 0, "Neither": 0},
-    }
-    for i in range(5)
-  ]
-  files = {
-    f"{task_spec.BIGBENCH_TASK_DIR}{t}/task.json": json.dumps(
-      {"name": t, "examples": examples}
-    ).encode()
-    for t in task_spec.BIGBENCH_TASKS
-  }
-  return helpers.write_tgz(tmp_path / "bigbench-1.0.0.tar.gz", files)
-
-
-@pytest.mark.parametrize("damage", sorted(DAMAGE))
-def test_damaged_task_kit_extract_is_extracted_again(tmp_path, caplog, monkeypatch, damage):
-  archive, cache = _bigbench(tmp_path), str(tmp_path / "cache")
-  streams = []
-  real_stream = task_readers._stream_bigbench
-  monkeypatch.setattr(
-    task_readers, "_stream_bigbench", lambda *a: streams.append(1) or real_stream(*a)
-  )
-  monkeypatch.setattr(task_readers, "_memo", {})
-  first = task_readers.bigbench_task_json(archive, task_spec.VITAMINC, cache)
-  (extract,) = [
-    os.path.join(r, f)
-    for r, _, fs in os.walk(cache)
-    for f in fs
-    if f == "task.json" and task_spec.VITAMINC in r
-  ]
-  assert cache_entry.verify(extract, "full") is None
-  monkeypatch.setattr(task_readers, "_memo", {})
-  assert task_readers.bigbench_task_json(archive, task_spec.VITAMINC, cache) == first
-  assert len(streams) == 1  # the intact extract was used
-  DAMAGE[damage](extract)
-  monkeypatch.setattr(task_readers, "_memo", {})
-  caplog.set_level(logging.WARNING)
-  assert task_readers.bigbench_task_json(archive, task_spec.VITAMINC, cache) == first
-  assert len(streams) == 2
-  _assert_moved_and_warned(caplog, cache, extract, "task kit extract")
-  assert cache_entry.verify(extract, "full") is None
 
 
 # --- Packed ArrayRecord shards (data.corpus="sources") ----------------------------------------

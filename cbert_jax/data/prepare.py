@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 from absl import logging
 
-from cbert_jax.data import build_lock, cache_entry, fetch, packing, preprocess
+from cbert_jax.data import build_lock, cache_entry, fetch, packing, preprocess, settings
 from cbert_jax.data import corpus as corpus_lib
 from cbert_jax.data import tokenizer as tokenizer_lib
 from cbert_jax.errors import ConfigError
@@ -155,10 +155,13 @@ def prepare_tasks(names: Sequence[str], cache_dir: str = "", warn: bool = True) 
   returns {task: why} of those whose source cannot be had (skipped, with one WARNING line each),
   so compute nodes that prepared here need no network for the probe step. `warn=False` leaves
   the warning to the caller."""
+  from cbert_jax.data.tasks import kit  # pylint: disable=import-outside-toplevel
   from cbert_jax.data.tasks import tfds as task_tfds  # pylint: disable=import-outside-toplevel
 
   unavailable = {}
   for name in names:
+    if name not in kit.TASKS:  # not a task-kit task (e.g. one a test registers): nothing to build
+      continue
     try:
       task_tfds.prepare(name, cache_dir=cache_dir)
     except fetch.SourceUnavailable as e:
@@ -176,22 +179,29 @@ def prepare_tasks(names: Sequence[str], cache_dir: str = "", warn: bool = True) 
 
 
 def first_on_process_0(fn: Callable[[], T], what: str) -> T:
-  """`fn()` on process 0 first, then on the others (a barrier between), so in a multi-process run
-  a cold cache is filled by one process while the rest wait and then only read it. Per host,
-  `build_lock` already serialises builders; this also covers caches shared between hosts on
-  filesystems where flock is host-local. One process: just `fn()`."""
+  """`fn()` on process 0 first, then on the others, so in a multi-process run a cold cache is
+  filled by one process while the rest wait and then only read it. Per host, `build_lock` already
+  serialises builders; this also covers caches shared between hosts on filesystems where flock is
+  host-local. If `fn` raises on process 0, the others learn it (an all-gather, the same pattern as
+  the workdir lock) and raise too instead of waiting. One process: just `fn()`."""
   import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
 
   if jax.process_count() == 1:
     return fn()
-  barrier = f"cbert_jax_{what.replace(' ', '_')}_prepared"
+  out, error = None, None
   if jax.process_index() == 0:
-    out = fn()
-    multihost_utils.sync_global_devices(barrier)
-    return out
-  multihost_utils.sync_global_devices(barrier)
-  return fn()
+    try:
+      out = fn()
+    except Exception as e:  # re-raised below, after the others have been told
+      error = e
+  failed = bool(multihost_utils.process_allgather(np.int32(error is not None)).any())
+  if error is not None:
+    raise error
+  if failed:
+    raise ConfigError(f"process 0 could not prepare {what} (its output says why)")
+  return out if jax.process_index() == 0 else fn()
 
 
 def prepare_once(cfg: Any, seq_len: int, tasks: Sequence[str] = ()) -> packing.PackedData:
@@ -300,3 +310,46 @@ def _prepare(cfg: Any, seq_len: int) -> packing.PackedData:
     {k: round(v, 2) for k, v in timings.items()},
   )
   return packing.PackedData(train=train, val=val, tokenizer=tok, manifest=manifest, timings=timings)
+
+
+def main(argv: Sequence[str]) -> None:
+  """CLI: prepare a config's data once, on a machine with network (e.g. before a pod job): the
+  corpus, tokenizer and packed rows of any `data.corpus` (a `sources` corpus with `--workers`
+  processes), then the probe task datasets of `evals.tasks` (`--tasks`), so compute nodes that
+  share the cache need no network, for training or for the probe step."""
+  del argv
+  config = _CONFIG.value
+  data_cfg = settings.data_config(config)
+  if getattr(data_cfg, "corpus", "") == "sources" and _WORKERS.value:
+    data = preprocess.prepare_sources(data_cfg, config.data.seq_len, workers=_WORKERS.value)
+  else:
+    data = prepare(data_cfg, config.data.seq_len)
+  tasks = _TASKS.value if _TASKS.value is not None else config.evals.tasks
+  names = [t.strip() for t in tasks.split(",") if t.strip()]
+  start = time.perf_counter()
+  unavailable = prepare_tasks(names, getattr(data_cfg, "cache_dir", ""))
+  timings = dict(data.timings, probe_tasks=time.perf_counter() - start)
+  print(
+    json.dumps(
+      dict(
+        manifest_hash=data.manifest["hash"],
+        rows=data.manifest["rows"],
+        probe_tasks=[n for n in names if n not in unavailable],
+        probe_tasks_unavailable=unavailable,
+        timings={k: round(v, 2) for k, v in timings.items()},
+      ),
+      indent=1,
+    )
+  )
+
+
+if __name__ == "__main__":
+  from absl import app, flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment file[:arg]")
+  _WORKERS = flags.DEFINE_integer("workers", 0, "worker processes of a sources corpus (0 = config)")
+  _TASKS = flags.DEFINE_string(
+    "tasks", None, "probe tasks to prepare (comma list; default the config's evals.tasks; '' none)"
+  )
+  app.run(main)

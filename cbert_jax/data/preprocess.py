@@ -206,32 +206,16 @@ def prepare_sources(
 
 
 def main(argv: Sequence[str]) -> None:
-  """CLI: prepare a config's data once (e.g. before a pod job, on a machine with network): the
-  corpus, tokenizer and packed rows (`prepare.prepare`, any `data.corpus`), then the probe task
-  datasets of `evals.tasks` (`--tasks`), so compute nodes need no network for the probe step."""
+  """CLI: prepare the packed shards of a `data.corpus=sources` config once, with `--workers`
+  processes (`python -m cbert_jax.data.prepare` prepares any corpus and the probe tasks too)."""
   del argv
-  from cbert_jax.data import prepare as prepare_lib  # pylint: disable=import-outside-toplevel
-
   config = _CONFIG.value
-  data_cfg = settings.data_config(config)
-  if getattr(data_cfg, "corpus", "") == "sources":
-    data = prepare_sources(data_cfg, config.data.seq_len, workers=_WORKERS.value or None)
-  else:
-    data = prepare_lib.prepare(data_cfg, config.data.seq_len)
-  tasks = _TASKS.value if _TASKS.value is not None else config.evals.tasks
-  names = [t.strip() for t in tasks.split(",") if t.strip()]
-  start = time.perf_counter()
-  unavailable = prepare_lib.prepare_tasks(names, getattr(data_cfg, "cache_dir", ""))
-  data.timings["probe_tasks"] = time.perf_counter() - start
+  data = prepare_sources(
+    settings.data_config(config), config.data.seq_len, workers=_WORKERS.value or None
+  )
   print(
     json.dumps(
-      dict(
-        manifest_hash=data.manifest["hash"],
-        rows=data.manifest["rows"],
-        probe_tasks=[n for n in names if n not in unavailable],
-        probe_tasks_unavailable=unavailable,
-        timings={k: round(v, 2) for k, v in data.timings.items()},
-      ),
+      dict(manifest_hash=data.manifest["hash"], rows=data.manifest["rows"], timings=data.timings),
       indent=1,
     )
   )
@@ -246,9 +230,4 @@ if __name__ == "__main__":
 
   _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file")
   _WORKERS = flags.DEFINE_integer("workers", 0, "worker processes (0 = data config)")
-  _TASKS = flags.DEFINE_string(
-    "tasks",
-    None,
-    "probe tasks to prepare too (comma list; default: the config's evals.tasks; '' for none)",
-  )
   app.run(main)

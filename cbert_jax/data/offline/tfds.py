@@ -245,12 +245,28 @@ def build(
       return path
     skipped: dict[str, str] = {}
     if built is None:
+      try:  # the corpus's own archives first: without them nothing can be built
+        build_lib.corpus_archives(config, cache_dir)
+      except ConfigError as e:
+        if damaged is None:
+          raise
+        raise _cannot_rebuild(config, path, damaged, e) from e
       skipped = build_lib.unavailable_tasks(cache_dir)
       if skipped:  # a corpus checked against fewer probe tasks, kept apart from the full one
         path = dataset_dir(cache_dir, config, skipped)
         if _complete(path) and verify(path, verify_mode) is None:
           return path
     return _build_into(path, config, cache_dir, built, skipped, damaged)
+
+
+def _cannot_rebuild(
+  config: str, path: str, damaged: tuple[str, str | None], e: ConfigError
+) -> ConfigError:
+  return ConfigError(
+    f"data.corpus='offline_{config}': the cached dataset {path} was damaged "
+    f"({damaged[0]}; moved to {damaged[1] or 'damaged/ by another process'}) and "
+    f"rebuilding it needs its source archives: {e}"
+  )
 
 
 def _build_into(
@@ -272,11 +288,7 @@ def _build_into(
     except ConfigError as e:
       if damaged is None:
         raise
-      raise ConfigError(
-        f"data.corpus='offline_{config}': the cached dataset {path} was damaged "
-        f"({damaged[0]}; moved to {damaged[1] or 'damaged/ by another process'}) and "
-        f"rebuilding it needs its source archives: {e}"
-      ) from e
+      raise _cannot_rebuild(config, path, damaged, e) from e
   documents_s = time.perf_counter() - start
   tfds = _tfds()
   tfds.disable_progress_bar()
