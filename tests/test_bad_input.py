@@ -92,6 +92,12 @@ CLI_CASES = [
     "unknown config field 'model.mask_ratio' (did you mean 'masking.mask_ratio'?)",
     id="unknown-flag",
   ),
+  pytest.param(  # a top-level field: ml_collections' message carries a suggestion of its own
+    ["--config.total_step=10"],
+    "config error: --config.total_step=10: "
+    "unknown config field 'total_step' (did you mean 'total_steps'?)",
+    id="unknown-flag-top-level",
+  ),
   pytest.param(
     ["--config={exp}:typo"],
     "config error: unknown config field 'totalsteps' (did you mean 'total_steps'?)",

@@ -208,3 +208,48 @@ def test_markdown_and_average_with_logreg_edges_and_unconverged_fits():
   assert "* a logreg: held-out fits that did not converge: C = 100" in table
   assert "* a knn: k = 1 is the low edge of its grid" in table
   assert "logreg: classification and pair tasks only" in table
+
+
+def test_a_failing_task_costs_no_other_and_each_result_is_saved_as_it_finishes(
+  toy_tasks, tiny_backbone, monkeypatch
+):
+  graphdef, params = tiny_backbone
+  tok = helpers.WordTokenizer()
+  ecfg = _pooler_evals("none")
+  ecfg.tasks = "toy_cls,toy_reg,toy_pair,toy_retrieval"
+  real = suite.probe_task
+
+  def flaky(task, *args, **kwargs):
+    if task.name == "toy_reg":
+      raise FloatingPointError("the ridge solve blew up")
+    return real(task, *args, **kwargs)
+
+  monkeypatch.setattr(suite, "probe_task", flaky)
+  saved = []
+  results = suite.run(graphdef, params, tok, ecfg, on_task=saved.append)
+  assert results["toy_reg"]["failed"] == "FloatingPointError: the ridge solve blew up"
+  assert [list(s) for s in saved] == [
+    ["toy_cls"],
+    ["toy_cls", "toy_reg"],
+    ["toy_cls", "toy_reg", "toy_pair"],
+    ["toy_cls", "toy_reg", "toy_pair", "toy_retrieval"],
+  ]
+  for name in ("toy_cls", "toy_pair", "toy_retrieval"):
+    assert not suite.not_scored(results[name])
+  # The averages leave the failed task out and the table says so.
+  assert results["average"]["all"] == pytest.approx(
+    np.mean([suite.headline(results[n]) for n in ("toy_cls", "toy_pair", "toy_retrieval")])
+  )
+  table = suite.markdown(results)
+  assert "| toy_reg | regression | spearman | failed (FloatingPointError" in table
+  assert "over the 3 scored tasks of 4; not scored: toy_reg" in table
+  # A rerun with the scored tasks given: only the failed one is scored again.
+  monkeypatch.setattr(suite, "probe_task", real)
+  calls = []
+  monkeypatch.setattr(
+    suite, "probe_task", lambda task, *a, **kw: calls.append(task.name) or real(task, *a, **kw)
+  )
+  done = {k: v for k, v in results.items() if k != "average" and not suite.not_scored(v)}
+  again = suite.run(graphdef, params, tok, ecfg, done=done)
+  assert calls == ["toy_reg"] and not suite.not_scored(again["toy_reg"])
+  assert again["toy_cls"] is done["toy_cls"]

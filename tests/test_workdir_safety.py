@@ -232,3 +232,24 @@ def test_bert_records_that_it_does_not_use_cms(cache_dir, tmp_path):
     )
     == []
   )
+
+
+def test_a_first_run_that_fails_leaves_no_empty_workdir(tmp_path, cache_dir, monkeypatch):
+  """A run that fails after taking the lock (here: its data cannot be prepared) removes the workdir
+  it created, so the next attempt does not find a stray empty folder; a workdir that was already
+  there stays, and so does one the run wrote into."""
+  from cbert_jax.data import prepare  # pylint: disable=import-outside-toplevel
+
+  def unavailable(*args, **kwargs):
+    raise ConfigError("data source x==1 (pypi): download failed (gone)")
+
+  monkeypatch.setattr(prepare, "prepare_once", unavailable)
+  fresh = tmp_path / "runs" / "first"
+  with pytest.raises(ConfigError, match="download failed"):
+    train.run(tiny_config(cache_dir), str(fresh))
+  assert not fresh.exists() and (tmp_path / "runs").is_dir()
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  with pytest.raises(ConfigError, match="download failed"):
+    train.run(tiny_config(cache_dir), str(mine))
+  assert mine.is_dir() and os.listdir(mine) == []

@@ -420,6 +420,7 @@ def run(
             "eval %s: %s", name, {k: v for k, v in results[name].items() if k != "layerwise"}
           )
         except Exception as e:  # noqa: BLE001 (reported in the results, with the traceback logged)
+          head = {"kind": task.kind, "metric": task.metric}
           results[name] = {**head, "failed": f"{type(e).__name__}: {e}"}
           logging.exception("eval %s: scoring failed; going on with the other tasks", name)
     if on_task is not None:
