@@ -91,8 +91,10 @@ def test_a_run_writes_only_its_workdir_and_cache_and_resumes_without_loss(tmp_pa
   assert os.listdir(w / "tb") and all(
     n.startswith("events.out.tfevents.") for n in os.listdir(w / "tb")
   )
-  # The cache: the tokenizer, the packed data and matplotlib's font cache (not ~/.cache/matplotlib).
-  assert set(os.listdir(c)) == {"tokenizers", "packed", "matplotlib"}
+  # The cache: the tokenizer, the packed data, matplotlib's font cache (not ~/.cache/matplotlib)
+  # and the build locks of the data preparation (data/build_lock.py; empty files).
+  assert set(os.listdir(c)) == {"tokenizers", "packed", "matplotlib", "locks"}
+  assert all(os.path.getsize(c / "locks" / n) == 0 for n in os.listdir(c / "locks"))
   assert any(n.endswith(".model") for n in os.listdir(c / "tokenizers"))
   assert any(n.endswith(".npz") for n in os.listdir(c / "packed"))
   leftovers = [

@@ -203,6 +203,14 @@ class SourceUnavailable(ConfigError):
     self.package = package
     self.path = path  # where a copy fetched by hand must go
 
+  def task_skipped(self, task: str, consequence: str = "") -> str:
+    """The one WARNING line for a probe task skipped because of this archive."""
+    pkg = self.package
+    return (
+      f"probe task {task}: skipped (source unavailable): {pkg.name}=={pkg.version} cannot be "
+      f"fetched{'; ' + consequence if consequence else ''}. Manual fix: {self.manual_fix}"
+    )
+
   @property
   def manual_fix(self) -> str:
     pkg = self.package

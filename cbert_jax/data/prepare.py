@@ -168,13 +168,7 @@ def prepare_tasks(names: Sequence[str], cache_dir: str = "", warn: bool = True) 
       unavailable[name] = str(e)
       if not warn:  # the caller reports it (the probe suite marks the task skipped)
         continue
-      logging.warning(
-        "probe task %s: skipped (source unavailable): %s==%s cannot be fetched. Manual fix: %s",
-        name,
-        e.package.name,
-        e.package.version,
-        e.manual_fix,
-      )
+      logging.warning("%s", e.task_skipped(name))
   return unavailable
 
 

