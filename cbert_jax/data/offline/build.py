@@ -3,7 +3,7 @@
 The readers are in offline/readers.py, the leakage guard and dedupe in offline/dedupe.py,
 the TFDS storage in offline/tfds.py.
 
-Every source is an archive that `fetch.fetch` downloads once from npm or PyPI (see
+Every source is an archive that `fetch.fetch` downloads once from npm, PyPI or Debian (see
 `fetch.PACKAGES`); nothing here touches the network. Each reader takes the archive *path*
 (so tests pass tiny fakes) and returns `Document`s: paragraph-sized, normalised text tagged
 with its source. `build_documents` then, in this order:
@@ -18,7 +18,7 @@ with its source. `build_documents` then, in this order:
 4. removes near duplicates: MinHash (96 permutations) over word 5-gram shingles with LSH
    banding (16 bands x 6 rows), candidates confirmed by the exact Jaccard of their shingle
    sets >= 0.8; within a cluster the first document in corpus order is kept;
-5. applies the config's per-source text budget (`small` only), choosing documents by a
+5. applies the config's per-source text budgets, choosing documents by a
    seeded hash so every part of a source is represented;
 6. splits train/validation by document with `text.is_val` (seeded hash of the text).
 
@@ -46,7 +46,7 @@ from cbert_jax.data.offline import readers as readers_lib
 from cbert_jax.errors import ConfigError
 
 # Bump when readers, filters or dedupe change: it is part of the TFDS version and manifest.
-BUILD_VERSION = "1.2.0"
+BUILD_VERSION = "1.3.0"
 
 
 # --- Sources and configs ----------------------------------------------------------------
@@ -75,10 +75,26 @@ CONFIGS: dict[str, CorpusConfig] = {
     ("gutenberg", "sotu", "news", "nlp_corpus", "brown"),
     {"gutenberg": 6.0, "sotu": 4.5, "news": 5.5, "nlp_corpus": 2.0, "brown": 2.0},
   ),
-  # The same sources in full. Until 2026-12 it also took 61 MB of natural English from the
-  # bigbench 1.0.0 sdist, which the package index no longer serves; docs/data.md says what was
-  # searched for in its place.
-  "full": CorpusConfig("full", ("gutenberg", "sotu", "news", "nlp_corpus", "brown")),
+  # The same sources in full, and public-domain / free-licence reference and commentary prose
+  # from Debian (docs/data.md): in place of the 61 MB that came from the bigbench 1.0.0 sdist
+  # until the package index stopped serving it (2026-12). GCIDE alone has 29 MB of definitions;
+  # 15 MB of it keeps the dictionary register under a fifth of the corpus.
+  "full": CorpusConfig(
+    "full",
+    (
+      "gutenberg",
+      "sotu",
+      "news",
+      "nlp_corpus",
+      "brown",
+      "gcide",
+      "foldoc",
+      "jargon",
+      "tdavid",
+      "mhcc",
+    ),
+    {"gcide": 15.0},
+  ),
 }
 SPLIT_SEED = 0
 VAL_FRACTION = 0.02

