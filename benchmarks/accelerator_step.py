@@ -19,7 +19,7 @@ step as training: forward, loss, backward, AdamW with clipping, buffers donated)
 Each is compiled, warmed up, then timed over `--steps` steps (median; the clock stops on the loss
 of every step, so no work is left queued). Model FLOPs are `models.flops.flops_per_token` (3x
 forward matmul FLOPs, no recompute), MFU is against the device's dense spec-sheet peak for
-`--dtype` (`cbert_jax.hardware`, e.g. H100/H200 SXM bf16 989 TFLOP/s); a measured 8192^2 matmul
+`--dtype` (`cbert_jax.run.hardware`, e.g. H100/H200 SXM bf16 989 TFLOP/s); a measured 8192^2 matmul
 in the same dtype is printed next to it. Writes <out>/accelerator_step.{json,md}.
 """
 
@@ -81,8 +81,8 @@ def main(argv=None) -> dict:
 
   import jax
 
-  from cbert_jax import hardware
   from cbert_jax.models.model_config import ffn_size_for
+  from cbert_jax.run import hardware
 
   device = jax.local_devices()[0]
   ffn = args.ffn or ffn_size_for(args.d)

@@ -124,10 +124,11 @@ class JaxStep:
     import ml_collections
     from flax import nnx
 
-    from cbert_jax import config_lib, optim, steps
+    from cbert_jax import config_lib
     from cbert_jax.models import FAMILIES
     from cbert_jax.models import flops as flops_lib
     from cbert_jax.models.model_config import MaskConfig
+    from cbert_jax.step import optim, steps
 
     s = shape
     cfg = model_config(s, **model_kw)

@@ -102,9 +102,10 @@ def _train_step(
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
-  from cbert_jax import config_lib, optim, sharding  # pylint: disable=g-import-not-at-top
-  from cbert_jax import steps as steps_lib  # pylint: disable=g-import-not-at-top
+  from cbert_jax import config_lib  # pylint: disable=g-import-not-at-top
   from cbert_jax.models import FAMILIES  # pylint: disable=g-import-not-at-top
+  from cbert_jax.step import optim, sharding
+  from cbert_jax.step import steps as steps_lib  # pylint: disable=g-import-not-at-top
 
   sys.path.insert(0, os.path.join(os.path.dirname(TINY), "..", ".."))
   from experiments import smoke  # pylint: disable=g-import-not-at-top

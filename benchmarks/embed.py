@@ -190,10 +190,12 @@ class EndToEnd:
     import ml_collections
     from flax import nnx
 
-    from cbert_jax import config_lib, embed, sharding, trained
+    from cbert_jax import config_lib, embed
     from cbert_jax.data import tokenizer as tokenizer_lib
     from cbert_jax.models.model_config import MaskConfig
-    from cbert_jax.state import abstract_model
+    from cbert_jax.run import trained
+    from cbert_jax.step import sharding
+    from cbert_jax.step.state import abstract_model
 
     with open(CORPUS, encoding="utf-8") as f:
       docs = [p for p in f.read().split("\n\n") if p.strip()]
@@ -305,7 +307,7 @@ def matmul_peaks(torch_too: bool, n: int, seconds: float) -> dict[str, float]:
   """FLOP/s of an n x n float32 matmul in JAX (and torch): `train_step.matmul_peaks`."""
   if torch_too:
     return train_step.matmul_peaks(n, seconds)
-  from cbert_jax import hardware
+  from cbert_jax.run import hardware
 
   return {"jax": hardware.measure_matmul_peak(np.float32, n=n, seconds=seconds)}
 
@@ -435,7 +437,7 @@ def markdown(res: dict, rat: dict, shapes: dict, peak: float, peaks: dict, n: in
 
 
 def plot(res: dict, path: str, mpl_dir: str) -> None:
-  from cbert_jax import plotting
+  from cbert_jax.run import plotting
 
   Figure, Canvas = plotting.matplotlib_classes(mpl_dir)  # noqa: N806
   fig = Figure(figsize=(6.5 * len(res), 1.2 + 0.55 * max(len(r) for r in res.values())))

@@ -88,7 +88,7 @@ def matmul_peaks(n: int = 2048, seconds: float = 2.0) -> dict[str, float]:
   """FLOP/s of an n x n float32 matmul in JAX and in torch (median of repeats)."""
   import torch
 
-  from cbert_jax import hardware
+  from cbert_jax.run import hardware
 
   out = {"jax": hardware.measure_matmul_peak(np.float32, n=n, seconds=seconds)}
   a, b = torch.randn(n, n), torch.randn(n, n)

@@ -75,15 +75,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_every = 0  # steps between validation-loss evals; 0 = only at the end
   c.eval_batches = 4  # validation batches per eval (fixed rows, fixed masks)
   c.final_validation = True  # at the end of a run: the training loss on every validation row,
-  # masks from a fixed key (cbert_jax/validation.py) -> workdir/eval/val_full-step_<N>.json
+  # masks from a fixed key (cbert_jax/run/validation.py) -> workdir/eval/val_full-step_<N>.json
   c.val_full_every = 0  # steps between full-split validations during the run (the same metric
   # and file per step; val_full/* rows in metrics.jsonl); 0 = only the final one
   c.stop_after_step = 0  # > 0: checkpoint and exit after this step, as on preemption
   c.allow_config_change = False  # resume a workdir whose config.json differs in fields that
-  # change the run (the error lists them; cbert_jax/workdir.py)
+  # change the run (the error lists them; cbert_jax/run/workdir.py)
   c.restart_from_scratch = False  # start at step 0 when checkpoints were moved aside as damaged
   # (checkpoints.unreadable/) and none is left to resume from;
-  # without it that run is refused (cbert_jax/checkpoint.py)
+  # without it that run is refused (cbert_jax/run/checkpoint.py)
   c.num_devices = 0  # use only the first N devices (0 = all): debugging, tests
   c.peak_flops = 0.0  # per-device peak FLOP/s for MFU; 0 = table (TPU/GPU) or measured (CPU)
   c.compilation_cache_dir = ""  # JAX persistent compilation cache ("" = off)
@@ -214,7 +214,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.faults = (
     ml_collections.ConfigDict()
-  )  # numerical faults (cbert_jax/guard.py); non-finite always stops
+  )  # numerical faults (cbert_jax/step/guard.py); non-finite always stops
   c.faults.spike = "warn"  # on a loss spike: off | warn | skip (do not apply that update) |
   # rollback (last checkpoint, data advanced past the batch);
   # every spike also writes workdir/diagnostics/step_<n>/
@@ -259,7 +259,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sweep.tokens_per_param = 0.0  # > 0: a sweep member trained on tokens_per_param x N tokens
   c.sweep.n_definition = "non_embedding"  # which parameters N counts: non_embedding (blocks +
   # predictor / generator) | total | encoder
-  c.sweep.laws = ""  # JSON of fitted lr(C), B(C) laws (cbert_jax.scaling.grid fit);
+  c.sweep.laws = ""  # JSON of fitted lr(C), B(C) laws (cbert_jax.report.grid fit);
   # "shipped:<name>" = a fit shipped in cbert_jax/scaling/fitted/ (cpu-bert, cpu-crossbert);
   # "{model}" in it = the member's family ("shipped:cpu-{model}": each family its own fit);
   # "" = the published defaults (DeepSeek LLM's; cbert_jax/scaling/laws.py says why)
@@ -405,7 +405,10 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   """Everything checkable before data preparation or compilation; raises ConfigError."""
-  from cbert_jax import guard, sharding  # local: imports jax, and config files should stay light
+  from cbert_jax.step import (  # local: imports jax, and config files should stay light
+    guard,
+    sharding,
+  )
 
   check_fields(config)
   m, mk, d = config.model, config.masking, config.data

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from cbert_jax.errors import CheckpointError, ConfigError
-from cbert_jax.progress import format_duration
+from cbert_jax.run.progress import format_duration
 
 SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
 OUT_SUFFIXES = (".npy", ".parquet")
@@ -149,8 +149,8 @@ class Embedder:
     normalize: bool = False,
   ):
     """run: a `trained.Trained`; the other arguments as the CLI flags of the same names."""
-    from cbert_jax import sharding  # pylint: disable=import-outside-toplevel
     from cbert_jax.evaluators import features, pooler  # pylint: disable=import-outside-toplevel
+    from cbert_jax.step import sharding  # pylint: disable=import-outside-toplevel
 
     self.run, self.seq_len, self.normalize = run, int(seq_len), normalize
     self.batch_size = int(batch_size)
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
       raise ConfigError(f"--seq_len {ns.seq_len}: expected a positive length (0 = the run's)")
     if ns.pooler and not os.path.isfile(ns.pooler):
       raise ConfigError(f"--pooler {ns.pooler}: no such file")
-    from cbert_jax import trained  # pylint: disable=import-outside-toplevel
+    from cbert_jax.run import trained  # pylint: disable=import-outside-toplevel
 
     run = trained.load(ns.workdir, ns.step)
     embedder = Embedder(

@@ -16,4 +16,4 @@ class CheckpointError(RuntimeError):
 
 class WorkdirError(ConfigError):
   """The workdir cannot hold this run: not a writable directory, or in use by another run (its
-  lock, cbert_jax/workdir_lock.py). Nothing is written to it."""
+  lock, cbert_jax/run/workdir_lock.py). Nothing is written to it."""

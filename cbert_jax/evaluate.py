@@ -20,13 +20,14 @@ import ml_collections
 from absl import logging
 from flax import nnx
 
-from cbert_jax import checkpoint as ckpt_lib
-from cbert_jax import config_lib, sharding
-from cbert_jax import workdir as workdir_lib
+from cbert_jax import config_lib
 from cbert_jax.data import prepare, settings
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import registry, suite
-from cbert_jax.state import abstract_like, abstract_model
+from cbert_jax.run import checkpoint as ckpt_lib
+from cbert_jax.run import workdir as workdir_lib
+from cbert_jax.step import sharding
+from cbert_jax.step.state import abstract_like, abstract_model
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:

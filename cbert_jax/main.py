@@ -4,7 +4,7 @@ Any config field can be overridden: `--config.total_steps=50 --config.model.size
 runs start one process per host (or several on one machine) with `--num_processes=N --process_id=i
 --coordinator_address=HOST:PORT` (process 0's host), or with `--multiprocess` where JAX detects the
 cluster (TPU pods, SLURM, Open MPI); single-process runs need nothing. Every process then checks
-that all are present and run the same code and config (`cbert_jax/distributed.py`).
+that all are present and run the same code and config (`cbert_jax/run/distributed.py`).
 """
 
 import os
@@ -56,9 +56,8 @@ def main(argv):
   config = _CONFIG.value
   if config is None:
     raise app.UsageError("--config is required, e.g. --config experiments/smoke.py")
-  from cbert_jax import (
-    distributed,  # imports jax after flag parsing, so XLA_FLAGS from the env apply
-  )
+  # imported after flag parsing (it imports jax), so XLA_FLAGS from the env apply
+  from cbert_jax.run import distributed
 
   try:
     if _NUM_PROCESSES.value > 1:
@@ -93,7 +92,7 @@ def main(argv):
         sys.exit(1)
       return
     if config.get("mode", "train") == "sweep":
-      from cbert_jax import sweep
+      from cbert_jax.sweep import runner as sweep
 
       failed = sweep.run(config, workdir)
       if failed:

@@ -20,26 +20,17 @@ from absl import logging
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from cbert_jax import checkpoint as ckpt_lib
-from cbert_jax import (
-  config_lib,
-  distributed,
-  guard,
-  hardware,
-  planned_devices,
-  plotting,
-  sharding,
-  steps,
-  validation,
-  workdir_lock,
-)
-from cbert_jax import metrics as metrics_lib
-from cbert_jax import progress as progress_lib
-from cbert_jax import provenance as provenance_lib
-from cbert_jax import state as state_lib
-from cbert_jax import workdir as workdir_lib
+from cbert_jax import config_lib
 from cbert_jax.data import fetch, pipeline, prepare, settings
 from cbert_jax.models import flops as flops_lib
+from cbert_jax.run import checkpoint as ckpt_lib
+from cbert_jax.run import distributed, hardware, planned_devices, plotting, validation, workdir_lock
+from cbert_jax.run import metrics as metrics_lib
+from cbert_jax.run import progress as progress_lib
+from cbert_jax.run import provenance as provenance_lib
+from cbert_jax.run import workdir as workdir_lib
+from cbert_jax.step import guard, sharding, steps
+from cbert_jax.step import state as state_lib
 
 
 class NonFiniteError(RuntimeError):

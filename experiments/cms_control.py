@@ -4,7 +4,7 @@ equal (issue 18, SPEC §6 claim 3: CMS's sample efficiency).
   python -m cbert_jax.main --config experiments/cms_control.py --workdir runs/cms_control
                                                     # the 8 members, in this process (~1 h on 2
                                                     # quiet cores), each with its probe suite
-  python -m cbert_jax.scaling.cms --runs runs/cms_control   # the analysis below -> report/
+  python -m cbert_jax.report.cms --runs runs/cms_control   # the analysis below -> report/
   python -m cbert_jax.main --config experiments/cms_control.py:size=d64L2,cms=false,seed=1 \
       --workdir runs/cms_control/crossbert-nocms_d64L2_s1   # one member
 
@@ -24,7 +24,7 @@ Design, fixed before any member ran (commit history: this file precedes its runs
     set explicitly (`sweep.batch_size`, `sweep.lr`) in both; the budget is the sweep's 20 tokens
     per parameter, so both arms see the same data tokens in the same number of steps (the no-CMS
     arm spends fewer FLOPs on them: its predictor decodes half the tokens once, CMS's all).
-  * Metric: `half` of the full-split validation (`cbert_jax/validation.py`): the no-CMS form at
+  * Metric: `half` of the full-split validation (`cbert_jax/run/validation.py`): the no-CMS form at
     mask ratio 0.5 -- cross-entropy at the K = T/2 lowest-u maskable positions of every
     validation row, predicted from the other T/2 positions, masks from a fixed key -- computed by
     the same code for both arms: the same targets and the same visible tokens in every row.
@@ -51,7 +51,7 @@ import os
 
 from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
-from cbert_jax.scaling import members
+from cbert_jax.sweep import experiment as members
 
 SIZES = ("d64L2", "d96L3")
 SEEDS = (0, 1)
@@ -115,7 +115,7 @@ def get_config(arg=None):
     c.sweep.experiment = __file__
     c.sweep.arg = arg or ""
     c.sweep.scale = SCALE
-    c.sweep.report = False  # the analysis is python -m cbert_jax.scaling.cms
+    c.sweep.report = False  # the analysis is python -m cbert_jax.report.cms
     return c
   if a.size not in SIZES:
     raise ConfigError(

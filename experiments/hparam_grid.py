@@ -4,7 +4,7 @@ r"""The hyperparameter-law grid (SPEC §5): batch size x peak LR on the small ru
                                                     # the whole grid, in this process (no probes,
                                                     # no scaling report: the members differ only
                                                     # in B and LR)
-  python -m cbert_jax.scaling.grid fit --grid runs/hparam_grid_cpu
+  python -m cbert_jax.report.grid fit --grid runs/hparam_grid_cpu
                                                     # best (B, lr) per size -> lr* = a C^alpha,
                                                     # B* = b C^beta -> <grid>/laws.json, laws.png
   python -m cbert_jax.main --config experiments/sweep.py:cpu \
@@ -70,7 +70,7 @@ import ml_collections
 
 from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
-from cbert_jax.scaling import members
+from cbert_jax.sweep import experiment as members
 
 
 def _load_sweep():
@@ -266,7 +266,7 @@ def get_config(arg=None):
     c.sweep.arg = arg or ""
     c.sweep.scale = scale
     c.sweep.probe = False  # no probes in a grid: only the final validation loss counts
-    c.sweep.report = False  # the scaling report is for sweeps; fit with scaling.grid
+    c.sweep.report = False  # the scaling report is for sweeps; fit with report.grid
     return c
   if not (a.model and a.size and a.batch > 0 and a.lr > 0):
     raise ConfigError(

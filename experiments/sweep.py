@@ -39,7 +39,7 @@ run and fitted: --config.sweep.laws=<its laws.json>.
 
 from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
-from cbert_jax.scaling import members as members_lib
+from cbert_jax.sweep import experiment
 
 # The paper's ladder (SPEC §5 default shapes): CrossBERT gets all 9 rungs, BERT the first 8.
 PAPER_SIZES = (
@@ -139,7 +139,7 @@ def get_sweep(arg=None) -> list[str]:
   return members
 
 
-member_name = members_lib.member_name  # bert_d64L2, crossbert_d96L3, crossbert-nocms_d96L3_s1
+member_name = experiment.member_name  # bert_d64L2, crossbert_d96L3, crossbert-nocms_d96L3_s1
 
 
 def get_config(arg=None):

@@ -59,12 +59,13 @@ from flax import nnx
 from jax.experimental import topologies
 from ml_collections import config_flags
 
-from cbert_jax import config_lib, sharding
-from cbert_jax import state as state_lib
+from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
-from cbert_jax.scaling import members as members_lib
 from cbert_jax.scaling import memory as memory_lib
 from cbert_jax.scaling import plan
+from cbert_jax.step import sharding
+from cbert_jax.step import state as state_lib
+from cbert_jax.sweep import experiment as members_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD_PREFIX = "compile_check:"  # the child's progress lines on stderr, echoed by the parent
@@ -81,7 +82,7 @@ NEEDS_LIBTPU = (
 
 def _load_module(path: str):
   """The experiment file as a module (for get_sweep / workdir_name)."""
-  from cbert_jax.scaling import members  # pylint: disable=import-outside-toplevel
+  from cbert_jax.sweep import experiment as members  # pylint: disable=import-outside-toplevel
 
   return members.load_experiment(path, field="--config", needs=("get_config",))
 

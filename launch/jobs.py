@@ -15,7 +15,7 @@ trainer checkpoints and exits) and waits for them; launching again resumes them.
 
 The members of an experiment's sweep (`get_sweep`) append to <root>/logs/<member>.log, each step
 headed by a `====` line; a member is done when its workdir holds the checkpoint of its final step
-and the probe results of that step (`cbert_jax.scaling.status.member_state`).
+and the probe results of that step (`cbert_jax.run.status.member_state`).
 
 `--args` members (one experiment file, one member per config arg) keep the log of every attempt,
 <root>/logs/<member>.attempt<k>.log (k counts across reruns, so no log is overwritten), show their
@@ -46,8 +46,8 @@ import sys
 import threading
 import time
 
-from cbert_jax.progress import format_duration
-from cbert_jax.scaling import status as status_lib
+from cbert_jax.run import status as status_lib
+from cbert_jax.run.progress import format_duration
 from launch.backends import shell_join
 from launch.members import LOG_DIR, Job, Launch
 from launch.snapshot import MANIFEST, RUNNER_MANIFEST, read_json

@@ -211,7 +211,7 @@ def load_members(
   """(scale, experiment path for the commands, members) of `--config spec`, each resolved with
   the overrides applied; `only` selects members by name."""
   from cbert_jax import config_lib  # pylint: disable=import-outside-toplevel
-  from cbert_jax.scaling import members as members_lib  # pylint: disable=import-outside-toplevel
+  from cbert_jax.sweep import experiment as members_lib  # pylint: disable=import-outside-toplevel
 
   path, arg = split_config_spec(spec)
   if not os.path.exists(path):

@@ -32,13 +32,13 @@ import os
 import shutil
 import time
 
-from cbert_jax.scaling import status as status_lib
+from cbert_jax.run import status as status_lib
 from launch.backends import shell_join
 from launch.members import LOG_DIR, REPO, Job, Launch, LaunchError
 
 MANIFEST = "launch_manifest.json"
 RUNNER_MANIFEST = (
-  "sweep.json"  # scaling.members.MANIFEST, written by the in-process sweep (cbert_jax.sweep)
+  "sweep.json"  # sweep.experiment.MANIFEST, written by the in-process sweep (cbert_jax.sweep)
 )
 # What a code snapshot holds (relative to the repository root): everything a member runs.
 SNAPSHOT_PATHS = ("cbert_jax", "experiments", "launch", "pyproject.toml")

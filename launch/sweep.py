@@ -29,7 +29,7 @@ import shlex
 import sys
 
 from cbert_jax.errors import ConfigError
-from cbert_jax.scaling import status as status_lib
+from cbert_jax.run import status as status_lib
 from cbert_jax.scaling.chips import GPU_CHIPS, TPU_PREFIX
 from launch import jobs as jobs_lib
 from launch.backends import (

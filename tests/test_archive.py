@@ -1,4 +1,4 @@
-"""`scaling.archive`: a grid's results without checkpoints read back as the grid itself (done and
+"""`report.archive`: a grid's results without checkpoints read back as the grid itself (done and
 failed members, the same losses), unfinished members are left out, and the archived members count
 as done. The runner-level round trip (rerun on an archive trains nothing, the same report) is in
 tests/test_sweep_runner.py."""
@@ -6,7 +6,8 @@ tests/test_sweep_runner.py."""
 import os
 import shutil
 
-from cbert_jax.scaling import archive, grid_read, status
+from cbert_jax.report import archive, grid_read
+from cbert_jax.run import status
 from tests.test_grid import write_member
 
 

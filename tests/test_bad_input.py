@@ -13,8 +13,8 @@ import os
 import pytest
 
 from cbert_jax import config_lib, train
-from cbert_jax import workdir as workdir_lib
 from cbert_jax.errors import ConfigError
+from cbert_jax.run import workdir as workdir_lib
 from tests.test_cli import cli, run_cli
 from tests.test_train import tiny_config
 

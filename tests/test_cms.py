@@ -1,4 +1,4 @@
-"""The CMS control's analysis (cbert_jax/scaling/cms.py) on synthetic member workdirs.
+"""The CMS control's analysis (cbert_jax/report/cms.py) on synthetic member workdirs.
 
 The members' `half` loss curves are closed forms: CMS L(t) = 2 + 5 t^-0.3, no-CMS the same curve
 stretched by r in tokens, L(t) = 2 + 5 (t / r)^-0.3, so the true tokens ratio no-CMS / CMS is r at
@@ -17,8 +17,8 @@ import sys
 import numpy as np
 import pytest
 
-from cbert_jax.scaling import cms
-from cbert_jax.scaling import members as members_lib
+from cbert_jax.report import cms
+from cbert_jax.sweep import experiment as members_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, T, STEPS, EVERY = 8, 16, 100, 5  # rows, seq_len, total_steps, val_full_every
@@ -266,7 +266,7 @@ def test_reads_without_jax(report):
   (the plots, matplotlib only, are left out to keep the subprocess short)."""
   root, res, _ = report
   code = (
-    "import json, sys\nsys.modules['jax'] = None\nfrom cbert_jax.scaling import cms\n"
+    "import json, sys\nsys.modules['jax'] = None\nfrom cbert_jax.report import cms\n"
     "pairs, _ = cms.pair_up(cms.read_runs(sys.argv[1]), False)\n"
     "print(json.dumps([cms.analyse_pair(c, n) for c, n in pairs]))\n"
     "assert not {'flax', 'jaxlib', 'tensorflow'} & {n.split('.')[0] for n in sys.modules}\n"

@@ -14,8 +14,8 @@ import os
 
 import pytest
 
-from cbert_jax.report_fits import ALL_ARCHS, ARCHS, fit_loss, fit_probes, group, read_sweep
-from cbert_jax.scaling import cms as cms_lib
+from cbert_jax.report import cms as cms_lib
+from cbert_jax.report.fits import ALL_ARCHS, ARCHS, fit_loss, fit_probes, group, read_sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPORT = os.path.join(ROOT, "docs", "sweep_cpu", "report.json")

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A sweep of one quick member (BERT d32L2: 2 heads, vocabulary 4096) on differently shaped meshes.
 EXPERIMENT = """
-from cbert_jax.scaling import members as _members
+from cbert_jax.sweep import experiment as _members
 
 sweep = _members.load_experiment({sweep!r})
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cbert_jax import metrics as metrics_lib
 from cbert_jax import train
 from cbert_jax.models import electra
+from cbert_jax.run import metrics as metrics_lib
 from tests import helpers
 from tests.test_train import tiny_config
 

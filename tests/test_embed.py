@@ -8,8 +8,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from cbert_jax import embed, trained
+from cbert_jax import embed
 from cbert_jax.evaluators import features, pooler
+from cbert_jax.run import trained
 from tests.test_train import TINY
 
 

@@ -31,12 +31,13 @@ from safetensors.numpy import load_file
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModel, AutoTokenizer
 
-from cbert_jax import embed, trained
+from cbert_jax import embed
 from cbert_jax.data import tokenizer as tokenizer_lib
 from cbert_jax.evaluators import features
 from cbert_jax.export import __main__ as export_cli
 from cbert_jax.export import card as card_lib
 from cbert_jax.export import hf_tokenizer, llama
+from cbert_jax.run import trained
 from tests.test_train import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cbert_jax import config_lib, optim, steps
+from cbert_jax import config_lib
 from cbert_jax.models import flops as flops_lib
+from cbert_jax.step import optim, steps
 from tests import helpers
 
 # model.ce_chunk is not here: its head runs inside a scan, and XLA's cost analysis counts a loop

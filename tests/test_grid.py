@@ -1,4 +1,4 @@
-"""The hyperparameter-law grid: `cbert_jax.scaling.grid fit` recovers known exponents from a
+"""The hyperparameter-law grid: `cbert_jax.report.grid fit` recovers known exponents from a
 synthetic grid (losses from a bowl whose optimum follows lr* = a C^alpha, B* = b C^beta), writes a
 laws file the sweep reads, skips unfinished members; it refuses (exit 2, nothing written) a fit on
 fewer than 3 sizes, with an optimum on a grid's edge or with an implausible exponent, unless the
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from cbert_jax import config_lib
-from cbert_jax import metrics as metrics_lib
-from cbert_jax.scaling import grid as grid_lib
+from cbert_jax.report import grid as grid_lib
+from cbert_jax.run import metrics as metrics_lib
 from cbert_jax.scaling import laws as laws_lib
-from cbert_jax.scaling import members as members_lib
+from cbert_jax.sweep import experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = os.path.join(ROOT, "experiments", "sweep.py")
@@ -218,7 +218,7 @@ def test_fit_recovers_exponents_writes_laws_and_plot_the_sweep_reads(tmp_path, c
   )
   assert {"bert.png", "crossbert.png", "crossbert_grid.png"} <= set(os.listdir(tmp_path / "fits"))
   # experiments/sweep.py reads the file through sweep.laws: the member's LR and batch follow it.
-  sweep = members_lib.load_experiment(SWEEP)
+  sweep = experiment.load_experiment(SWEEP)
   for axis in ("compute", "params"):
     m = sweep.get_config("model=bert,size=d64L2")
     m.sweep.laws, m.sweep.law_axis = os.path.join(root, "laws.json"), axis
@@ -237,7 +237,7 @@ def test_vertex_is_the_parabola_minimum_and_argmin_keeps_the_grid_points(tmp_pat
   against numpy's quadratic fit); --optimum argmin fits the best grid points themselves (the
   least-squares line through them); a size whose best LR has a diverged or missing neighbour
   keeps the grid point on that axis and says why."""
-  from cbert_jax.scaling import grid_vertex
+  from cbert_jax.report import grid_vertex
 
   x = np.array([-1.3, 0.2, 0.9])
   y = 2.0 * (x - 0.41) ** 2 + 5.0
@@ -427,7 +427,7 @@ def test_members_are_judged_by_the_full_split_loss_unless_told_otherwise(tmp_pat
   assert grid_lib.main(["fit", "--grid", root, "--no_plot", "--bootstrap", "0"]) == 0
   out = capsys.readouterr()
   assert "old (finished, but no eval/val_full-step_100.json" in out.err
-  assert "python -m cbert_jax.validation --root GRID" in out.err
+  assert "python -m cbert_jax.run.validation --root GRID" in out.err
   laws = laws_lib.load(os.path.join(root, "laws.json"))
   assert laws.provenance["metric"] == "val_full" and "full-split" in laws.provenance["selection"]
   runs = {(r["model"], r["size"]): r for r in laws.provenance["runs"]}
@@ -441,8 +441,8 @@ def test_members_are_judged_by_the_full_split_loss_unless_told_otherwise(tmp_pat
   assert eval_runs[model, size] == "old"  # eval/loss -2.0 is the lowest there
   with pytest.raises(ValueError, match="metric"):
     grid_lib.fit_grid(root, metric="loss")
-  # The record is where cbert_jax.validation writes it.
-  from cbert_jax import validation  # pylint: disable=import-outside-toplevel
+  # The record is where cbert_jax.run.validation writes it.
+  from cbert_jax.run import validation  # pylint: disable=import-outside-toplevel
 
   assert validation.output_path(root, 7) == metrics_lib.val_full_path(root, 7)
 
@@ -551,7 +551,7 @@ def test_implausible_exponent_refused_unless_allowed_and_the_sweep_warns(tmp_pat
   assert "check implausible overridden" in capsys.readouterr().err
   path = os.path.join(root, "laws.json")
   # A sweep member planned with these laws warns and records them (laws_source).
-  sweep = members_lib.load_experiment(SWEEP)
+  sweep = experiment.load_experiment(SWEEP)
   m = sweep.get_config("model=bert,size=d32L2")
   m.sweep.laws = path
   with caplog.at_level("WARNING"):

@@ -1,4 +1,4 @@
-"""Tests for cbert_jax.hardware: the peak-FLOP/s table, the matmul benchmark, its per-machine
+"""Tests for cbert_jax.run.hardware: the peak-FLOP/s table, the matmul benchmark, its per-machine
 cache and MFU."""
 
 import datetime
@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from cbert_jax import hardware
+from cbert_jax.run import hardware
 
 
 @pytest.mark.parametrize(

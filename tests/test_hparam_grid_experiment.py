@@ -6,8 +6,8 @@ import os
 import pytest
 
 from cbert_jax import config_lib
-from cbert_jax.scaling import members as members_lib
 from cbert_jax.scaling import plan as plan_lib
+from cbert_jax.sweep import experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,7 +19,7 @@ MEMORY_FIELDS = {"model.remat", "model.ce_chunk", "optim.microbatches"}
 
 def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
   path = os.path.join(ROOT, "experiments", "hparam_grid.py")
-  exp = members_lib.load_experiment(path)
+  exp = experiment.load_experiment(path)
   sweep = exp.SWEEP
   for scale, want, per_size in (("cpu", 180, {25, 28, 14, 10}), ("paper", 105, {15})):
     members = exp.get_sweep(scale)
@@ -77,7 +77,7 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
   c = exp.get_config("cpu")
   with c.unlocked():
     c.num_devices = 1
-  scale, planned = members_lib.plan(c, "/nonexistent/root")
+  scale, planned = experiment.plan(c, "/nonexistent/root")
   assert scale == "cpu" and [n for n, _, _ in planned] == [exp.workdir_name(a) for a in cpu]
   # Bad member args are named.
   from cbert_jax.errors import ConfigError

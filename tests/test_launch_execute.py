@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from cbert_jax.scaling import status as status_lib
+from cbert_jax.run import status as status_lib
 from launch import members, snapshot, sweep
 from tests.test_launch_sweep import EXP, FIRST, build, job, run_main
 

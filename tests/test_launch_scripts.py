@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from cbert_jax.scaling import status as status_lib
+from cbert_jax.run import status as status_lib
 from launch import backends
 from tests.stubs import simlib
 from tests.test_launch_sweep import EXP, build

@@ -45,7 +45,7 @@ import time
 import numpy as np
 import pytest
 
-from cbert_jax.scaling import status as status_lib
+from cbert_jax.run import status as status_lib
 from launch import sweep
 from tests.stubs import simlib
 from tests.test_train import losses

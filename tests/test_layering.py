@@ -1,77 +1,66 @@
 """The package's import graph: no circles, and no module imports one above it in the layering.
 
 Read from the source with `ast` (imports inside functions count: they are arrows too), so the
-test needs no imports of the package. Layers, bottom to top:
-  0  building blocks: models, data, sharding, checkpoint, optim, metrics, masking, scaling (not the
-     sweep driver), errors, progress, provenance, plotting, hardware, guard, distributed,
-     peer_watch, workdir, workdir_lock, planned_devices
-  1  steps, state, evaluators, config_lib, report (with report_fits, report_plots,
-     report_chinchilla), scaling.members, scaling.planner
-  2  train, evaluate, sweep (the in-process sweep driver)
-  3  main
-  4  the launcher (launch/, which starts the package's commands): members, compile_check;
-     5 backends; 6 snapshot; 7 jobs; 8 sweep (the CLI)
-A module may import its own layer or lower ones. A new module must be given a layer here.
+test needs no imports of the package. Every folder of `cbert_jax/` and every top-level module has
+exactly one layer, bottom to top:
+  0  errors (and the package's __init__)
+  1  models/ (the model families, masking, FLOPs), data/ (corpora, tokenizer, task kit)
+  2  step/ (what gets compiled: state, steps, optimizer, guard, mesh and sharding)
+  3  scaling/ (JAX-free maths: plans, budgets, laws, memory, fits), evaluators/ (probes)
+  4  config_lib (the config, resolved with scaling/'s plan)
+  5  run/ (a run's life on hosts and disk, and reading a run back)
+  6  train, evaluate, embed, export/, report/ (what a run or a set of runs produces)
+  7  sweep/ (experiment, planner, runner: trains, probes and reports members)
+  8  main
+  9  the launcher (launch/, which starts the package's commands): members, compile_check;
+     10 backends; 11 snapshot; 12 jobs; 13 sweep (the CLI)
+A module may import its own layer or lower ones. There is no default: a module whose folder (or
+top-level name) is not in `LAYER` fails the test until it is given a layer here.
 """
 
 import ast
 import os
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("cbert_jax", "launch")
 
-LAYER_OF_PREFIX = {  # longest matching prefix wins
+LAYER = {  # a cbert_jax folder or top-level module, or a launch module -> its layer
   "cbert_jax": 0,
-  "cbert_jax.models": 0,
-  "cbert_jax.data": 0,
-  "cbert_jax.scaling": 0,
-  "cbert_jax.steps": 1,
-  "cbert_jax.state": 1,
-  "cbert_jax.evaluators": 1,
-  "cbert_jax.config_lib": 1,
-  "cbert_jax.report": 1,
-  "cbert_jax.report_fits": 1,  # reads probe results with evaluators.suite
-  "cbert_jax.report_plots": 1,
-  "cbert_jax.report_chinchilla": 1,
-  "cbert_jax.scaling.members": 1,  # a sweep's members, resolved: it sits with config_lib
-  "cbert_jax.scaling.planner": 1,  # resolves the sweep's member configs (config_lib, members)
-  "cbert_jax.train": 2,
-  "cbert_jax.evaluate": 2,
-  "cbert_jax.sweep": 2,
-  "cbert_jax.trained": 2,  # a run read back from its workdir (beside evaluate)
-  "cbert_jax.validation": 2,  # the full-split validation loss (the trainer's end, a CLI)
-  "cbert_jax.main": 3,
-  "cbert_jax.embed": 3,
-  "cbert_jax.export": 3,  # the entry points
-  "launch": 4,
-  "launch.members": 4,
-  "launch.compile_check": 4,
-  "launch.backends": 5,
-  "launch.snapshot": 6,
-  "launch.jobs": 7,
-  "launch.sweep": 8,
+  "cbert_jax.errors": 0,
+  "cbert_jax.models": 1,
+  "cbert_jax.data": 1,
+  "cbert_jax.step": 2,
+  "cbert_jax.scaling": 3,
+  "cbert_jax.evaluators": 3,
+  "cbert_jax.config_lib": 4,
+  "cbert_jax.run": 5,
+  "cbert_jax.train": 6,
+  "cbert_jax.evaluate": 6,
+  "cbert_jax.embed": 6,
+  "cbert_jax.export": 6,
+  "cbert_jax.report": 6,
+  "cbert_jax.sweep": 7,
+  "cbert_jax.main": 8,
+  "launch": 9,
+  "launch.members": 9,
+  "launch.compile_check": 9,
+  "launch.backends": 10,
+  "launch.snapshot": 11,
+  "launch.jobs": 12,
+  "launch.sweep": 13,
 }
-LAYER_ZERO = (
-  "sharding",
-  "checkpoint",
-  "optim",
-  "metrics",
-  "masking",
-  "errors",
-  "progress",
-  "provenance",
-  "plotting",
-  "hardware",
-  "guard",
-  "distributed",
-  "peer_watch",
-  "workdir",
-  "workdir_lock",
-  "planned_devices",
-  "mesh_shape",
-)
-for _name in LAYER_ZERO:
-  LAYER_OF_PREFIX[f"cbert_jax.{_name}"] = 0
+# At most this many modules directly in cbert_jax/ (besides __init__): the rest live in folders.
+MAX_TOP_LEVEL = 8
+
+
+def place(module: str) -> str | None:
+  """The `LAYER` key of a module: its cbert_jax folder or top-level name (cbert_jax.run.workdir ->
+  cbert_jax.run), the launch module itself; None when it has none."""
+  parts = module.split(".")
+  key = ".".join(parts[:2]) if parts[0] == "cbert_jax" else module
+  return key if key in LAYER else None
 
 
 def modules() -> dict[str, str]:
@@ -110,8 +99,10 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer(module: str) -> int:
-  best = max((p for p in LAYER_OF_PREFIX if module == p or module.startswith(p + ".")), key=len)
-  return LAYER_OF_PREFIX[best]
+  key = place(module)
+  if key is None:
+    raise KeyError(f"{module} has no layer: give its folder or name one in LAYER")
+  return LAYER[key]
 
 
 def cycles(g: dict[str, set[str]]) -> list[list[str]]:
@@ -149,12 +140,29 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 def test_the_import_graph_sees_known_arrows():
   """The reader itself: a few arrows that must be there (else the checks below prove nothing)."""
   g = graph()
-  assert "cbert_jax.state" in g["cbert_jax.train"]
+  assert "cbert_jax.step.state" in g["cbert_jax.train"]
   assert "cbert_jax.data.text" in g["cbert_jax.data.corpus"]
   assert "cbert_jax.models.model_config" in g["cbert_jax.scaling.plan"]
-  assert "cbert_jax.mesh_shape" in g["cbert_jax.scaling.plan"]
+  assert "cbert_jax.step.mesh_shape" in g["cbert_jax.scaling.plan"]
   assert "launch.jobs" in g["launch.sweep"] and "launch.members" in g["launch.backends"]
   assert "cbert_jax.config_lib" in g["launch.members"]  # imported inside a function
+
+
+def test_every_module_has_a_layer_and_the_top_level_is_small():
+  known = modules()
+  assert [m for m in sorted(known) if place(m) is None] == []
+  top = [m for m, p in known.items() if m.count(".") == 1 and m.startswith("cbert_jax.")]
+  top = [m for m in top if not known[m].endswith("__init__.py")]
+  assert len(top) <= MAX_TOP_LEVEL, sorted(top)
+
+
+def test_a_new_module_without_a_layer_fails():
+  """A module dropped into cbert_jax/ (or launch/) is not placed anywhere by default."""
+  assert place("cbert_jax.run.new_reader") == "cbert_jax.run"  # a folder places its modules
+  for new in ("cbert_jax.new_module", "cbert_jax.new_folder.thing", "launch.new_cli"):
+    assert place(new) is None
+    with pytest.raises(KeyError, match=f"{new} has no layer"):
+      layer(new)
 
 
 def test_no_import_circle():

@@ -49,7 +49,7 @@ def test_launch_modules_import_without_jax():
   r = run_without_jax(
     "import launch.sweep, launch.members, launch.backends, launch.snapshot, "
     "launch.jobs\n"
-    "from cbert_jax.progress import Progress, Timers, format_duration\n"
+    "from cbert_jax.run.progress import Progress, Timers, format_duration\n"
     "print(format_duration(602))\n"
   )
   assert r.returncode == 0, r.stderr

@@ -16,16 +16,16 @@ import sys
 import pytest
 
 from cbert_jax import config_lib
-from cbert_jax.scaling import members as members_lib
 from cbert_jax.scaling import memory
 from cbert_jax.scaling import plan as plan_lib
+from cbert_jax.sweep import experiment as members_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = os.path.join(ROOT, "experiments", "sweep.py")
 
 # One member (CrossBERT+CMS d64L2 by default, FSDP over 4 devices, 512-token rows) per setting.
 EXPERIMENT = """
-from cbert_jax.scaling import members as _members
+from cbert_jax.sweep import experiment as _members
 
 sweep = _members.load_experiment({sweep!r})
 

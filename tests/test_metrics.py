@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cbert_jax import metrics, plotting
-from cbert_jax import progress as progress_lib
-from cbert_jax import provenance as provenance_lib
+from cbert_jax.run import metrics, plotting
+from cbert_jax.run import progress as progress_lib
+from cbert_jax.run import provenance as provenance_lib
 
 # ---------------------------------------------------------------------------------------------
 # Helpers.
@@ -466,7 +466,7 @@ def test_matplotlib_classes_set_mplconfigdir_only_around_the_first_import(tmp_pa
   # A fresh interpreter: matplotlib must not be imported yet for MPLCONFIGDIR to matter.
   code = (
     "import os, sys\n"
-    "from cbert_jax import plotting\n"
+    "from cbert_jax.run import plotting\n"
     "Figure, Canvas = plotting.matplotlib_classes(sys.argv[1])\n"
     "import matplotlib\n"
     "assert Figure.__name__ == 'Figure' and Canvas.__name__ == 'FigureCanvasAgg'\n"

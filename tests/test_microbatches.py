@@ -19,8 +19,9 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from cbert_jax import config_lib, guard, optim, sharding, steps
+from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
+from cbert_jax.step import guard, optim, sharding, steps
 from tests import helpers
 
 B, T, STEPS = 32, 16, 3

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cbert_jax import masking
 from cbert_jax.models import flops as flops_lib
-from cbert_jax.models import layers
+from cbert_jax.models import layers, masking
 from tests import helpers
 
 RNG = jax.random.key(7)

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from cbert_jax import distributed
+from cbert_jax.run import distributed
 from tests.test_cli import ROOT, cli
 from tests.test_train import losses
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from cbert_jax import metrics as metrics_lib
 from cbert_jax import train
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import online
+from cbert_jax.run import metrics as metrics_lib
 from tests.test_eval_suite import eval_config
 
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cbert_jax import config_lib, optim, steps
+from cbert_jax import config_lib
+from cbert_jax.step import optim, steps
 from tests import helpers
 
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from cbert_jax import distributed, peer_watch
+from cbert_jax.run import distributed, peer_watch
 from tests.test_cli import ROOT, cli
 from tests.test_multiprocess import free_port
 
@@ -169,7 +169,7 @@ def test_terminate_hook_leaves_other_terminations_alone(tmp_path):
   """Only std::bad_cast (JAX's callback) is a lost peer; any other std::terminate still aborts."""
   code = (
     "import ctypes, ctypes.util\n"
-    "from cbert_jax import peer_watch\n"
+    "from cbert_jax.run import peer_watch\n"
     "hook = peer_watch._TerminateHook(lambda: print('hooked', flush=True))\n"
     "assert hook.exception_name() is None\n"
     "lib = ctypes.CDLL(ctypes.util.find_library('stdc++'))\n"

@@ -2,8 +2,8 @@
 
 import pytest
 
-from cbert_jax import planned_devices
 from cbert_jax.errors import ConfigError
+from cbert_jax.run import planned_devices
 
 
 def message(target, seen, **kw) -> str:

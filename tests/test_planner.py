@@ -11,11 +11,12 @@ import pytest
 from scipy import optimize
 
 from cbert_jax.models import sizes
-from cbert_jax.scaling import chinchilla, planner
+from cbert_jax.scaling import chinchilla
 from cbert_jax.scaling import chips as chips_lib
 from cbert_jax.scaling import laws as laws_lib
 from cbert_jax.scaling import memory as memory_lib
 from cbert_jax.scaling.fit import PowerLaw
+from cbert_jax.sweep import planner
 
 E, A, ALPHA, B, BETA, K = 1.8, 300.0, 0.34, 900.0, 0.30, 6.3
 TRUE = chinchilla.LossSurface(E=E, A=A, alpha=ALPHA, B=B, beta=BETA)
@@ -309,7 +310,7 @@ def test_the_planner_runs_without_jax():
   from tests.test_light_imports import run_without_jax  # pylint: disable=import-outside-toplevel
 
   r = run_without_jax(
-    "from cbert_jax.scaling import planner\n"
+    "from cbert_jax.sweep import planner\n"
     "assert planner.main(['--flops', '1e20', '--model', 'bert', '--chips', 'h100x8']) == 0\n"
   )
   assert r.returncode == 0, r.stderr

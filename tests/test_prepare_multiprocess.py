@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from cbert_jax import metrics as metrics_lib
 from cbert_jax.data import fetch
+from cbert_jax.run import metrics as metrics_lib
 from tests import helpers
 from tests.test_cli import ROOT
 from tests.test_multiprocess import launch, two_processes

@@ -12,10 +12,11 @@ from flax import nnx
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression, Ridge
 
-from cbert_jax import config_lib, sharding
+from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import features as features_lib
 from cbert_jax.evaluators import knn, logreg, probes, ridge
+from cbert_jax.step import sharding
 from tests import helpers
 
 

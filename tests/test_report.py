@@ -10,9 +10,12 @@ import shutil
 import numpy as np
 import pytest
 
-from cbert_jax import report, report_chinchilla, report_fits
+from cbert_jax.report import __main__ as report_cli
+from cbert_jax.report import fits as report_fits
+from cbert_jax.report import grid as grid_lib
+from cbert_jax.report import loss_surface
+from cbert_jax.report import sweep_report as report
 from cbert_jax.scaling import chinchilla, fit
-from cbert_jax.scaling import grid as grid_lib
 from cbert_jax.scaling import laws as laws_lib
 
 SIZES = ("d32L2", "d64L2", "d96L3", "d128L3")
@@ -176,10 +179,10 @@ def test_report_on_a_synthetic_sweep_states_the_four_claims_with_the_planted_num
 
 
 def test_report_names_the_directory_when_there_is_nothing_to_read(tmp_path, capsys):
-  assert report.main(["--sweep", str(tmp_path / "nope")]) == 2
+  assert report_cli.main(["--sweep", str(tmp_path / "nope")]) == 2
   assert "no such directory" in capsys.readouterr().err
   (tmp_path / "empty").mkdir()
-  assert report.main(["--sweep", str(tmp_path / "empty")]) == 2
+  assert report_cli.main(["--sweep", str(tmp_path / "empty")]) == 2
   assert "holds no member workdirs" in capsys.readouterr().err
 
 
@@ -456,7 +459,7 @@ def test_cms_levels_cover_the_whole_shared_range_and_ratios_are_exact(tmp_path):
 
 
 def test_the_controlled_cms_summary_is_quoted_when_given(tmp_path):
-  """Claim 2 quotes the verdict sentences `python -m cbert_jax.scaling.cms` wrote into cms.json
+  """Claim 2 quotes the verdict sentences `python -m cbert_jax.report.cms` wrote into cms.json
   (its own schema; tests/test_cms.py builds one from runs), and points at cms.md without them."""
   d = tmp_path / "cms"
   d.mkdir()
@@ -497,7 +500,7 @@ def _points(loss_of):
 
 
 def test_the_loss_surface_recovers_a_planted_one_and_allocates_by_it():
-  r = report_chinchilla.fit_family(_points(TRUE), n_boot=4, starts=STARTS)
+  r = loss_surface.fit_family(_points(TRUE), n_boot=4, starts=STARTS)
   assert r["usable"] and r["problems"] == [] and r["points"] == 16
   assert (r["alpha"], r["beta"]) == (pytest.approx(0.35, abs=0.01), pytest.approx(0.3, abs=0.01))
   assert r["E"] == pytest.approx(1.5, rel=0.02) and r["k"] == pytest.approx(8.0)
@@ -508,27 +511,25 @@ def test_the_loss_surface_recovers_a_planted_one_and_allocates_by_it():
     n_opt, d_opt = law.optimal(r["c_largest"] * s, 8.0)
     assert (a["n_opt"], a["d_opt"]) == (pytest.approx(n_opt), pytest.approx(d_opt))
     assert a["d_per_n"] == pytest.approx(d_opt / n_opt)
-  lines = "\n".join(report_chinchilla.markdown({"bert": r | {"grid": None}}))
+  lines = "\n".join(loss_surface.markdown({"bert": r | {"grid": None}}))
   assert (
     "compute-optimal allocation" in lines and f"N_opt {r['allocation'][0]['n_opt']:.3g}" in lines
   )
-  assert report_chinchilla.AT_BOUND not in lines  # no interval reaches the optimiser's bounds
+  assert loss_surface.AT_BOUND not in lines  # no interval reaches the optimiser's bounds
   # An interval end at the optimiser's bound (alpha's upper 3, E's lower e^-10) is marked, once
   # per end, with the footnote; an end near but not at it is not.
   cut = r | {"grid": None, "intervals": r["intervals"] | {"alpha": [0.2, 3.0], "E": [4.54e-5, 1.0]}}
-  lines = "\n".join(report_chinchilla.markdown({"bert": cut}))
+  lines = "\n".join(loss_surface.markdown({"bert": cut}))
   assert "[0.200, 3.000\u2020]" in lines and "[4.54e-05\u2020, 1]" in lines
   assert "\u2020 an interval end at the optimiser's bound" in lines
   near = r | {"grid": None, "intervals": r["intervals"] | {"alpha": [0.2, 2.9]}}
-  assert report_chinchilla.AT_BOUND not in "\n".join(report_chinchilla.markdown({"bert": near}))
+  assert loss_surface.AT_BOUND not in "\n".join(loss_surface.markdown({"bert": near}))
 
 
 def test_an_unusable_surface_is_refused_with_its_problems():
-  r = report_chinchilla.fit_family(
-    _points(lambda n, d: 2.0 + 400 * n**-0.35), n_boot=0, starts=STARTS
-  )
+  r = loss_surface.fit_family(_points(lambda n, d: 2.0 + 400 * n**-0.35), n_boot=0, starts=STARTS)
   assert r["fitted"] and not r["usable"] and r["problems"] and "allocation" not in r
-  lines = "\n".join(report_chinchilla.markdown({"bert": r | {"grid": None}}))
+  lines = "\n".join(loss_surface.markdown({"bert": r | {"grid": None}}))
   assert "allocation refused: " + "; ".join(r["problems"]) in lines
   assert "N_opt" not in lines
 
@@ -622,4 +623,4 @@ def test_grid_optima_join_the_sweep_in_the_surface_fit(tmp_path, monkeypatch, la
   assert saved.provenance["d_per_n"] == r["d_per_n"] and saved.provenance["family"] == "bert"
   assert saved.provenance["grid"] == str(grid) and len(saved.provenance["points"]) == 7
   assert saved.fit.draws is not None and len(saved.fit.draws) == 2  # n_boot
-  assert report.main(["--sweep", str(root), "--grid", str(tmp_path / "nogrid")]) == 2
+  assert report_cli.main(["--sweep", str(root), "--grid", str(tmp_path / "nogrid")]) == 2

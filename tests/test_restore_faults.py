@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cbert_jax import checkpoint as ckpt_lib
 from cbert_jax.errors import CheckpointError, ConfigError
+from cbert_jax.run import checkpoint as ckpt_lib
 
 
 def _state(step: int, rows: int = 4):

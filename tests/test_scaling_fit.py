@@ -190,8 +190,8 @@ def test_default_laws_and_round_trip(tmp_path):
 
 
 def test_report_states_both_intervals_and_an_unidentified_floor_in_words():
-  from cbert_jax import report
-  from cbert_jax.report_fits import trend
+  from cbert_jax.report import sweep_report
+  from cbert_jax.report.fits import trend
 
   c = np.logspace(15, 21, 6)
   loss = 5 * c**-0.1 * np.exp(np.random.default_rng(2).normal(0, 0.01, c.size))
@@ -211,7 +211,7 @@ def test_report_states_both_intervals_and_an_unidentified_floor_in_words():
     "resamples": 6**6,
     "skipped": 6,
   }
-  text = report.markdown("root", [], fits, probes, {}, None, [])
+  text = sweep_report.markdown("root", [], fits, probes, {}, None, [])
   assert "| e + b C^-beta, e not identified (e at the optimiser's lower bound 0" in text
   lo, hi = power.alpha_t_ci
   assert f"(exact, 6/46656 skipped) | [{lo:.4f}, {hi:.4f}] | 6 |" in text

@@ -9,9 +9,10 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from cbert_jax import config_lib, optim, sharding
+from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import FAMILIES
+from cbert_jax.step import optim, sharding
 from tests import helpers
 
 

@@ -6,9 +6,9 @@ import os
 import pytest
 
 from cbert_jax import config_lib
-from cbert_jax.scaling import grid as grid_lib
+from cbert_jax.report import grid as grid_lib
 from cbert_jax.scaling import laws as laws_lib
-from cbert_jax.scaling import members as members_lib
+from cbert_jax.sweep import experiment
 from tests.test_grid import SIZES, make_grid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,7 +29,7 @@ def test_shipped_laws_load_by_name_and_unknown_names_are_listed(tmp_path, monkey
   ):
     laws_lib.load("shipped:cpu-x")
   # "{model}": each member reads its own family's laws (here only BERT's are shipped).
-  sweep = members_lib.load_experiment(os.path.join(ROOT, "experiments", "sweep.py"))
+  sweep = experiment.load_experiment(os.path.join(ROOT, "experiments", "sweep.py"))
   bert = sweep.get_config("model=bert,size=d64L2")
   bert.sweep.laws = "shipped:cpu-{model}"
   bert = config_lib.resolve(bert)

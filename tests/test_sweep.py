@@ -10,8 +10,8 @@ from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import flops
 from cbert_jax.scaling import laws as laws_lib
-from cbert_jax.scaling import members as members_lib
 from cbert_jax.scaling import plan
+from cbert_jax.sweep import experiment as members_lib
 from tests.test_train import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

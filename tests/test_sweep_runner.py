@@ -10,9 +10,11 @@ import time
 
 import pytest
 
-from cbert_jax import sweep, train
-from cbert_jax.scaling import archive, status
-from cbert_jax.scaling import members as members_lib
+from cbert_jax import train
+from cbert_jax.report import archive
+from cbert_jax.run import status
+from cbert_jax.sweep import experiment
+from cbert_jax.sweep import runner as sweep
 from tests.test_train import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,9 +40,9 @@ def tiny_overrides(cache) -> dict:
 
 
 def whole_sweep_config(cache, **extra):
-  c = members_lib.load_experiment(SWEEP).get_config("quick")
+  c = experiment.load_experiment(SWEEP).get_config("quick")
   for path, value in (tiny_overrides(cache) | extra).items():
-    members_lib._set(c, path, value)  # pylint: disable=protected-access
+    experiment._set(c, path, value)  # pylint: disable=protected-access
   return c
 
 
@@ -179,16 +181,16 @@ def test_sweep_level_bad_input_is_refused_before_training(tmp_path, monkeypatch)
   root.mkdir()
   (root / "sweep.json").write_text(json.dumps({"scale": "cpu", "members": []}))
   c = whole_sweep_config(tmp_path / "cache")
-  with pytest.raises(members_lib.ConfigError, match=r"holds a cpu sweep; this is the quick sweep"):
+  with pytest.raises(experiment.ConfigError, match=r"holds a cpu sweep; this is the quick sweep"):
     sweep.run(c, str(root))
   c.sweep.sizes = "d2304L32"
-  with pytest.raises(members_lib.ConfigError, match=r"select no member of the quick sweep"):
+  with pytest.raises(experiment.ConfigError, match=r"select no member of the quick sweep"):
     sweep.run(c, str(tmp_path / "other"))
   c = whole_sweep_config(
     tmp_path / "cache", **{"batch_size": 0, "sweep.batch_size": 6, "num_devices": 4}
   )
   with pytest.raises(
-    members_lib.ConfigError, match=r"batch_size=6 is not divisible by the data-parallel size 4"
+    experiment.ConfigError, match=r"batch_size=6 is not divisible by the data-parallel size 4"
   ):
     sweep.run(c, str(tmp_path / "third"))
   assert not (tmp_path / "third").exists()

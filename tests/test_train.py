@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from cbert_jax import config_lib, train
-from cbert_jax import metrics as metrics_lib
 from cbert_jax.errors import ConfigError
+from cbert_jax.run import metrics as metrics_lib
 
 TINY = os.path.join(os.path.dirname(__file__), "data", "tiny_corpus.txt")
 

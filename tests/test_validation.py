@@ -1,4 +1,4 @@
-"""The full-split validation metric (cbert_jax/validation.py): one number per run, independent of
+"""The full-split validation metric (cbert_jax/run/validation.py): one number per run, independent of
 batch size and device count, equal to a plain per-row loop, nested target sets across families,
 and the same file from the trainer's end of run and from the CLI."""
 
@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cbert_jax import masking, trained, validation
-from cbert_jax import metrics as metrics_lib
 from cbert_jax.data import prepare, settings
+from cbert_jax.models import masking
+from cbert_jax.run import metrics as metrics_lib
+from cbert_jax.run import trained, validation
 
 
 def _val_rows(run) -> dict:

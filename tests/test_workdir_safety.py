@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-from cbert_jax import config_lib, evaluate, train, workdir_lock
+from cbert_jax import config_lib, evaluate, train
 from cbert_jax.errors import ConfigError, WorkdirError
+from cbert_jax.run import workdir_lock
 from tests.test_train import losses, tiny_config
 
 
@@ -221,7 +222,7 @@ def test_bert_records_that_it_does_not_use_cms(cache_dir, tmp_path):
   assert config_lib.resolve(tiny_config(cache_dir, model="bert")).masking.cms is False
   assert config_lib.resolve(tiny_config(cache_dir)).masking.cms is True
   # A BERT workdir written before (masking.cms: true) still resumes.
-  from cbert_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from cbert_jax.run import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
 
   old = json.loads(config_lib.resolve(tiny_config(cache_dir, model="bert")).to_json_best_effort())
   old["masking"]["cms"] = True

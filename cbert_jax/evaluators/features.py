@@ -23,9 +23,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from cbert_jax import sharding as sharding_lib
-from cbert_jax import steps
 from cbert_jax.errors import ConfigError
+from cbert_jax.step import sharding as sharding_lib
+from cbert_jax.step import steps
 
 ROW_KEYS = ("tokens", "positions", "segment_ids")
 LAYERS = ("final", "all")

@@ -25,10 +25,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from cbert_jax import steps as steps_lib
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import layers
 from cbert_jax.models.model_config import ModelConfig
+from cbert_jax.step import steps as steps_lib
 
 INITS = ("fresh", "predictor")
 

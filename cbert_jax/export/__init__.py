@@ -243,7 +243,7 @@ def export(
   planned = planned_files(fmt, normalize=normalize, mlm_head=mlm_head)
   previous = check_out(out, planned, overwrite)
   _require_packages()
-  from cbert_jax import trained  # pylint: disable=import-outside-toplevel (JAX only past the checks)
+  from cbert_jax.run import trained  # pylint: disable=import-outside-toplevel (JAX only past the checks)
 
   record = trained.read_config(os.path.abspath(workdir))
   model_name = record["config"]["model_name"]

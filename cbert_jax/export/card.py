@@ -30,7 +30,7 @@ NOT_EXPORTED = {
 
 def eval_files(workdir: str, step: int) -> list[str]:
   """The suites' result files of `step`: eval/[<suite>-]step_<N>[-<hash>].json, sorted (not
-  eval/val_full-step_<N>.json, the full-split validation loss of cbert_jax/validation.py)."""
+  eval/val_full-step_<N>.json, the full-split validation loss of cbert_jax/run/validation.py)."""
   pattern = re.compile(rf"^(?:[\w.]+-)?step_{step}(?:-[0-9a-f]+)?\.json$")
   return sorted(
     p

@@ -3,8 +3,7 @@
 import jax
 from flax import nnx
 
-from cbert_jax import masking
-from cbert_jax.models import layers, losses
+from cbert_jax.models import layers, losses, masking
 from cbert_jax.models.encoder import Encoder, features
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 

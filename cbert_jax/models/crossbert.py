@@ -20,8 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from cbert_jax import masking
-from cbert_jax.models import layers, losses
+from cbert_jax.models import layers, losses, masking
 from cbert_jax.models.encoder import Encoder, features, remat_block
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 

@@ -32,7 +32,7 @@ interval of L(n, d) over them at the fit's `level`, the same percentile conventi
 `Fit.intervals`. `save(path, fit, k, provenance)` writes a surface file (JSON: the law, k, level,
 intervals, draws, problems, provenance) and `load(path)` reads it back, refusing (ValueError, one
 line naming the file and every problem) a fit that is not usable unless `allow_unusable=True`;
-`python -m cbert_jax.scaling.planner --surface FILE` plans a run from one.
+`python -m cbert_jax.sweep.planner --surface FILE` plans a run from one.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Accelerator slices by name: how many JAX devices `v5p-64`, `v5e-16` or `h100x16` is.
 
 The one table of Cloud TPU slice naming in the project: the launcher (launch/backends.py) names
-slices with it, the planner (cbert_jax/scaling/planner.py) reads `--chips` with it. Chip keys are
+slices with it, the planner (cbert_jax/sweep/planner.py) reads `--chips` with it. Chip keys are
 those of `cbert_jax.scaling.memory.CHIPS` (HBM and peak FLOP/s per device); this module imports
 nothing heavy, so the launcher's dry runs stay free of JAX.
 """

@@ -1,7 +1,7 @@
 """Hyperparameter power laws: the learning rate and batch size a member trains with.
 
 SPEC §5: lr* = a * C^alpha and B* = b * C^beta (C = training FLOPs of the run), fitted on a
-grid over batch size x LR on the small rungs (`cbert_jax.scaling.grid`), then extrapolated. Until
+grid over batch size x LR on the small rungs (`cbert_jax.report.grid`), then extrapolated. Until
 a fit exists, the shipped defaults are DeepSeek LLM's laws (Bi et al., 2024, arXiv 2401.02954,
 eq. 1: eta_opt = 0.3118 C^-0.1250, B_opt = 0.2920 C^0.3271 tokens, fitted on decoder LMs with C
 in FLOPs) -- a published, compute-indexed starting point, not a measurement on encoders; a
@@ -62,7 +62,7 @@ class HyperLaws:
       if self.lr_n is None or self.batch_tokens_n is None:
         raise ConfigError(
           f"sweep.law_axis=params: the laws ({self.source}) have no fit against N; "
-          "fit a grid (python -m cbert_jax.scaling.grid fit) or use compute"
+          "fit a grid (python -m cbert_jax.report.grid fit) or use compute"
         )
       return self.lr_n, self.batch_tokens_n
     raise ConfigError(f"sweep.law_axis must be compute|params, got {law_axis!r}")
@@ -85,7 +85,7 @@ DEFAULT = HyperLaws(
   lr=PowerLaw(a=0.3118, alpha=-0.1250, n_points=0),
   batch_tokens=PowerLaw(a=0.2920, alpha=0.3271, n_points=0),
   source="default: DeepSeek LLM (arXiv 2401.02954) eq. 1, fitted on decoder LMs, not on encoders "
-  "(an encoder fit: experiments/hparam_grid.py, then scaling.grid fit)",
+  "(an encoder fit: experiments/hparam_grid.py, then report.grid fit)",
 )
 
 
@@ -143,7 +143,7 @@ def load(path: str) -> HyperLaws:
   except FileNotFoundError as e:
     raise ConfigError(
       f"sweep.laws: no such file {path!r} (written by `python -m "
-      "cbert_jax.scaling.grid fit`; leave it empty for the shipped defaults)"
+      "cbert_jax.report.grid fit`; leave it empty for the shipped defaults)"
     ) from e
   except (ValueError, KeyError, TypeError) as e:
     raise ConfigError(f"sweep.laws: {path!r} is not a laws file ({type(e).__name__}: {e})") from e

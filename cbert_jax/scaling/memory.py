@@ -65,7 +65,7 @@ class Chip:
   name: str
   hbm: float  # bytes of device memory (vendor spec)
   usable: float  # fraction the plan may fill (runtime reserve, allocator, fragmentation)
-  bf16_flops: float  # dense peak FLOP/s (as cbert_jax/hardware.py)
+  bf16_flops: float  # dense peak FLOP/s (as cbert_jax/run/hardware.py)
   link_bytes_per_s: float  # per-device interconnect bandwidth for FSDP collectives (one direction)
   source: str
 

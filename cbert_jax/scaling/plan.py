@@ -14,7 +14,6 @@ import math
 
 import ml_collections
 
-from cbert_jax import mesh_shape
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import flops as flops_lib
 from cbert_jax.models import model_config as model_config_lib
@@ -22,6 +21,7 @@ from cbert_jax.models.model_config import MaskConfig, ModelConfig
 from cbert_jax.scaling import budget as budget_lib
 from cbert_jax.scaling import laws as laws_lib
 from cbert_jax.scaling import memory as memory_lib
+from cbert_jax.step import mesh_shape
 
 # Ids only matter to the data path; FLOPs and counts do not depend on them.
 _MASK_ID, _SPECIAL = 4, (0, 2, 3, 4)

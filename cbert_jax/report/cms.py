@@ -1,6 +1,6 @@
 r"""The CMS control's analysis: CrossBERT with vs without CMS at equal data (experiments/cms_control.py).
 
-  python -m cbert_jax.scaling.cms --runs runs/cms_control [--out DIR] [--allow_incomplete]
+  python -m cbert_jax.report.cms --runs runs/cms_control [--out DIR] [--allow_incomplete]
 
 Reads the member workdirs under --runs (config.json, eval/val_full-step_<N>.json, metrics.jsonl,
 the final offline probe suite), pairs them by (size, seed) into a CMS and a no-CMS arm, refuses (one
@@ -9,7 +9,7 @@ member is unfinished (no val_full record at total_steps; --allow_incomplete skip
 writes <out>/cms.md, cms.json, cms_curves.png and cms_probes.png. Reads files only: no JAX.
 
 The rule, as experiments/cms_control.py declared it before its runs:
-  * metric: `half` of the full-split validation record (cbert_jax/validation.py), the no-CMS form
+  * metric: `half` of the full-split validation record (cbert_jax/run/validation.py), the no-CMS form
     at mask ratio 0.5: the same targets and the same visible tokens for both arms;
   * levels: per (size, seed) pair, L_hi = the lower of the two runs' first `half` losses, L_lo =
     the higher of their final ones; LEVELS levels L_lo + (L_hi - L_lo) k / LEVELS, k = 0 ..
@@ -37,9 +37,9 @@ import re
 import statistics
 import sys
 
-from cbert_jax import metrics as metrics_lib
-from cbert_jax import plotting
-from cbert_jax.scaling import status as status_lib
+from cbert_jax.run import metrics as metrics_lib
+from cbert_jax.run import plotting
+from cbert_jax.run import status as status_lib
 
 LEVELS = 10  # loss levels per pair: must equal experiments/cms_control.py's LEVELS (tested)
 # config fields both arms of a pair must share (the experiment's premise); member key: last part
@@ -467,7 +467,7 @@ def analyse(runs: str, out: str | None = None, allow_incomplete: bool = False) -
 
 def main(argv=None) -> int:
   """The CLI: 0, or 2 with a one-line `cms error:` on stderr."""
-  parser = argparse.ArgumentParser("python -m cbert_jax.scaling.cms", description=DESIGN)
+  parser = argparse.ArgumentParser("python -m cbert_jax.report.cms", description=DESIGN)
   parser.add_argument("--runs", required=True, help="the experiment's root (member workdirs)")
   parser.add_argument("--out", default=None, help="output directory (default <runs>/report)")
   parser.add_argument("--allow_incomplete", action="store_true", help="skip unfinished pairs")

@@ -33,7 +33,7 @@ RESUMABLE = (
   "keep_checkpoints",  # how often to log / checkpoint
   "eval_every",
   "eval_batches",
-  "final_validation",  # the full-split validation loss at the end (cbert_jax/validation.py)
+  "final_validation",  # the full-split validation loss at the end (cbert_jax/run/validation.py)
   "val_full_every",  # ... and during the run
   "evals.",  # evaluation during and after training
   "plot",  # metrics.png at the end
@@ -46,7 +46,7 @@ RESUMABLE = (
   "mode",  # train | eval (only train resumes)
   "allow_config_change",  # this switch itself
   "restart_from_scratch",  # start over when every checkpoint was moved aside as damaged
-  "faults.",  # spike policy and its planted test faults (cbert_jax/guard.py)
+  "faults.",  # spike policy and its planted test faults (cbert_jax/step/guard.py)
   "model.remat",
   "model.ce_chunk",
   "model.attention_impl",  # same maths, other memory / kernel

@@ -1,6 +1,6 @@
 r"""A sweep's or grid's results without its checkpoints, small enough to keep in git.
 
-  python -m cbert_jax.scaling.archive --root runs/grid_cpu --out results/grid_cpu
+  python -m cbert_jax.report.archive --root runs/grid_cpu --out results/grid_cpu
 
 copies what the fits and the scaling report read, and nothing they do not:
   * the root's manifest and status (sweep.json, sweep_status.json) and its outputs (laws.json,
@@ -14,7 +14,7 @@ running or pending are not copied (nothing in them is a result yet).
 
 An archived member counts as done (`status.is_done`): copying the archive back into a run root and
 rerunning the sweep or grid command skips it and trains only what is missing, which is how a sweep
-survives a machine that does not keep its run directory. `scaling.grid fit --grid` and
+survives a machine that does not keep its run directory. `report.grid fit --grid` and
 `cbert_jax.report --sweep` read an archive as they read the run root. Rerunning the archive
 command updates the archive (every file written atomically), so it can follow a sweep in progress.
 """
@@ -28,7 +28,7 @@ import os
 import shutil
 import sys
 
-from cbert_jax.scaling import status as status_lib
+from cbert_jax.run import status as status_lib
 
 ROOT_FILES = ("sweep.json", status_lib.STATUS_FILE, "laws.json", "laws.png", "grid.png")
 ROOT_DIRS = ("report",)
@@ -110,7 +110,7 @@ def archive(root: str, out: str) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(
-    prog="python -m cbert_jax.scaling.archive",
+    prog="python -m cbert_jax.report.archive",
     description="Copy a sweep's or grid's results (no checkpoints) to a directory.",
   )
   p.add_argument("--root", required=True, help="the sweep's or grid's run root")

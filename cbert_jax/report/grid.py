@@ -1,6 +1,6 @@
 r"""Fit the hyperparameter laws from a finished batch-size x LR grid (SPEC §5).
 
-  python -m cbert_jax.scaling.grid fit --grid runs/hparam_grid_cpu \
+  python -m cbert_jax.report.grid fit --grid runs/hparam_grid_cpu \
       [--out FILE] [--model bert|crossbert|all] [--bootstrap 10000] [--seed 0] \
       [--metric val_full|eval_loss] [--exclude arch:size,...] [--allow_few_sizes] [--allow_edges]
       [--allow_implausible --override_reason TEXT] [--optimum vertex|argmin]
@@ -9,9 +9,9 @@ Reads every member workdir under `--grid` (the subdirectories with a config.json
 `experiments/hparam_grid.py` run by `python -m cbert_jax.main` leaves them): the member's resolved
 config (model, size, N = `sweep.n_params`, compute C = `sweep.compute`, rows, seq_len, peak LR,
 total_steps), its metrics.jsonl and its final validation loss (`--metric`, `grid_read.METRICS`):
-`val_full` (default), the full-split loss `cbert_jax.validation` writes at the end of a run (with
+`val_full` (default), the full-split loss `cbert_jax.run.validation` writes at the end of a run (with
 masks from a fixed key, identical for every member; backfill older runs with `python -m
-cbert_jax.validation --root GRID`), or `eval_loss`, the trainer's eval/loss on the first rows of
+cbert_jax.run.validation --root GRID`), or `eval_loss`, the trainer's eval/loss on the first rows of
 the split (biased and batch-dependent; for grids from before val_full). Then:
   * members whose last logged step is short of total_steps are skipped, with a warning listing
     them; a member that diverged (non-finite loss, or a FAILED file saying so) stays in the grid
@@ -88,11 +88,11 @@ from collections.abc import Collection
 
 import numpy as np
 
+from cbert_jax.report import grid_vertex
+from cbert_jax.report.grid_plot import draw, draw_curves
+from cbert_jax.report.grid_read import METRICS, GridError, Member, Optimum, read_grid
 from cbert_jax.scaling import fit as fit_lib
-from cbert_jax.scaling import grid_vertex
 from cbert_jax.scaling import laws as laws_lib
-from cbert_jax.scaling.grid_plot import draw, draw_curves
-from cbert_jax.scaling.grid_read import METRICS, GridError, Member, Optimum, read_grid
 
 CI_LEVEL = fit_lib.LEVEL  # the intervals' level (bootstrap and t)
 MIN_SIZES = 3  # sizes a law needs (check few_sizes)
@@ -339,7 +339,7 @@ def fit_grid(
     "exact_bootstrap_limit": fit_lib.EXACT_LIMIT,
     "ci_level": CI_LEVEL,
     "seed": seed,
-    "command": command or "cbert_jax.scaling.grid.fit_grid (Python)",
+    "command": command or "cbert_jax.report.grid.fit_grid (Python)",
     "checks": {
       k: {"passed": k not in failed, "detail": failed.get(k, ""), "overridden": k in failed}
       for k in CHECKS
@@ -496,7 +496,7 @@ def table(result: FitResult) -> str:
 # ------------------------------------------------------------------------------------ CLI ---
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
-    prog="python -m cbert_jax.scaling.grid", description=__doc__.splitlines()[0]
+    prog="python -m cbert_jax.report.grid", description=__doc__.splitlines()[0]
   )
   sub = parser.add_subparsers(dest="command", required=True)
   f = sub.add_parser("fit", help="fit lr*(C), B*(C) (and against N) from a finished grid")
@@ -539,7 +539,7 @@ def main(argv=None) -> int:
     default="vertex",
     choices=grid_vertex.METHODS,
     help="how each size's lr* and B* are located around its best member: vertex (parabolas in "
-    "log lr and log B through it and its grid neighbours; cbert_jax/scaling/grid_vertex.py) or "
+    "log lr and log B through it and its grid neighbours; cbert_jax/report/grid_vertex.py) or "
     "argmin (the best grid point itself)",
   )
   f.add_argument("--no_plot", action="store_true", help=f"skip {PLOT_FILE}")
@@ -569,7 +569,7 @@ def main(argv=None) -> int:
     parser.error("--override_reason without an --allow_* flag: there is nothing to override")
   try:
     command = " ".join(
-      ["python -m cbert_jax.scaling.grid", *(argv if argv is not None else sys.argv[1:])]
+      ["python -m cbert_jax.report.grid", *(argv if argv is not None else sys.argv[1:])]
     )
     result = fit_grid(
       ns.grid,

@@ -1,7 +1,7 @@
 r"""Full-split validation loss: the model's own training loss on every row of the validation split.
 
-  python -m cbert_jax.validation --workdir runs/smoke [--step N] [--batch_size B] [--force]
-  python -m cbert_jax.validation --root ~/cbert_runs/grid_cpu   # every finished run below it
+  python -m cbert_jax.run.validation --workdir runs/smoke [--step N] [--batch_size B] [--force]
+  python -m cbert_jax.run.validation --root ~/cbert_runs/grid_cpu   # every finished run below it
 
 The trainer's `eval/loss` reads the first `eval_batches` x `batch_size` rows of the split (a biased
 and noisy sample); `full_split_loss` reads all of them, with masks that do not depend on the run.
@@ -72,12 +72,13 @@ import jax
 import numpy as np
 from flax import nnx
 
-from cbert_jax import checkpoint as ckpt_lib
-from cbert_jax import metrics as metrics_lib
-from cbert_jax import sharding, trained
 from cbert_jax.data import prepare, settings
 from cbert_jax.errors import CheckpointError, ConfigError
-from cbert_jax.progress import format_duration
+from cbert_jax.run import checkpoint as ckpt_lib
+from cbert_jax.run import metrics as metrics_lib
+from cbert_jax.run import trained
+from cbert_jax.run.progress import format_duration
+from cbert_jax.step import sharding
 
 MASK_SEED = 20261203  # the fixed key of every row's mask: jax.random.key(MASK_SEED)
 HALF_RATIO = 0.5  # CrossBERT's `half` metric: the no-CMS form at this mask ratio
@@ -494,7 +495,7 @@ def validate_root(
 
 def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
-    prog="python -m cbert_jax.validation", description=__doc__.splitlines()[0]
+    prog="python -m cbert_jax.run.validation", description=__doc__.splitlines()[0]
   )
   where = p.add_mutually_exclusive_group(required=True)
   where.add_argument("--workdir", help="a training run's directory")

@@ -19,8 +19,8 @@ import ml_collections
 import optax
 from flax import nnx
 
-from cbert_jax import guard, optim, sharding, steps
 from cbert_jax.models import FAMILIES
+from cbert_jax.step import guard, optim, sharding, steps
 
 
 @dataclasses.dataclass(frozen=True)

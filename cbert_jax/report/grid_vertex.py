@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from cbert_jax.scaling.grid_read import Member
+from cbert_jax.report.grid_read import Member
 
 METHODS = ("vertex", "argmin")  # `grid fit --optimum`: interpolated, or the best grid point
 

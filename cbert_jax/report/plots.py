@@ -9,8 +9,8 @@ import os
 
 import numpy as np
 
-from cbert_jax import plotting
-from cbert_jax.report_fits import ALL_ARCHS, PROBES, usable
+from cbert_jax.report.fits import ALL_ARCHS, PROBES, usable
+from cbert_jax.run import plotting
 
 COLORS = {"bert": "tab:blue", "crossbert": "tab:red", "crossbert-nocms": "tab:orange"}
 PROBE_TITLES = {

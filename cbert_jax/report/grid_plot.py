@@ -7,11 +7,11 @@ import os
 
 import numpy as np
 
-from cbert_jax import plotting
 from cbert_jax.data import fetch
+from cbert_jax.report.grid_read import Optimum
+from cbert_jax.run import plotting
 from cbert_jax.scaling import fit as fit_lib
 from cbert_jax.scaling import laws as laws_lib
-from cbert_jax.scaling.grid_read import Optimum
 
 CI_LEVEL = fit_lib.LEVEL  # the bands' level (as the laws' intervals)
 MARKERS = {"bert": "o", "crossbert": "s", "crossbert-nocms": "^"}

@@ -5,7 +5,7 @@ it implies, or the reasons it is refused.
 Points, per family (bert, crossbert with CMS): every finished sweep member, each seed its own
 point (N = sweep.n_params, D = sweep.tokens, L = its final validation loss), plus, with a
 hyperparameter grid (`--grid`), the grid's optimum of each (family, size): its lowest-loss member
-in state "done" (`scaling.grid_read`, full-split loss), D = total_steps x batch x seq_len. All
+in state "done" (`report.grid_read`, full-split loss), D = total_steps x batch x seq_len. All
 points of a family share one loss metric: the full-split loss when any point has it (members
 without it are left out and named), else eval/loss. k in C = k N D is the median over the points
 of their own analytic FLOPs / (N D) (`chinchilla.flops_per_param_token`).
@@ -20,7 +20,7 @@ problems are printed ("refused").
 With an output directory, each fitted family's surface is also written as
 `surface_<family>.json` (`chinchilla.save`: the law, k, bootstrap draws, the problems above, and
 provenance: the points, their N and D/N ranges, N's definition, the command), the file
-`python -m cbert_jax.scaling.planner --surface` plans from (it refuses one with problems unless
+`python -m cbert_jax.sweep.planner --surface` plans from (it refuses one with problems unless
 --allow_unusable).
 """
 
@@ -41,7 +41,7 @@ MIN_DN_SPAN = 2.0  # max(D/N) / min(D/N) below which the allocation is not ident
 
 def grid_optima(grid_dir: str) -> list[dict]:
   """The best done member of each (arch, size) of the grid, as points."""
-  from cbert_jax.scaling import grid_read  # pylint: disable=import-outside-toplevel
+  from cbert_jax.report import grid_read  # pylint: disable=import-outside-toplevel
 
   best = {}
   for m in grid_read.read_grid(grid_dir):
@@ -286,7 +286,7 @@ def markdown(chin: dict) -> list[str]:
     if r.get("surface_file"):
       notes.append(
         f"surface file `{os.path.basename(r['surface_file'])}` for "
-        "`python -m cbert_jax.scaling.planner --surface`"
+        "`python -m cbert_jax.sweep.planner --surface`"
         + ("" if r["usable"] else ", which refuses it without --allow_unusable")
       )
     if notes:

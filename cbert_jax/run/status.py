@@ -2,7 +2,7 @@
 
 A member is
   done     its workdir holds the checkpoint of its final step (config.json's total_steps), or is
-           an archived copy whose ARCHIVE.json records that step (`scaling.archive`: results
+           an archived copy whose ARCHIVE.json records that step (`report.archive`: results
            kept, checkpoints left out), and, when the sweep probes, the offline probe results of
            that step (eval/step_<N>*.json);
   failed   the runner (or a launcher) recorded a failure in `<member>/FAILED` and nothing was
@@ -22,7 +22,7 @@ import time
 
 RUNNING_WINDOW_S = 600.0
 FAILED_FILE = "FAILED"
-ARCHIVE_FILE = "ARCHIVE.json"  # in an archived member: `scaling.archive`
+ARCHIVE_FILE = "ARCHIVE.json"  # in an archived member: `report.archive`
 STATUS_FILE = "sweep_status.json"
 
 

@@ -30,8 +30,8 @@ from absl import logging
 from jax._src import distributed as _jax_distributed  # the coordinator's address once joined
 from jax.experimental import multihost_utils
 
-from cbert_jax import peer_watch
-from cbert_jax.peer_watch import DEFAULT_PEER_TIMEOUT_S, PEER_TIMEOUT_ENV
+from cbert_jax.run import peer_watch
+from cbert_jax.run.peer_watch import DEFAULT_PEER_TIMEOUT_S, PEER_TIMEOUT_ENV
 
 EXIT_CODE = peer_watch.EXIT_CODE  # exit status of every failure here and in peer_watch.py
 PER_PROCESS_FIELDS = ()  # config fields that may differ between processes (none today)

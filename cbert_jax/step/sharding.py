@@ -16,7 +16,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cbert_jax.mesh_shape import AXES, mesh_shape  # the axes and their sizes (no JAX there)
+from cbert_jax.step.mesh_shape import AXES, mesh_shape  # the axes and their sizes (no JAX there)
 
 
 def make_mesh(mesh_cfg, dcn_cfg=None, devices=None) -> Mesh:

@@ -5,7 +5,7 @@ config.json, as `experiments/hparam_grid.py` run by `python -m cbert_jax.main` l
 member's resolved config (model, size, N = `sweep.n_params`, compute C = `sweep.compute`, rows,
 seq_len, peak LR, total_steps), its metrics.jsonl and its final validation loss. `Member` is one
 such run; `Optimum` the best member of one (model, size) and the grid it was chosen from.
-`cbert_jax.scaling.grid` fits the laws from them; `cbert_jax.scaling.grid_plot` draws them.
+`cbert_jax.report.grid` fits the laws from them; `cbert_jax.report.grid_plot` draws them.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import json
 import math
 import os
 
-from cbert_jax import metrics as metrics_lib
+from cbert_jax.run import metrics as metrics_lib
 
 # The final validation loss a member is judged by (`--metric`).
 METRICS = {
-  # cbert_jax.validation: the training loss on every row of the validation split, masks from a
+  # cbert_jax.run.validation: the training loss on every row of the validation split, masks from a
   # fixed key (the same for every run); the trainer writes it at the end, the CLI backfills it
   "val_full": "full-split validation loss at the final step (eval/val_full-step_<N>.json)",
   # the trainer's eval/loss: the first eval_batches x batch_size rows, the run's own masks (a
@@ -137,7 +137,7 @@ def read_member(workdir: str, metric: str = "val_full") -> Member | None:
   elif m.final_step >= m.total_steps:
     m.reason = (
       f"finished, but no {metrics_lib.val_full_path('', m.total_steps)} (backfill: python -m "
-      "cbert_jax.validation --root GRID)"
+      "cbert_jax.run.validation --root GRID)"
       if metric == "val_full"
       else f"no eval/loss at the final step {m.total_steps}"
     )

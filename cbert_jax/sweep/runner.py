@@ -1,6 +1,6 @@
 """The whole sweep in this process: `python -m cbert_jax.main --config experiments/sweep.py[:scale]`.
 
-Plans the members (`scaling.members.plan`: the experiment file, the command line's overrides,
+Plans the members (`sweep.experiment.plan`: the experiment file, the command line's overrides,
 every member resolved and validated before anything trains), writes the sweep manifest
 `<root>/sweep.json`, then for each member, smallest first:
   * skips it when done (checkpoint of its final step + offline probe results: `status.is_done`);
@@ -24,11 +24,12 @@ import time
 import ml_collections
 from absl import logging
 
-from cbert_jax import evaluate, report, train
-from cbert_jax import progress as progress_lib
+from cbert_jax import evaluate, train
 from cbert_jax.errors import CheckpointError, ConfigError
-from cbert_jax.scaling import members as members_lib
-from cbert_jax.scaling import status as status_lib
+from cbert_jax.report import sweep_report as report
+from cbert_jax.run import progress as progress_lib
+from cbert_jax.run import status as status_lib
+from cbert_jax.sweep import experiment as members_lib
 
 
 def run(config: ml_collections.ConfigDict, root: str) -> int:

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from cbert_jax import guard
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import layers, losses
+from cbert_jax.step import guard
 
 
 def make_train_step(

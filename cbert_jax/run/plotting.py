@@ -1,7 +1,7 @@
 """Plots: the one matplotlib setup of the package, and the training curves of a run.
 
 * `matplotlib_classes` imports matplotlib (headless, Agg, its cache in a chosen directory); the
-  training curves here, the sweep report (`report.py`) and the laws plot (`scaling/grid.py`)
+  training curves here, the sweep report (`report/sweep_report.py`) and the laws plot (`report/grid.py`)
   all go through it.
 * `plot_metrics` draws a run's metrics.jsonl to a PNG.
 * `plain_log_ticks` labels a log axis of about a decade with plain numbers.
@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from cbert_jax import metrics as metrics_lib
+from cbert_jax.run import metrics as metrics_lib
 
 
 def matplotlib_classes(config_dir: str | None) -> tuple[type, type]:

@@ -40,7 +40,7 @@ def parameter_overview(
     The table from `clu.parameter_overview.get_parameter_overview`, ending in
     "Total: <count> -- <bytes> bytes".
   """
-  # pylint: disable=g-import-not-at-top  # Keep `import cbert_jax.provenance` light.
+  # pylint: disable=g-import-not-at-top  # Keep `import cbert_jax.run.provenance` light.
   from clu import parameter_overview as clu_overview
   from flax import nnx
 

@@ -8,7 +8,7 @@ member; `group` folds the seeds of one (arch, size) into their mean and spread; 
 report_plots.py draws; `read_cms_dir` reads the controlled CMS experiment's summary.
 
 The final validation loss is the full-split record `eval/val_full-step_<total_steps>.json`
-(cbert_jax.validation: every row of the split, masks that do not depend on the run), defined
+(cbert_jax.run.validation: every row of the split, masks that do not depend on the run), defined
 identically for every member of a family. A member without one falls back to the trainer's
 `eval/loss` at the final step (the first rows of the split, the run's own masks), and is marked
 (`loss_source` = "eval_loss").
@@ -33,10 +33,10 @@ import statistics
 
 import numpy as np
 
-from cbert_jax import metrics as metrics_lib
+from cbert_jax.run import metrics as metrics_lib
+from cbert_jax.run import status as status_lib
 from cbert_jax.scaling import fit as fit_lib
 from cbert_jax.scaling import laws as laws_lib
-from cbert_jax.scaling import status as status_lib
 
 ARCHS = ("bert", "crossbert")  # the curves; other members (controls) are listed only
 ALL_ARCHS = (*ARCHS, "crossbert-nocms")
@@ -412,7 +412,7 @@ def _tokens_to_reach(tokens: np.ndarray, loss: np.ndarray, level: float) -> floa
 
 # ------------------------------------------------------------ the controlled CMS experiment ---
 def read_cms_dir(path: str) -> dict:
-  """What `python -m cbert_jax.scaling.cms` left in `path`: cms.json's `verdict` sentences (one
+  """What `python -m cbert_jax.report.cms` left in `path`: cms.json's `verdict` sentences (one
   per size on the loss ratios, one per size on the probes), quoted by claim 2 as `lines`; none
   when the file is missing, unreadable or has no verdict (the claim then points at cms.md)."""
   path = os.path.abspath(path)

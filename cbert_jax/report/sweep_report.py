@@ -20,26 +20,24 @@ probe suite) -- and writes to `<sweep>/report/`:
   cms_efficiency.png       validation loss vs tokens of CrossBERT with and without CMS (if the
                            sweep has the control)
   surface_<family>.json    each fitted loss surface with its problems and provenance, for
-                           `python -m cbert_jax.scaling.planner --surface`
+                           `python -m cbert_jax.sweep.planner --surface`
 --cms DIR: the controlled CMS experiment's directory (cms.json from `python -m
-cbert_jax.scaling.cms`), quoted for claim 2. --grid DIR: a hyperparameter grid whose optima join
+cbert_jax.report.cms`), quoted for claim 2. --grid DIR: a hyperparameter grid whose optima join
 the sweep's members in the loss-surface fit. --n_boot: its bootstrap resamples.
-Reading and fits: report_fits.py; the loss surface: report_chinchilla.py; figures: report_plots.py;
-the laws: report_laws.py.
+Reading and fits: report_fits.py; the loss surface: loss_surface.py; figures: report_plots.py;
+the laws: hparam_laws.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
 
-from cbert_jax import report_chinchilla, report_laws
-from cbert_jax.report_fits import (
+from cbert_jax.report import hparam_laws, loss_surface
+from cbert_jax.report.fits import (
   ALL_ARCHS,
   ARCHS,
   PROBES,
@@ -53,8 +51,8 @@ from cbert_jax.report_fits import (
   read_cms_dir,
   read_sweep,
 )
-from cbert_jax.report_plots import plot_cms, plot_flops_per_token, plot_loss, plot_probes
-from cbert_jax.scaling.grid_read import GridError
+from cbert_jax.report.grid_read import GridError
+from cbert_jax.report.plots import plot_cms, plot_flops_per_token, plot_loss, plot_probes
 
 PAPER_THROUGHPUT_RATIO = 207 / 123  # SPEC §6: CrossBERT 207k vs BERT 123k tokens/s
 LABELS = {"bert": "BERT", "crossbert": "CrossBERT", "crossbert-nocms": "CrossBERT (no CMS)"}
@@ -374,7 +372,7 @@ def markdown(
   command=None,
 ) -> str:
   """The report's text (`ratios`: flops_ratios; `groups`: default group(members); `laws_lines`:
-  report_laws.section's; `command`: the command line that wrote it, default the --sweep part)."""
+  hparam_laws.section's; `command`: the command line that wrote it, default the --sweep part)."""
   groups = group(members) if groups is None else groups
   command = command or f"python -m cbert_jax.report --sweep {root}"
   lines = [
@@ -383,7 +381,7 @@ def markdown(
     f"Generated {time.strftime('%Y-%m-%d %H:%M %Z')} by `{command}`. C = training FLOPs (SPEC "
     "§4, analytic, per data token x tokens); N = "
     "non-embedding parameters (the sweep's `sweep.n_definition`). Final validation loss: the "
-    "full-split record (cbert_jax.validation, the same rows and masks for every member of a "
+    "full-split record (cbert_jax.run.validation, the same rows and masks for every member of a "
     "family). Probe scores: mean over the offline task kit's tasks (test split) of the frozen, "
     "mean-pooled final layer; '-' = not run.",
     "",
@@ -492,7 +490,7 @@ def markdown(
     "",
   ]
   lines += support(members, groups, loss_fits, probe_fits, chin)
-  lines += [""] + report_chinchilla.markdown(chin)
+  lines += [""] + loss_surface.markdown(chin)
   lines += list(laws_lines)
   lines += ["## Plots", ""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots]
   return "\n".join(lines) + "\n"
@@ -503,7 +501,7 @@ def write(
   out_dir: str | None = None,
   cms: str | None = None,
   grid: str | None = None,
-  n_boot: int = report_chinchilla.N_BOOT,
+  n_boot: int = loss_surface.N_BOOT,
   chinchilla_starts=None,
   command: str | None = None,
 ) -> str:
@@ -525,7 +523,7 @@ def write(
   eff = cms_efficiency(members)
   controlled = read_cms_dir(cms) if cms else None
   try:
-    chin = report_chinchilla.surfaces(
+    chin = loss_surface.surfaces(
       members,
       grid,
       n_boot,
@@ -546,7 +544,7 @@ def write(
   if eff:
     plots.append(os.path.join(out_dir, "cms_efficiency.png"))
     plot_cms(members, eff, plots[-1], root)
-  laws_lines, laws_entries = report_laws.section(members, out_dir)
+  laws_lines, laws_entries = hparam_laws.section(members, out_dir)
   shown = os.path.relpath(root) if not os.path.relpath(root).startswith("..") else root
   text = markdown(
     shown,
@@ -584,38 +582,3 @@ def write(
       indent=2,
     )
   return path
-
-
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--sweep", required=True, help="the sweep directory (member workdirs inside)")
-  parser.add_argument("--out", default=None, help="where the report goes (default <sweep>/report)")
-  parser.add_argument(
-    "--cms", default=None, help="the controlled CMS experiment's directory (cms.json)"
-  )
-  parser.add_argument(
-    "--grid", default=None, help="a hyperparameter grid: its optima join the L(N, D) fit"
-  )
-  parser.add_argument(
-    "--n_boot",
-    type=int,
-    default=report_chinchilla.N_BOOT,
-    help="bootstrap resamples of the L(N, D) fit",
-  )
-  ns = parser.parse_args(argv)
-  try:
-    command = " ".join(
-      ["python -m cbert_jax.report", *(argv if argv is not None else sys.argv[1:])]
-    )
-    path = write(ns.sweep, ns.out, cms=ns.cms, grid=ns.grid, n_boot=ns.n_boot, command=command)
-  except ReportError as e:
-    print(f"report error: {e}", file=sys.stderr)
-    return 2
-  with open(path) as f:
-    print(f.read())
-  print(f"written: {path}", file=sys.stderr)
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -13,8 +13,8 @@ import os
 import shutil
 
 from cbert_jax.errors import ConfigError
+from cbert_jax.report.grid import plot_paths
 from cbert_jax.scaling import laws as laws_lib
-from cbert_jax.scaling.grid import plot_paths
 
 # (law field, what it is, x) in the order the table shows them
 LAWS = (

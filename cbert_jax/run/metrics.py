@@ -100,12 +100,12 @@ def _parse_lines(text: str, path: pathlib.Path) -> tuple[list[str], list[dict[st
 
 
 def val_full_path(workdir: str | os.PathLike[str], step: int) -> str:
-  """Where `cbert_jax.validation` writes a run's full-split validation record at `step`."""
+  """Where `cbert_jax.run.validation` writes a run's full-split validation record at `step`."""
   return os.path.join(workdir, "eval", f"val_full-step_{int(step)}.json")
 
 
 def read_val_full(workdir: str | os.PathLike[str], step: int) -> dict[str, Any] | None:
-  """The run's full-split validation record at `step` (`cbert_jax.validation`), None without
+  """The run's full-split validation record at `step` (`cbert_jax.run.validation`), None without
   one; a file that is not JSON raises ValueError naming it."""
   path = val_full_path(workdir, step)
   try:

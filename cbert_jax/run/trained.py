@@ -24,12 +24,13 @@ import ml_collections
 from absl import logging
 from flax import nnx
 
-from cbert_jax import checkpoint as ckpt_lib
-from cbert_jax import config_lib, sharding
-from cbert_jax import workdir as workdir_lib
+from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
-from cbert_jax.state import abstract_like, abstract_model
+from cbert_jax.run import checkpoint as ckpt_lib
+from cbert_jax.run import workdir as workdir_lib
+from cbert_jax.step import sharding
+from cbert_jax.step.state import abstract_like, abstract_model
 
 
 @dataclasses.dataclass

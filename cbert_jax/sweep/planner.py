@@ -1,8 +1,8 @@
 r"""Compute-optimal planner: for a training budget C (FLOPs) and a model family, the model size,
 tokens, batch, LR, steps, predicted loss, memory setting and wall time of the run to train.
 
-  python -m cbert_jax.scaling.planner --flops 1e21 --model crossbert
-  python -m cbert_jax.scaling.planner --flops 1e21 --model crossbert --chips v5p-64 \
+  python -m cbert_jax.sweep.planner --flops 1e21 --model crossbert
+  python -m cbert_jax.sweep.planner --flops 1e21 --model crossbert --chips v5p-64 \
       [--laws FILE] [--surface FILE [--allow_unusable]] [--mfu 0.4] [--seq_len 512] \
       [--vocab 32768] [--tokens_per_param 20] [--ladder paper|all] [--law_axis compute|params] \
       [--n_definition non_embedding] [--json]
@@ -32,7 +32,7 @@ Where every number comes from:
   LR, batch      `laws.suggest(laws, x, seq_len, multiple=devices)` with x = C (--law_axis compute,
                  default) or the rung's N (params): lr = a x^alpha, rows = b x^beta / seq_len
                  rounded to a multiple of the data-parallel devices (FSDP over every chip), at least
-                 one multiple. --laws FILE is a laws.json of `python -m cbert_jax.scaling.grid fit`
+                 one multiple. --laws FILE is a laws.json of `python -m cbert_jax.report.grid fit`
                  (or shipped:<name>); without it `laws.DEFAULT` (DeepSeek LLM's published laws);
                  the output names the source (`laws.source`), the x range the laws were fitted on
                  (from their provenance's grid runs) and, in a note, how many decades x lies
@@ -82,16 +82,16 @@ from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import flops as flops_lib
 from cbert_jax.models import sizes as sizes_lib
-from cbert_jax.progress import format_duration
+from cbert_jax.run.progress import format_duration
 from cbert_jax.scaling import budget as budget_lib
 from cbert_jax.scaling import chinchilla
 from cbert_jax.scaling import chips as chips_lib
 from cbert_jax.scaling import laws as laws_lib
-from cbert_jax.scaling import members as members_lib
 from cbert_jax.scaling import memory as memory_lib
 from cbert_jax.scaling import plan as plan_lib
+from cbert_jax.sweep import experiment as members_lib
 
-PROG = "python -m cbert_jax.scaling.planner"
+PROG = "python -m cbert_jax.sweep.planner"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXPERIMENT = os.path.join(ROOT, "experiments", "sweep.py")  # the paper ladder's member configs
 MODELS = ("bert", "crossbert")  # the sweep's families (crossbert = CrossBERT+CMS)
@@ -224,7 +224,7 @@ def check_args(
   chips = parse_chips(ns.chips) if ns.chips else None
   if ns.laws and not ns.laws.startswith(laws_lib.SHIPPED_PREFIX) and not os.path.isfile(ns.laws):
     raise PlanError(
-      f"--laws={ns.laws}: no such file (a laws.json of `python -m cbert_jax.scaling.grid fit`, "
+      f"--laws={ns.laws}: no such file (a laws.json of `python -m cbert_jax.report.grid fit`, "
       "or shipped:<name>; leave it out for the published defaults)"
     )
   try:
@@ -575,7 +575,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument(
     "--laws",
     default="",
-    help="a laws.json of `python -m cbert_jax.scaling.grid fit` (or shipped:<name>); "
+    help="a laws.json of `python -m cbert_jax.report.grid fit` (or shipped:<name>); "
     "default: laws.DEFAULT (DeepSeek LLM's published laws)",
   )
   p.add_argument(

@@ -1,0 +1,42 @@
+"""`python -m cbert_jax.report --sweep DIR [--grid DIR] [--cms DIR] [--out DIR]`: the scaling
+report of a sweep (report/sweep_report.py), written to report.md, report.json and PNGs."""
+
+import argparse
+import sys
+
+from cbert_jax.report import loss_surface
+from cbert_jax.report.sweep_report import ReportError, write
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+    prog="python -m cbert_jax.report", description=__doc__.splitlines()[0]
+  )
+  parser.add_argument("--sweep", required=True, help="the sweep directory (member workdirs inside)")
+  parser.add_argument("--out", default=None, help="where the report goes (default <sweep>/report)")
+  parser.add_argument(
+    "--cms", default=None, help="the controlled CMS experiment's directory (cms.json)"
+  )
+  parser.add_argument(
+    "--grid", default=None, help="a hyperparameter grid: its optima join the L(N, D) fit"
+  )
+  parser.add_argument(
+    "--n_boot", type=int, default=loss_surface.N_BOOT, help="bootstrap resamples of the L(N, D) fit"
+  )
+  ns = parser.parse_args(argv)
+  try:
+    command = " ".join(
+      ["python -m cbert_jax.report", *(argv if argv is not None else sys.argv[1:])]
+    )
+    path = write(ns.sweep, ns.out, cms=ns.cms, grid=ns.grid, n_boot=ns.n_boot, command=command)
+  except ReportError as e:
+    print(f"report error: {e}", file=sys.stderr)
+    return 2
+  with open(path) as f:
+    print(f.read())
+  print(f"written: {path}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

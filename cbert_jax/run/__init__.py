@@ -1,0 +1,3 @@
+"""A run's life on hosts and disk: the workdir and its lock, checkpoints, metrics and progress,
+provenance, full-split validation, multi-process start-up and peer watching, hardware figures,
+and reading a finished run back (`status`, `trained`)."""
