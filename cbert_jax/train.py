@@ -86,36 +86,13 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
   """`run`'s body; `stop["signal"]` is set by the SIGTERM handler."""
   # ---------------------------------------------------------------- setup ---
   workdir = os.path.abspath(workdir)  # orbax needs absolute paths
-  if jax.process_count() > 1:  # first, so a config bad on one process cannot strand the others
-    distributed.check_same_run(config)
-  config = config_lib.resolve(config)
-  devices = jax.devices()[: config.num_devices] if config.num_devices > 0 else jax.devices()
-  # A member planned for N chips trains on exactly N (else one line, before any data work).
-  planned_devices.check(
-    config.sweep.target_devices,
-    len(devices),
-    process_count=jax.process_count(),
-    local_devices=jax.local_device_count(),
-    platform=devices[0].platform,
-    num_devices_flag=config.num_devices,
-  )
-  config_lib.validate(config, len(devices))
+  config, devices = _checked_setup(config, workdir, stop)
   is_primary = jax.process_index() == 0
-  # One run per workdir (a lock file; an unusable workdir is reported here, before data work).
-  stop["lock"] = workdir_lock.lock_for_run(workdir, is_primary)
-  # A workdir of a run with another config is refused here, before anything is written.
-  workdir_lib.check_config(workdir, config, is_primary=is_primary)
-  if config.compilation_cache_dir:
-    jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   timers = progress_lib.Timers()
 
-  if config.evals.every > 0:  # online probing: check the task list now, not after hours of training
+  if config.evals.every > 0:  # online probing (its modules are imported only then)
     from cbert_jax.evaluators import online
     from cbert_jax.evaluators import suite as eval_suite
-
-    eval_suite.task_names(config.evals)
-    eval_suite.check_model(config.evals, config.model_name, config.model.num_layers)
 
   # ----------------------------------------------------------------- data ---
   with timers.span("data_prep"):
@@ -185,43 +162,11 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     counts.non_embedding,
     flops_per_token,
   )
-  peak, peak_source = (
-    (config.peak_flops, "config.peak_flops")
-    if config.peak_flops > 0
-    else hardware.device_peak(model_cfg.compute_dtype)
-  )
-  if devices[0].platform == "cpu" and config.peak_flops <= 0 and len(devices) > 1:
-    # Fake CPU devices (xla_force_host_platform_device_count) share the host's cores.
-    peak, peak_source = peak / len(devices), f"{peak_source} / {len(devices)} fake devices"
-  logging.info(
-    "MFU is model FLOPs / (%d x %s at %.3g FLOP/s per device; source: %s)",
-    len(devices),
-    devices[0].device_kind,
-    peak,
-    peak_source,
-  )
+  peak, peak_source = _peak_flops(config, devices, model_cfg.compute_dtype)
   if is_primary:
     writer.write_text("parameters", overview)
     workdir_lib.save_tokenizer(workdir, tok.model_path)  # the workdir alone can be evaluated
-    provenance = provenance_lib.provenance(
-      {
-        "data_manifest_hash": data.manifest["hash"],
-        "data_manifest": data.manifest,
-        "peak_flops": peak,
-        "peak_source": peak_source,
-      }
-    )
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      json.dump(
-        {
-          "config": json.loads(config.to_json_best_effort()),
-          "provenance": provenance,
-          "param_counts": dataclasses.asdict(counts) | {"non_embedding": counts.non_embedding},
-          "flops_per_token": flops_per_token,
-        },
-        f,
-        indent=2,
-      )
+    _write_config_json(workdir, config, data.manifest, counts, flops_per_token, peak, peak_source)
 
   # --------------------------------------------------------------- compile ---
   traces = []
@@ -237,17 +182,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     compiled = train_step.lower(
       params, opt_state, guard_state, abstract_batch, jnp.int32(0), mask_key
     ).compile()
-  mem = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  xla_flops = float((cost or {}).get("flops", float("nan")))
-  logging.info(
-    "compiled train step in %.1fs; XLA FLOPs/step %.4g (analytic %.4g); memory: %s",
-    timers.totals()["compile"],
-    xla_flops,
-    flops_per_token * tokens_per_step,
-    mem,
-  )
+  xla_flops = _log_compiled(compiled, timers, flops_per_token * tokens_per_step)
   eval_rows = pipeline.eval_batches(
     data.val,
     global_batch=batch_size,
@@ -258,16 +193,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
 
   def evaluate() -> dict:
     with timers.span("eval"), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-      outs = [
-        eval_step(params, sharding.global_batch(b, batch_sh), jax.random.fold_in(eval_key, i))
-        for i, b in enumerate(eval_rows)
-      ]
-      outs = jax.device_get(outs)
-    n = sum(o["num_targets"] for o in outs)
-    return {
-      f"eval/{k}": float(sum(o[k] * o["num_targets"] for o in outs) / max(n, 1))
-      for k in ("loss", "masked_acc")
-    }
+      return _eval_loss(eval_step, params, eval_rows, batch_sh, eval_key)
 
   def probe() -> dict:
     """The frozen-feature probe suite on the current parameters (config.evals), as metrics."""
@@ -332,42 +258,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     batches = {s: b for s, _, b, _ in pending}
     pending.clear()
     found = guard.scan(window)
-    by_step = dict(window)
-    for k in found.spike_steps:
-      where = (
-        guard.save_diagnostics(
-          workdir, k, f"loss spike ({guard_cfg.spike})", by_step[k], batches[k]
-        )
-        if is_primary
-        else "process 0's workdir"
-      )
-      logging.warning(
-        "loss spike at step %d: loss %.4f, %.1f running stds above its mean (%s); "
-        "batch and per-layer gradient norms in %s",
-        k,
-        by_step[k]["loss"],
-        by_step[k]["loss_z"],
-        {"warn": "kept the update", "skip": "update skipped", "rollback": "rolling back"}.get(
-          guard_cfg.spike, "off"
-        ),
-        where,
-      )
-    if found.nonfinite_step is not None:
-      k = found.nonfinite_step
-      where = (
-        guard.save_diagnostics(workdir, k, "non-finite", by_step[k], batches[k])
-        if is_primary
-        else "process 0's workdir"
-      )
-      writer.write(k, {f"train/{n}": float(v) for n, v in by_step[k].items() if n != "grad_sq"})
-      writer.flush()
-      last_good = checkpointer.latest_step()
-      raise NonFiniteError(
-        f"non-finite training metrics at step {k} (loss={by_step[k]['loss']}, grad_norm="
-        f"{by_step[k]['grad_norm']}); stopped. The last good checkpoint is step {last_good} in "
-        f"{os.path.join(workdir, 'checkpoints')}; the batch and per-layer gradient norms are in "
-        f"{where}; lower optim.lr or model.init_scale and rerun"
-      )
+    _report_faults(
+      found, dict(window), batches, workdir, is_primary, guard_cfg, writer, checkpointer
+    )
     return window, found.spike_steps
 
   def rollback(bad_step: int, bad_index: int) -> int:
@@ -383,12 +276,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
       )
     back = checkpointer.latest_step()
     with timers.span("checkpoint"), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-      if back:
-        params, opt_state, _, meta = checkpointer.restore(back, st.abs_params, st.abs_opt_state)
-        guard_state = guard.state_from_json(meta.get("guard"))
-      else:
-        params, opt_state = state_lib.init(st, init_key)
-        guard_state = guard.init_state()
+      params, opt_state, guard_state = _last_good_state(checkpointer, back, st, init_key)
     train_iter.set_state({"next_index": bad_index + 1})
     writer.close()
     writer = metrics_lib.MetricWriter(workdir, is_primary=is_primary, resume_step=back or None)
@@ -453,28 +341,19 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
         continue
 
       if is_log:
-        host = window[-1][1]
-        now = time.perf_counter()
-        lost = _lost(timers)
-        step_time = max(now - last_log_time - (lost - lost_at_last_log), 1e-9)
-        tok_s = (step - last_log_step) * tokens_per_step / step_time
-        out = {
-          f"train/{k}": float(v)
-          for k, v in host.items()
-          if k not in ("grad_sq", "spike", "skipped")
-        }
-        out |= {
-          "train/spikes": float(len(spikes)),  # since the previous log line
-          "train/skipped": float(sum(m["skipped"] for _, m in window)),
-          "tokens_seen": step * tokens_per_step,
-          "flops_seen": step * tokens_per_step * flops_per_token,
-          "perf/tokens_per_sec": tok_s,
-          "perf/steps_per_sec": (step - last_log_step) / step_time,
-          "perf/mfu": hardware.mfu(tok_s * flops_per_token / len(devices), peak),
-          "perf/peak_flops_per_device": peak,
-          "perf/num_devices": len(devices),
-          "perf/xla_flops_per_step": xla_flops,
-        }
+        step_time = time.perf_counter() - last_log_time - (_lost(timers) - lost_at_last_log)
+        out = _log_row(
+          window,
+          len(spikes),
+          step,
+          steps_since_log=step - last_log_step,
+          step_time=max(step_time, 1e-9),
+          tokens_per_step=tokens_per_step,
+          flops_per_token=flops_per_token,
+          num_devices=len(devices),
+          peak=peak,
+          xla_flops=xla_flops,
+        )
         out |= timers.as_metrics()  # time/<name>_s and _frac: compile, data_wait, checkpoint, eval
         if step == start_step + 1:  # the first step's time includes dispatch warm-up, not the rate
           for k in ("perf/tokens_per_sec", "perf/mfu", "perf/steps_per_sec"):
@@ -539,13 +418,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     checkpointer.close()
     writer.close()
   if is_primary and config.plot:
-    # matplotlib's font cache goes to the data cache (not ~/.cache, ~/.config): a run writes only
-    # to its workdir and the cache.
-    plotting.plot_metrics(
-      os.path.join(workdir, "metrics.jsonl"),
-      os.path.join(workdir, "metrics.png"),
-      mpl_cache_dir=os.path.join(fetch.resolve_cache_dir(config.data), "matplotlib"),
-    )
+    _plot(workdir, config)
   logging.info("time outside the step: %s", {k: round(v, 2) for k, v in timers.totals().items()})
   return Summary(
     final_step=step,
@@ -557,6 +430,206 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     workdir=workdir,
     signal=stop["name"] if stopped_early and stop["signal"] else None,
     val_full=val_full,
+  )
+
+
+def _checked_setup(config: ml_collections.ConfigDict, workdir: str, stop: dict):
+  """Everything checkable before data work: the same run on every process, the resolved config,
+  the devices (a member planned for N chips trains on exactly N), the workdir's lock (one run per
+  workdir; held in `stop["lock"]`) and its config.json, the online probes' task list. Returns
+  (resolved config, devices)."""
+  if jax.process_count() > 1:  # first, so a config bad on one process cannot strand the others
+    distributed.check_same_run(config)
+  config = config_lib.resolve(config)
+  devices = jax.devices()[: config.num_devices] if config.num_devices > 0 else jax.devices()
+  planned_devices.check(
+    config.sweep.target_devices,
+    len(devices),
+    process_count=jax.process_count(),
+    local_devices=jax.local_device_count(),
+    platform=devices[0].platform,
+    num_devices_flag=config.num_devices,
+  )
+  config_lib.validate(config, len(devices))
+  is_primary = jax.process_index() == 0
+  # One run per workdir (a lock file; an unusable workdir is reported here, before data work).
+  stop["lock"] = workdir_lock.lock_for_run(workdir, is_primary)
+  # A workdir of a run with another config is refused here, before anything is written.
+  workdir_lib.check_config(workdir, config, is_primary=is_primary)
+  if config.compilation_cache_dir:
+    jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  if config.evals.every > 0:  # online probing: check the task list now, not after hours of training
+    from cbert_jax.evaluators import suite as eval_suite
+
+    eval_suite.task_names(config.evals)
+    eval_suite.check_model(config.evals, config.model_name, config.model.num_layers)
+  return config, devices
+
+
+def _peak_flops(config: ml_collections.ConfigDict, devices: list, dtype) -> tuple[float, str]:
+  """(per-device peak FLOP/s for MFU, where it came from), logged once."""
+  peak, source = (
+    (config.peak_flops, "config.peak_flops")
+    if config.peak_flops > 0
+    else hardware.device_peak(dtype)
+  )
+  if devices[0].platform == "cpu" and config.peak_flops <= 0 and len(devices) > 1:
+    # Fake CPU devices (xla_force_host_platform_device_count) share the host's cores.
+    peak, source = peak / len(devices), f"{source} / {len(devices)} fake devices"
+  logging.info(
+    "MFU is model FLOPs / (%d x %s at %.3g FLOP/s per device; source: %s)",
+    len(devices),
+    devices[0].device_kind,
+    peak,
+    source,
+  )
+  return peak, source
+
+
+def _write_config_json(workdir, config, manifest, counts, flops_per_token, peak, peak_source):
+  """workdir/config.json: the resolved config, provenance (code, versions, devices, data
+  manifest, peak FLOP/s), parameter counts and training FLOPs per token."""
+  provenance = provenance_lib.provenance(
+    {
+      "data_manifest_hash": manifest["hash"],
+      "data_manifest": manifest,
+      "peak_flops": peak,
+      "peak_source": peak_source,
+    }
+  )
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(
+      {
+        "config": json.loads(config.to_json_best_effort()),
+        "provenance": provenance,
+        "param_counts": dataclasses.asdict(counts) | {"non_embedding": counts.non_embedding},
+        "flops_per_token": flops_per_token,
+      },
+      f,
+      indent=2,
+    )
+
+
+def _log_compiled(compiled, timers, analytic_flops_per_step: float) -> float:
+  """Logs the compiled train step's time, XLA FLOPs and memory; returns XLA's FLOPs per step."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  xla_flops = float((cost or {}).get("flops", float("nan")))
+  logging.info(
+    "compiled train step in %.1fs; XLA FLOPs/step %.4g (analytic %.4g); memory: %s",
+    timers.totals()["compile"],
+    xla_flops,
+    analytic_flops_per_step,
+    compiled.memory_analysis(),
+  )
+  return xla_flops
+
+
+def _report_faults(found, by_step, batches, workdir, is_primary, guard_cfg, writer, checkpointer):
+  """Acts on `guard.scan`'s findings in one synced window: a WARNING (and diagnostics) per loss
+  spike; NonFiniteError, after writing that step's row and diagnostics, on a non-finite step."""
+  for k in found.spike_steps:
+    where = (
+      guard.save_diagnostics(workdir, k, f"loss spike ({guard_cfg.spike})", by_step[k], batches[k])
+      if is_primary
+      else "process 0's workdir"
+    )
+    logging.warning(
+      "loss spike at step %d: loss %.4f, %.1f running stds above its mean (%s); "
+      "batch and per-layer gradient norms in %s",
+      k,
+      by_step[k]["loss"],
+      by_step[k]["loss_z"],
+      {"warn": "kept the update", "skip": "update skipped", "rollback": "rolling back"}.get(
+        guard_cfg.spike, "off"
+      ),
+      where,
+    )
+  if found.nonfinite_step is not None:
+    k = found.nonfinite_step
+    where = (
+      guard.save_diagnostics(workdir, k, "non-finite", by_step[k], batches[k])
+      if is_primary
+      else "process 0's workdir"
+    )
+    writer.write(k, {f"train/{n}": float(v) for n, v in by_step[k].items() if n != "grad_sq"})
+    writer.flush()
+    last_good = checkpointer.latest_step()
+    raise NonFiniteError(
+      f"non-finite training metrics at step {k} (loss={by_step[k]['loss']}, grad_norm="
+      f"{by_step[k]['grad_norm']}); stopped. The last good checkpoint is step {last_good} in "
+      f"{os.path.join(workdir, 'checkpoints')}; the batch and per-layer gradient norms are in "
+      f"{where}; lower optim.lr or model.init_scale and rerun"
+    )
+
+
+def _last_good_state(checkpointer, step: int | None, st, init_key):
+  """(params, opt_state, guard_state) of checkpoint `step`, or the initial state when None."""
+  if step:
+    params, opt_state, _, meta = checkpointer.restore(step, st.abs_params, st.abs_opt_state)
+    return params, opt_state, guard.state_from_json(meta.get("guard"))
+  params, opt_state = state_lib.init(st, init_key)
+  return params, opt_state, guard.init_state()
+
+
+def _log_row(
+  window,
+  num_spikes: int,
+  step: int,
+  *,
+  steps_since_log: int,
+  step_time: float,
+  tokens_per_step: int,
+  flops_per_token: float,
+  num_devices: int,
+  peak: float,
+  xla_flops: float,
+) -> dict:
+  """One log step's metrics row: the last step's train/* metrics, the window's spikes and skipped
+  updates, tokens and FLOPs seen, throughput and MFU over `step_time` (the loop's time since the
+  previous log step, eval and checkpoint time taken out)."""
+  host = window[-1][1]
+  tok_s = steps_since_log * tokens_per_step / step_time
+  out = {
+    f"train/{k}": float(v) for k, v in host.items() if k not in ("grad_sq", "spike", "skipped")
+  }
+  return out | {
+    "train/spikes": float(num_spikes),  # since the previous log line
+    "train/skipped": float(sum(m["skipped"] for _, m in window)),
+    "tokens_seen": step * tokens_per_step,
+    "flops_seen": step * tokens_per_step * flops_per_token,
+    "perf/tokens_per_sec": tok_s,
+    "perf/steps_per_sec": steps_since_log / step_time,
+    "perf/mfu": hardware.mfu(tok_s * flops_per_token / num_devices, peak),
+    "perf/peak_flops_per_device": peak,
+    "perf/num_devices": num_devices,
+    "perf/xla_flops_per_step": xla_flops,
+  }
+
+
+def _eval_loss(eval_step, params, eval_rows, batch_sh, eval_key) -> dict:
+  """eval/loss and eval/masked_acc over the fixed validation batches (fixed mask keys), weighted
+  by each batch's number of targets."""
+  outs = [
+    eval_step(params, sharding.global_batch(b, batch_sh), jax.random.fold_in(eval_key, i))
+    for i, b in enumerate(eval_rows)
+  ]
+  outs = jax.device_get(outs)
+  n = sum(o["num_targets"] for o in outs)
+  return {
+    f"eval/{k}": float(sum(o[k] * o["num_targets"] for o in outs) / max(n, 1))
+    for k in ("loss", "masked_acc")
+  }
+
+
+def _plot(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """workdir/metrics.png. matplotlib's font cache goes to the data cache (not ~/.cache,
+  ~/.config): a run writes only to its workdir and the cache."""
+  plotting.plot_metrics(
+    os.path.join(workdir, "metrics.jsonl"),
+    os.path.join(workdir, "metrics.png"),
+    mpl_cache_dir=os.path.join(fetch.resolve_cache_dir(config.data), "matplotlib"),
   )
 
 
