@@ -73,7 +73,7 @@ SHAPES = {
     gelu_ffn=3072,
     one_at_a_time=True,
   ),
-  # a dry run in seconds (tests/test_benchmarks.py); not part of the default run
+  # a dry run in seconds (tests/e2e/test_benchmarks.py); not part of the default run
   "micro": Shape(layers=2, d=64, heads=2, ffn=128, vocab=512, seq=32, batch=4, steps=2),
 }
 CONTESTANTS = (

@@ -10,7 +10,7 @@ Measures, on this machine:
   * jitted train steps of the smoke model (d128L4) and a small one (d256L4), BERT and
     CrossBERT, batch 32 x seq 128 (median of a few steps after compiling);
 and prints loader tokens/s / step tokens/s, which should be >= 20x so the input pipeline
-never limits training. Input: tests/data/tiny_corpus.txt repeated into --mb MB of JSONL.
+never limits training. Input: tests/fixtures/tiny_corpus.txt repeated into --mb MB of JSONL.
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 TINY = os.path.join(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data", "tiny_corpus.txt"
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+  "tests",
+  "fixtures",
+  "tiny_corpus.txt",
 )
 SEQ = 128
 

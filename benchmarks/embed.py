@@ -42,7 +42,7 @@ best 2048^2 float32 matmul FLOP/s measured in this run (JAX and torch, before an
 contestants; 256^2 in a dry run), as train_step.py does.
 
 End to end (`e2e`): `cbert_jax.embed.embed_files` on a `--e2e_lines`-line text file (default
-2000 lines: the 321 paragraphs of tests/data/tiny_corpus.txt, Austen's *Persuasion*, cycled; or
+2000 lines: the 321 paragraphs of tests/fixtures/tiny_corpus.txt, Austen's *Persuasion*, cycled; or
 `--text FILE`):
 read, tokenise (SentencePiece), sort by length, pad each batch to a length bucket, encode, pool,
 write the .npy. That is `python -m cbert_jax.embed` after `trained.load`: the run is an in-memory
@@ -89,7 +89,10 @@ OURS, E2E = CONTESTANTS["ours"], CONTESTANTS["e2e"]
 TARGET = ("hf_bert", 1.5)  # issue 19: embedding >= 1.5x HF BertModel (reported, not asserted)
 DRY = Shape(layers=2, d=64, heads=2, ffn=256, vocab=512, seq=32, batch=8)
 CORPUS = os.path.join(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data", "tiny_corpus.txt"
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+  "tests",
+  "fixtures",
+  "tiny_corpus.txt",
 )
 
 

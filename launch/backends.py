@@ -59,7 +59,7 @@ background with a TERM (and HUP) trap that forwards SIGTERM to the trainer, agai
 until it exits, and waits for it (the slurm script's USR1 trap repeats it the same way; a trainer
 can miss a single SIGTERM: one that comes after jax.distributed.initialize but before the train
 loop is taken by JAX's preemption notifier, and one that comes during the processes' stop vote
-can be overwritten; both seen in tests/test_launch_simulations.py):
+can be overwritten; both seen in tests/launch/test_launch_simulations.py):
 a pod's shell (`bash -c 'cd X && train && probe'`) would itself die on SIGTERM and leave the
 trainer to be killed without its checkpoint (xpk runs the command as `(command) &` and sends
 SIGTERM to that subshell). The trainer checkpoints on SIGTERM and exits 0; the wrapper then does

@@ -46,7 +46,7 @@ SNAPSHOT_PATHS = ("cbert_jax", "experiments", "launch", "pyproject.toml")
 
 def snapshot_extra(experiment: str) -> tuple[str, ...]:
   """The experiment file, when the commands name it inside the repository but outside
-  SNAPSHOT_PATHS (e.g. tests/data/x.py): the snapshot must hold it too."""
+  SNAPSHOT_PATHS (e.g. tests/fixtures/x.py): the snapshot must hold it too."""
   if os.path.isabs(experiment) or experiment.split("/", 1)[0] in SNAPSHOT_PATHS:
     return ()
   return (experiment,)

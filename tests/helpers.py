@@ -236,7 +236,7 @@ class StubRegistry:
     self._server.server_close()
 
 
-# --- Debian archives (tests/test_debian_sources.py, tests/test_offline_corpus.py) ------------
+# --- Debian archives (tests/data/test_debian_sources.py, tests/data/test_offline_corpus.py) ------------
 
 _B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 

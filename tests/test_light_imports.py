@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.test_launch_sweep import BACKEND_ARGS
+from tests.launch.test_launch_sweep import BACKEND_ARGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Packages a launcher host should not need to import.

@@ -15,7 +15,7 @@ from the Hugging Face hub on first use (internet once); on CPU the full benchmar
 hours for even a small model, so it is meant for accelerator hosts. `mteb` (and the torch it
 imports) is an optional extra: `pip install -e '.[mteb]'`.
 
-Tests run `run` offline on tiny local mteb tasks (tests/test_mteb.py).
+Tests run `run` offline on tiny local mteb tasks (tests/evaluators/test_mteb.py).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Steps 1-2 are `select_on_heldout` (each probe's `select_*` function calls it), s
 
 Selection can never see evaluation data, by construction: `select_ridge_lambda`,
 `select_logreg_c` and `select_knn_k` take only training arrays, and the probes hand the eval sets
-to the final scoring alone (tests/test_probes.py checks this with a spy and garbage labels).
+to the final scoring alone (tests/evaluators/test_probes.py checks this with a spy and garbage labels).
 
 Kinds: "classification" and "pair" (labels are class ids; pair features come from
 `features.combine_pair`) and "regression" (float targets). The logistic-regression probe is for

@@ -28,7 +28,7 @@ Saved activations per block (t = tokens in the block's rows, R x S^2 = attention
 Everything a policy does not save is recomputed in the backward pass, one block at a time.
 
 The model is validated against XLA's compiled memory (`memory_analysis`) of the real train step
-on fake CPU meshes (`tests/test_memory_plan.py`, and `launch.compile_check` prints both figures
+on fake CPU meshes (`tests/scaling/test_memory_plan.py`, and `launch.compile_check` prints both figures
 side by side), where XLA honours the policy: XLA:CPU's pipeline removes JAX's rematerialisation
 barriers before its common-subexpression pass (`cse_barrier_expander`), which merges the
 recomputed forward back into the original and makes every remat policy a no-op on CPU; the compile

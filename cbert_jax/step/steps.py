@@ -153,7 +153,7 @@ def accumulate_grads(
   this first computes the global N_t with a full-batch call of `loss_sums` of which only the
   denominators are used: they depend on the masks and the batch only, so XLA drops the encoder,
   the heads and the rest as dead code (checked with the compiled cost analysis in
-  tests/test_microbatches.py). Micro-batch j then contributes sum_t coef_t * S_t,j / N_t, and
+  tests/step/test_microbatches.py). Micro-batch j then contributes sum_t coef_t * S_t,j / N_t, and
   the summed gradients are the full batch's gradient (up to float summation order). Every
   metric's numerator and denominator are summed over the micro-batches, so the reported loss and
   all metrics (masked_acc, ELECTRA's disc_acc / disc_recall / ...) are the full batch's exactly.

@@ -1,4 +1,4 @@
-"""The stub cluster commands of the launch simulations (tests/test_launch_simulations.py).
+"""The stub cluster commands of the launch simulations (tests/launch/test_launch_simulations.py).
 
 Each stub plays its real command on this one machine, with the environment the real cluster gives
 a process, so that the trainer and JAX's own cluster detection run as they would there:

@@ -1,0 +1,78 @@
+"""`report.archive`: a grid's results without checkpoints read back as the grid itself (done and
+failed members, the same losses), unfinished members are left out, and the archived members count
+as done. The runner-level round trip (rerun on an archive trains nothing, the same report) is in
+tests/sweep/test_sweep_runner.py."""
+
+import os
+import shutil
+
+from cbert_jax.report import archive, grid_read
+from cbert_jax.run import status
+from tests.report.test_grid import write_member
+
+
+def _grid(root):
+  """Two done members (final checkpoint present), one failed, one cut short mid-run."""
+  for name, lr, kw in (
+    ("b_lr1", 1e-3, {}),
+    ("b_lr2", 2e-3, {}),
+    ("b_lr4", 4e-3, {"failed": "NonFiniteLossError: loss nan at step 7"}),
+    ("b_lr8", 8e-3, {"final_step": 40}),
+  ):
+    wd = write_member(root, name, "bert", "d32L2", 5e4, 3e11, 8, lr, 6.0 + lr, **kw)
+    if not kw:
+      os.makedirs(os.path.join(wd, "checkpoints", "100", "state"))  # the final checkpoint
+      with open(os.path.join(wd, "checkpoints", "100", "state", "blob"), "wb") as f:
+        f.write(b"\0" * 4096)
+  with open(os.path.join(root, "sweep.json"), "w") as f:
+    f.write('{"scale": "cpu", "members": []}\n')
+
+
+def test_an_archive_reads_back_as_the_grid_without_its_checkpoints(tmp_path, capsys):
+  root, out = tmp_path / "grid", tmp_path / "archive"
+  os.makedirs(root)
+  _grid(str(root))
+  assert archive.main(["--root", str(root), "--out", str(out)]) == 0
+  assert "archived 2 done and 1 failed member(s)" in capsys.readouterr().out
+  assert sorted(os.listdir(out)) == ["b_lr1", "b_lr2", "b_lr4", "sweep.json"]
+  assert not list(out.rglob("checkpoints")) and not list(out.rglob("*.tmp-archive"))
+
+  def key(members):
+    return [(m.name, m.state, m.loss, m.lr, m.final_step) for m in members]
+
+  want = [m for m in grid_read.read_grid(str(root)) if m.name != "b_lr8"]
+  assert key(grid_read.read_grid(str(out))) == key(want)
+  assert [m.state for m in want] == ["done", "done", "diverged"]
+  for name, done in (("b_lr1", True), ("b_lr2", True), ("b_lr4", False)):
+    assert status.is_done(str(out / name), probe=False) is done
+    assert status.archived_step(str(out / name)) == (100 if done else 0)
+  assert not status.is_done(str(out / "b_lr1"), probe=True)  # no probe results: not done
+
+  # Archiving again (the grid went on: b_lr8 finished) updates the archive in place.
+  shutil.rmtree(root / "b_lr8")
+  write_member(str(root), "b_lr8", "bert", "d32L2", 5e4, 3e11, 8, 8e-3, 5.5)
+  os.makedirs(root / "b_lr8" / "checkpoints" / "100")
+  assert archive.main(["--root", str(root), "--out", str(out)]) == 0
+  assert status.is_done(str(out / "b_lr8"), probe=False)
+  assert key(grid_read.read_grid(str(out))) == key(grid_read.read_grid(str(root)))
+  # A member archived as failed, then retried successfully (its FAILED cleared): the archive
+  # drops the stale FAILED too, so it reads back as done, not failed.
+  shutil.rmtree(root / "b_lr4")
+  write_member(str(root), "b_lr4", "bert", "d32L2", 5e4, 3e11, 8, 4e-3, 5.9)
+  os.makedirs(root / "b_lr4" / "checkpoints" / "100")
+  assert os.path.exists(out / "b_lr4" / "FAILED")
+  assert archive.main(["--root", str(root), "--out", str(out)]) == 0
+  assert "archived 4 done and 0 failed member(s)" in capsys.readouterr().out
+  assert not os.path.exists(out / "b_lr4" / "FAILED")
+  assert status.member_state("b_lr4", str(out / "b_lr4"), probe=False).state == "done"
+  assert key(grid_read.read_grid(str(out))) == key(grid_read.read_grid(str(root)))
+
+
+def test_archive_refuses_a_missing_root_and_an_out_inside_it(tmp_path, capsys):
+  for argv, words in (
+    (["--root", str(tmp_path / "nope"), "--out", str(tmp_path / "a")], "no such directory"),
+    (["--root", str(tmp_path), "--out", str(tmp_path / "a")], "is inside --root"),
+  ):
+    assert archive.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err, err

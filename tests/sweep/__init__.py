@@ -1,0 +1,1 @@
+"""Tests of cbert_jax/sweep/."""

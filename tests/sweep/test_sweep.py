@@ -1,0 +1,153 @@
+"""experiments/sweep.py and the member plan: every member resolves and validates, budgets and
+hyperparameters follow the laws (the scaling report's tests: tests/report/test_report.py)."""
+
+import math
+import os
+
+import pytest
+
+from cbert_jax import config_lib
+from cbert_jax.errors import ConfigError
+from cbert_jax.models import flops
+from cbert_jax.scaling import laws as laws_lib
+from cbert_jax.scaling import plan
+from cbert_jax.sweep import experiment as members_lib
+from tests.e2e.test_train import TINY
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def experiment():
+  return members_lib.load_experiment(os.path.join(ROOT, "experiments", "sweep.py"))
+
+
+def test_every_member_of_every_scale_resolves_and_validates_on_its_target_devices():
+  exp = experiment()
+  counts = {}
+  for scale in ("paper", "cpu", "quick"):
+    members = exp.get_sweep(scale)
+    counts[scale] = members
+    for arg in members:
+      c = exp.get_config(arg)
+      if scale == "paper":
+        c.data.sources = TINY  # the pod corpus a user supplies
+      c = config_lib.resolve(c)
+      config_lib.validate(c, c.sweep.target_devices or 1)
+      assert c.mode == "train" and c.sweep.scale == scale
+      assert (
+        c.total_steps * c.batch_size * c.data.seq_len == c.sweep.tokens >= c.sweep.target_tokens
+      )
+      assert c.batch_size % max(c.sweep.batch_multiple, 1) == 0
+  paper = counts["paper"]
+  assert len(paper) == 17
+  assert (
+    sum("model=bert" in a for a in paper) == 8 and sum("model=crossbert" in a for a in paper) == 9
+  )
+  assert "scale=paper,model=crossbert,size=d2304L32" in paper
+  assert "scale=paper,model=bert,size=d2304L32" not in paper
+  cpu = counts["cpu"]
+  assert len({a.split("size=")[1].split(",")[0] for a in cpu}) >= 4  # >= 4 sizes x 2 models
+  assert "scale=cpu,model=crossbert,size=d96L3,cms=false" in cpu  # the CMS control
+  # Two seeds on cpu: the same 9 members again with seed=1, named _s1, nothing else changed.
+  assert len(cpu) == 18 and cpu[9:] == [f"{a},seed=1" for a in cpu[:9]]
+  for a0, a1 in ((cpu[0], cpu[9]), (cpu[8], cpu[17])):
+    c0, c1 = (config_lib.resolve(exp.get_config(a)) for a in (a0, a1))
+    assert (c0.seed, c1.seed) == (0, 1)
+    assert c1.name == c0.name + "_s1" and members_lib.config_member_name(c1).endswith("_s1")
+    d0, d1 = c0.to_dict(), c1.to_dict()
+    assert {k for k in d0 if d0[k] != d1[k]} == {"seed", "name", "sweep"}
+    assert {k for k in d0["sweep"] if d0["sweep"][k] != d1["sweep"][k]} == {"arg"}
+  assert len(counts["quick"]) == 6 and not any("seed=" in a for a in counts["quick"])
+  # predictor depth = layers / 4 (at least 1) on every CrossBERT rung
+  for arg in paper:
+    c = config_lib.resolve(exp.get_config(arg))
+    assert c.model.predictor_layers == max(1, c.model.num_layers // 4)
+
+
+def test_cms_control_arms_differ_only_in_cms_and_seed():
+  """experiments/cms_control.py: 8 members; within a size both arms train with the CMS member's
+  batch, LR and steps of the cpu sweep, on the same tokens; only masking.cms (and the FLOPs that
+  follow) differ; seeds change config.seed only."""
+  cc = members_lib.load_experiment(os.path.join(ROOT, "experiments", "cms_control.py"))
+  args = cc.get_sweep()
+  names = [cc.workdir_name(a) for a in args]
+  assert len(set(names)) == 8 and "crossbert-nocms_d96L3_s1" in names
+  cfgs = {n: config_lib.resolve(cc.get_config(a)) for n, a in zip(names, args)}
+  sweep_cms = config_lib.resolve(experiment().get_config("scale=cpu,model=crossbert,size=d64L2"))
+  for size in cc.SIZES:
+    cms, nocms = cfgs[f"crossbert_{size}_s0"], cfgs[f"crossbert-nocms_{size}_s0"]
+    for c in (cms, nocms, cfgs[f"crossbert_{size}_s1"]):
+      assert (c.batch_size, c.optim.lr, c.total_steps) == cc.cms_plan(size)
+      assert c.sweep.tokens == cms.sweep.tokens and c.masking.mask_ratio == 0.5
+      assert c.val_full_every > 0 and c.evals.every > 0 and c.evals.probes == "ridge,logreg,knn"
+    assert cms.masking.cms and not nocms.masking.cms
+    assert cms.sweep.compute > nocms.sweep.compute  # the same tokens cost CMS more FLOPs
+    assert cfgs[f"crossbert_{size}_s1"].seed == 1
+  assert cc.cms_plan("d64L2") == (sweep_cms.batch_size, sweep_cms.optim.lr, sweep_cms.total_steps)
+  whole = cc.get_config()
+  assert whole.mode == "sweep" and not whole.sweep.report
+  # `:cpu` (the scale launch.sweep needs named) is the whole experiment too
+  by_scale = cc.get_config("cpu")
+  assert by_scale.mode == "sweep" and by_scale.sweep.scale == whole.sweep.scale == "cpu"
+  assert cc.get_sweep("cpu") == args
+  with pytest.raises(ConfigError, match=r"cpu scale only .*use experiments/cms_control.py:cpu"):
+    cc.get_config("paper")
+  with pytest.raises(ConfigError, match="size must be one of d64L2, d96L3"):
+    cc.get_config("size=d32L2")
+
+
+def test_member_plan_arithmetic_follows_budget_and_laws():
+  exp = experiment()
+  c = config_lib.resolve(exp.get_config("model=crossbert,size=d96L3"))  # scale from the size
+  assert c.sweep.scale == "cpu" and c.masking.cms
+  model_cfg, mask_cfg = plan.model_config(c)
+  n = flops.param_counts("crossbert", model_cfg).non_embedding
+  assert c.sweep.n_params == n and c.sweep.target_tokens == math.ceil(20 * n)
+  per_token = flops.flops_per_token("crossbert", model_cfg, mask_cfg, 128)
+  # the cpu scale's laws: the cpu grid's CrossBERT fit, shipped in the package
+  assert c.sweep.laws == "shipped:cpu-{model}"
+  shipped = laws_lib.load("shipped:cpu-crossbert")
+  assert c.sweep.laws_source == shipped.source != laws_lib.DEFAULT.source
+  lr, rows = laws_lib.suggest(shipped, per_token * c.sweep.target_tokens, 128)
+  assert c.batch_size == rows and c.optim.lr == pytest.approx(lr)
+  assert c.total_steps == math.ceil(c.sweep.target_tokens / (rows * 128))
+  assert c.sweep.compute == pytest.approx(per_token * c.total_steps * rows * 128)
+  assert c.checkpoint_every == math.ceil(c.total_steps / 10)
+  # explicit batch and LR win over the laws; the budget follows the batch
+  c2 = exp.get_config("model=crossbert,size=d96L3")
+  c2.sweep.batch_size, c2.sweep.lr = 10, 1e-3
+  c2 = config_lib.resolve(c2)
+  assert (c2.batch_size, c2.optim.lr) == (10, 1e-3)
+  assert c2.total_steps == math.ceil(c.sweep.target_tokens / (10 * 128))
+  # N definitions: total > non_embedding > encoder for CrossBERT (predictor, embeddings)
+  ns = {}
+  for d in ("total", "non_embedding", "encoder"):
+    c3 = exp.get_config("model=crossbert,size=d96L3")
+    c3.sweep.n_definition = d
+    ns[d] = config_lib.resolve(c3).sweep.n_params
+  assert ns["total"] > ns["non_embedding"] > ns["encoder"]
+
+
+def test_bad_sweep_arguments_fail_with_one_clear_message():
+  exp = experiment()
+  with pytest.raises(ConfigError, match="needs both model= and size="):
+    exp.get_config("model=bert")
+  with pytest.raises(ConfigError, match="size 'd999L1' is in no sweep"):
+    exp.get_config("model=bert,size=d999L1")
+  with pytest.raises(ConfigError, match="bert_d2304L32 is not a member of the paper sweep"):
+    exp.get_config("model=bert,size=d2304L32")
+  with pytest.raises(ConfigError, match="model must be bert|crossbert"):
+    exp.get_config("model=electra,size=d32L2")
+  with pytest.raises(ConfigError, match="scale must be one of"):
+    exp.get_config("scale=huge")
+  whole = exp.get_config(None)
+  assert whole.mode == "sweep" and whole.sweep.scale == "auto"
+  assert exp.get_config("quick").sweep.scale == "quick"
+  c = exp.get_config("model=bert,size=d32L2")
+  c.sweep.n_definition = "everything"
+  with pytest.raises(ConfigError, match="sweep.n_definition must be one of"):
+    config_lib.resolve(c)
+  c = exp.get_config("model=bert,size=d32L2")
+  c.sweep.law_axis, c.sweep.laws = "params", ""  # the published defaults: fitted against C only
+  with pytest.raises(ConfigError, match="law_axis=params: the laws .* have no fit against N"):
+    config_lib.resolve(c)
