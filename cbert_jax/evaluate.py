@@ -25,9 +25,10 @@ from cbert_jax.data import prepare, settings
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import registry, suite
 from cbert_jax.run import checkpoint as ckpt_lib
+from cbert_jax.run import trained
 from cbert_jax.run import workdir as workdir_lib
 from cbert_jax.step import sharding
-from cbert_jax.step.state import abstract_like, abstract_model
+from cbert_jax.step.state import abstract_model
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -46,6 +47,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     else None
   )
   step = checkpointer.latest_step() if checkpointer else None
+  if checkpointer:
+    checkpointer.close()  # the step is known; trained.restore reads it after data preparation
   if config.evals.init == "checkpoint" and step is None:
     raise ConfigError(
       f"mode=eval: no checkpoint in {workdir}/checkpoints; train first, or set "
@@ -80,9 +83,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       )
       tag = "random_init"
     else:
-      params = checkpointer.restore_params(step, abstract_like(abs_params, p_sh))
+      step, graphdef, params = trained.restore(
+        workdir, step, config, model_cfg, mask_cfg, mesh, rules
+      )
       tag = f"step_{step}"
-      checkpointer.close()
 
   # Non-default evals settings get their own files, so a subset run never overwrites the full suite.
   evals = config.evals.to_dict()

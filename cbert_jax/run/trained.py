@@ -95,30 +95,12 @@ def load(workdir: str, step: int | None = None, *, devices=None) -> Trained:
   model_cfg, mask_cfg = config_lib.build_model_configs(
     config, tok.vocab_size, tok.mask_id, tok.special_ids
   )
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  if not os.path.isdir(ckpt_dir):
-    raise ConfigError(f"workdir {workdir}: no checkpoints/ directory; train first")
-  checkpointer = ckpt_lib.Checkpointer(ckpt_dir, int(config.keep_checkpoints))
-  try:
-    steps = sorted(checkpointer.all_steps())
-    if not steps:
-      raise ConfigError(f"workdir {workdir}: no checkpoint in checkpoints/; train first")
-    if step is None:
-      step = steps[-1]
-    elif step not in steps:
-      raise ConfigError(f"--step {step}: workdir {workdir} has checkpoints at steps {steps}")
-    devices = list(devices) if devices is not None else jax.devices()
-    mesh = sharding.make_mesh(
-      ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}), None, devices
-    )
-    rules = _tuples(config.sharding_rules)  # JSON gave lists; the rules resolver wants tuples
-    _, graphdef, abs_params, p_sh = abstract_model(
-      config.model_name, model_cfg, mask_cfg, mesh, rules
-    )
-    with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-      params = checkpointer.restore_params(step, abstract_like(abs_params, p_sh))
-  finally:
-    checkpointer.close()
+  devices = list(devices) if devices is not None else jax.devices()
+  mesh = sharding.make_mesh(
+    ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}), None, devices
+  )
+  rules = _tuples(config.sharding_rules)  # JSON gave lists; the rules resolver wants tuples
+  step, graphdef, params = restore(workdir, step, config, model_cfg, mask_cfg, mesh, rules)
   return Trained(
     workdir=workdir,
     step=int(step),
@@ -133,6 +115,37 @@ def load(workdir: str, step: int | None = None, *, devices=None) -> Trained:
     rules=rules,
     tokenizer=tok,
   )
+
+
+def restore(workdir: str, step: int | None, config, model_cfg, mask_cfg, mesh, rules):
+  """(step, graphdef, params) of the run's checkpoint `step` (default: the latest), the
+  parameters placed on `mesh` under `rules`. The one restore of a trained encoder: `load` (embed,
+  export) and `--config.mode=eval` both read the checkpoint here.
+
+  Raises:
+    ConfigError: no checkpoints/ directory, no checkpoint, or no checkpoint at `step`.
+    CheckpointError: the checkpoint cannot be read.
+  """
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(ckpt_dir):
+    raise ConfigError(f"workdir {workdir}: no checkpoints/ directory; train first")
+  checkpointer = ckpt_lib.Checkpointer(ckpt_dir, int(config.keep_checkpoints))
+  try:
+    steps = sorted(checkpointer.all_steps())
+    if not steps:
+      raise ConfigError(f"workdir {workdir}: no checkpoint in checkpoints/; train first")
+    if step is None:
+      step = steps[-1]
+    elif step not in steps:
+      raise ConfigError(f"--step {step}: workdir {workdir} has checkpoints at steps {steps}")
+    _, graphdef, abs_params, p_sh = abstract_model(
+      config.model_name, model_cfg, mask_cfg, mesh, rules
+    )
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+      params = checkpointer.restore_params(step, abstract_like(abs_params, p_sh))
+  finally:
+    checkpointer.close()
+  return int(step), graphdef, params
 
 
 def _tuples(x):
