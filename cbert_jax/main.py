@@ -92,9 +92,9 @@ def main(argv):
         sys.exit(1)
       return
     if config.get("mode", "train") == "sweep":
-      from cbert_jax.sweep import runner as sweep
+      from cbert_jax.sweep import runner
 
-      failed = sweep.run(config, workdir)
+      failed = runner.run(config, workdir)
       if failed:
         print(f"sweep: {failed} member(s) failed; see {workdir}/sweep_status.json", file=sys.stderr)
         sys.exit(1)

@@ -51,7 +51,7 @@ import os
 
 from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
-from cbert_jax.sweep import experiment as members
+from cbert_jax.sweep import experiment as experiment_lib
 
 SIZES = ("d64L2", "d96L3")
 SEEDS = (0, 1)
@@ -65,7 +65,7 @@ SCALE = "cpu"  # experiments/sweep.py's scale whose CrossBERT+CMS plan both arms
 def _load_sweep():
   """experiments/sweep.py, loaded by path (experiments/ is not a package)."""
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sweep.py")
-  return members.load_experiment(path, field="experiments/cms_control.py")
+  return experiment_lib.load_experiment(path, field="experiments/cms_control.py")
 
 
 SWEEP = _load_sweep()
@@ -90,7 +90,7 @@ def member_arg(size: str, cms: bool, seed: int) -> str:
 def workdir_name(arg) -> str:
   """crossbert_d64L2_s0, crossbert-nocms_d96L3_s1."""
   a = _parse(arg)
-  return f"{members.member_name('crossbert', a.size, a.cms)}_s{a.seed}"
+  return f"{experiment_lib.member_name('crossbert', a.size, a.cms)}_s{a.seed}"
 
 
 def get_sweep(arg=None) -> list[str]:

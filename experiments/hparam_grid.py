@@ -70,13 +70,13 @@ import ml_collections
 
 from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
-from cbert_jax.sweep import experiment as members
+from cbert_jax.sweep import experiment as experiment_lib
 
 
 def _load_sweep():
   """experiments/sweep.py, loaded by path (experiments/ is not a package)."""
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sweep.py")
-  return members.load_experiment(path, field="experiments/hparam_grid.py")
+  return experiment_lib.load_experiment(path, field="experiments/hparam_grid.py")
 
 
 SWEEP = _load_sweep()

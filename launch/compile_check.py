@@ -65,7 +65,7 @@ from cbert_jax.scaling import memory as memory_lib
 from cbert_jax.scaling import plan
 from cbert_jax.step import sharding
 from cbert_jax.step import state as state_lib
-from cbert_jax.sweep import experiment as members_lib
+from cbert_jax.sweep import experiment as experiment_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD_PREFIX = "compile_check:"  # the child's progress lines on stderr, echoed by the parent
@@ -82,9 +82,9 @@ NEEDS_LIBTPU = (
 
 def _load_module(path: str):
   """The experiment file as a module (for get_sweep / workdir_name)."""
-  from cbert_jax.sweep import experiment as members  # pylint: disable=import-outside-toplevel
+  from cbert_jax.sweep import experiment as experiment_lib  # pylint: disable=import-outside-toplevel
 
-  return members.load_experiment(path, field="--config", needs=("get_config",))
+  return experiment_lib.load_experiment(path, field="--config", needs=("get_config",))
 
 
 def member_args(config_spec: str) -> tuple[Any, list[str]]:
@@ -124,7 +124,7 @@ def load_member(config_spec: str, module, arg: str, overrides: list[str]):
   name = (
     module.workdir_name(arg)
     if hasattr(module, "workdir_name")
-    else members_lib.config_member_name(config)
+    else experiment_lib.config_member_name(config)
   )
   return name, config
 

@@ -211,12 +211,12 @@ def load_members(
   """(scale, experiment path for the commands, members) of `--config spec`, each resolved with
   the overrides applied; `only` selects members by name."""
   from cbert_jax import config_lib  # pylint: disable=import-outside-toplevel
-  from cbert_jax.sweep import experiment as members_lib  # pylint: disable=import-outside-toplevel
+  from cbert_jax.sweep import experiment as experiment_lib  # pylint: disable=import-outside-toplevel
 
   path, arg = split_config_spec(spec)
   if not os.path.exists(path):
     raise LaunchError(f"--config={spec}: no such experiment file {path!r}")
-  experiment = members_lib.load_experiment(path)
+  experiment = experiment_lib.load_experiment(path)
   whole = experiment.get_config(arg)
   scale = whole.get("sweep", {}).get("scale", "") or arg
   if whole.get("mode", "sweep") != "sweep":
@@ -238,7 +238,7 @@ def load_members(
     name = (
       experiment.workdir_name(member_arg)
       if hasattr(experiment, "workdir_name")
-      else members_lib.config_member_name(cfg)
+      else experiment_lib.config_member_name(cfg)
     )
     members.append(Member(name, member_arg, os.path.join(root, name) if root else "", cfg))
   return scale, command_path(path), select(members, only, f"the {scale} sweep")

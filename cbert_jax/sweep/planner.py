@@ -89,7 +89,7 @@ from cbert_jax.scaling import chips as chips_lib
 from cbert_jax.scaling import laws as laws_lib
 from cbert_jax.scaling import memory as memory_lib
 from cbert_jax.scaling import plan as plan_lib
-from cbert_jax.sweep import experiment as members_lib
+from cbert_jax.sweep import experiment as experiment_lib
 
 PROG = "python -m cbert_jax.sweep.planner"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -141,7 +141,7 @@ def build_ladder(
 ) -> tuple[list[Rung], int, int]:
   """(rungs sorted by N, seq_len, vocab) from the paper member configs (see the module docstring);
   seq_len / vocab 0 = the paper member's."""
-  experiment = members_lib.load_experiment(EXPERIMENT, field="planner experiment", needs=())
+  experiment = experiment_lib.load_experiment(EXPERIMENT, field="planner experiment", needs=())
   paper = experiment.SCALES["paper"][model]
   rungs = []
   for size in ladder_sizes(model, which, experiment):

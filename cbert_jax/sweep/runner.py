@@ -26,21 +26,21 @@ from absl import logging
 
 from cbert_jax import evaluate, train
 from cbert_jax.errors import CheckpointError, ConfigError
-from cbert_jax.report import sweep_report as report
+from cbert_jax.report import sweep_report
 from cbert_jax.run import progress as progress_lib
 from cbert_jax.run import status as status_lib
-from cbert_jax.sweep import experiment as members_lib
+from cbert_jax.sweep import experiment as experiment_lib
 
 
 def run(config: ml_collections.ConfigDict, root: str) -> int:
   """Runs every member not yet done; returns the number of failed members."""
   root = os.path.abspath(root)
-  scale, members = members_lib.plan(config, root)
-  members_lib.check_manifest(root, scale)
+  scale, members = experiment_lib.plan(config, root)
+  experiment_lib.check_manifest(root, scale)
   probe = config.sweep.probe
   status_lib.write_json_atomic(
-    os.path.join(root, members_lib.MANIFEST),
-    members_lib.manifest(scale, config.sweep.experiment, members),
+    os.path.join(root, experiment_lib.MANIFEST),
+    experiment_lib.manifest(scale, config.sweep.experiment, members),
   )
   planned = {n: c.sweep.compute for n, _, c in members}
   total_compute = sum(planned.values())
@@ -161,7 +161,7 @@ def run(config: ml_collections.ConfigDict, root: str) -> int:
   failed = [n for n, s in states.items() if s == "failed"]
   if config.sweep.report:
     try:
-      path = report.write(root)
+      path = sweep_report.write(root)
       logging.info("scaling report: %s", path)
     except Exception as e:  # pylint: disable=broad-except  (the members' results are safe on disk)
       logging.exception(

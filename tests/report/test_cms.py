@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from cbert_jax.report import cms
-from cbert_jax.sweep import experiment as members_lib
+from cbert_jax.sweep import experiment as experiment_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 B, T, STEPS, EVERY = 8, 16, 100, 5  # rows, seq_len, total_steps, val_full_every
@@ -110,7 +110,7 @@ def interpolation_bound() -> float:
 
 def test_levels_constant_is_the_experiments():
   path = os.path.join(ROOT, "experiments", "cms_control.py")
-  experiment = members_lib.load_experiment(path, field="tests/report/test_cms.py")
+  experiment = experiment_lib.load_experiment(path, field="tests/report/test_cms.py")
   assert cms.LEVELS == experiment.LEVELS
 
 

@@ -18,7 +18,7 @@ import pytest
 from cbert_jax import config_lib
 from cbert_jax.scaling import memory
 from cbert_jax.scaling import plan as plan_lib
-from cbert_jax.sweep import experiment as members_lib
+from cbert_jax.sweep import experiment as experiment_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SWEEP = os.path.join(ROOT, "experiments", "sweep.py")
@@ -152,7 +152,7 @@ def test_planner_picks_the_least_costly_setting_that_fits(monkeypatch):
 
 
 def _paper_members():
-  module = members_lib.load_experiment(SWEEP)
+  module = experiment_lib.load_experiment(SWEEP)
   return [config_lib.resolve(module.get_config(a)) for a in module.get_sweep("paper")]
 
 
@@ -171,7 +171,7 @@ def test_every_paper_member_has_a_plan_that_fits_its_chips():
 def test_bad_memory_plan_input_is_one_clear_error():
   from cbert_jax.errors import ConfigError
 
-  module = members_lib.load_experiment(SWEEP)
+  module = experiment_lib.load_experiment(SWEEP)
   c = module.get_config("scale=paper,model=bert,size=d384L6")
   c.sweep.chip = "tpu9"
   with pytest.raises(ConfigError, match=r"sweep.chip='tpu9': expected one of v4, v5e, v5p"):

@@ -11,14 +11,14 @@ from cbert_jax.errors import ConfigError
 from cbert_jax.models import flops
 from cbert_jax.scaling import laws as laws_lib
 from cbert_jax.scaling import plan
-from cbert_jax.sweep import experiment as members_lib
+from cbert_jax.sweep import experiment as experiment_lib
 from tests.e2e.test_train import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def experiment():
-  return members_lib.load_experiment(os.path.join(ROOT, "experiments", "sweep.py"))
+  return experiment_lib.load_experiment(os.path.join(ROOT, "experiments", "sweep.py"))
 
 
 def test_every_member_of_every_scale_resolves_and_validates_on_its_target_devices():
@@ -53,7 +53,7 @@ def test_every_member_of_every_scale_resolves_and_validates_on_its_target_device
   for a0, a1 in ((cpu[0], cpu[9]), (cpu[8], cpu[17])):
     c0, c1 = (config_lib.resolve(exp.get_config(a)) for a in (a0, a1))
     assert (c0.seed, c1.seed) == (0, 1)
-    assert c1.name == c0.name + "_s1" and members_lib.config_member_name(c1).endswith("_s1")
+    assert c1.name == c0.name + "_s1" and experiment_lib.config_member_name(c1).endswith("_s1")
     d0, d1 = c0.to_dict(), c1.to_dict()
     assert {k for k in d0 if d0[k] != d1[k]} == {"seed", "name", "sweep"}
     assert {k for k in d0["sweep"] if d0["sweep"][k] != d1["sweep"][k]} == {"arg"}
@@ -68,7 +68,7 @@ def test_cms_control_arms_differ_only_in_cms_and_seed():
   """experiments/cms_control.py: 8 members; within a size both arms train with the CMS member's
   batch, LR and steps of the cpu sweep, on the same tokens; only masking.cms (and the FLOPs that
   follow) differ; seeds change config.seed only."""
-  cc = members_lib.load_experiment(os.path.join(ROOT, "experiments", "cms_control.py"))
+  cc = experiment_lib.load_experiment(os.path.join(ROOT, "experiments", "cms_control.py"))
   args = cc.get_sweep()
   names = [cc.workdir_name(a) for a in args]
   assert len(set(names)) == 8 and "crossbert-nocms_d96L3_s1" in names

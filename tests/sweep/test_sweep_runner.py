@@ -13,8 +13,7 @@ import pytest
 from cbert_jax import train
 from cbert_jax.report import archive
 from cbert_jax.run import status
-from cbert_jax.sweep import experiment
-from cbert_jax.sweep import runner as sweep
+from cbert_jax.sweep import experiment, runner
 from tests.e2e.test_train import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,7 +53,7 @@ def test_runner_trains_probes_reports_then_skips_finished_members(tmp_path, toy_
     tmp_path / "cache",
     **{"sweep.tokens_per_param": 0.1, "evals.tasks": "toy_cls,toy_retrieval", "evals.seq_len": 16},
   )
-  assert sweep.run(c, str(root)) == 0
+  assert runner.run(c, str(root)) == 0
   names = ["bert_d32L2", "crossbert_d32L2"]
   st = json.loads((root / "sweep_status.json").read_text())
   assert [m["state"] for m in st["members"]] == ["done", "done"] and st["flops_done"] == st[
@@ -81,7 +80,7 @@ def test_runner_trains_probes_reports_then_skips_finished_members(tmp_path, toy_
     raise AssertionError("a finished member was trained again")
 
   monkeypatch.setattr(train, "run", no_training)
-  assert sweep.run(c, str(root)) == 0  # the rerun: everything skipped
+  assert runner.run(c, str(root)) == 0  # the rerun: everything skipped
   assert os.path.getmtime(root / "bert_d32L2" / "checkpoints") == ckpt_mtime
 
   # The archive (no checkpoints): its members count as done, so rerunning the sweep on it trains
@@ -92,7 +91,7 @@ def test_runner_trains_probes_reports_then_skips_finished_members(tmp_path, toy_
   for name in names:
     assert status.is_done(str(arch / name), probe=True)
     assert status.member_state(name, str(arch / name)).state == "done"
-  assert sweep.run(c, str(arch)) == 0
+  assert runner.run(c, str(arch)) == 0
 
   def tables(path):
     return [line for line in path.read_text().splitlines() if line.startswith("|")]
@@ -162,10 +161,10 @@ def test_a_failing_member_is_marked_and_the_others_go_on(tmp_path, toy_tasks):  
     **{"sweep.tokens_per_param": 0.1, "sweep.probe": False, "sweep.report": False},
   )
   c.sweep.models = "crossbert"
-  assert sweep.run(c, str(root)) == 0
+  assert runner.run(c, str(root)) == 0
   c.sweep.models = ""
   c.faults.plant_nan_step = 2  # every member that trains now diverges at step 2
-  assert sweep.run(c, str(root)) == 1  # bert fails; crossbert was done and is skipped
+  assert runner.run(c, str(root)) == 1  # bert fails; crossbert was done and is skipped
   st = {m["name"]: m for m in json.loads((root / "sweep_status.json").read_text())["members"]}
   assert st["crossbert_d32L2"]["state"] == "done" and st["bert_d32L2"]["state"] == "failed"
   assert st["bert_d32L2"]["error"].startswith(
@@ -182,15 +181,15 @@ def test_sweep_level_bad_input_is_refused_before_training(tmp_path, monkeypatch)
   (root / "sweep.json").write_text(json.dumps({"scale": "cpu", "members": []}))
   c = whole_sweep_config(tmp_path / "cache")
   with pytest.raises(experiment.ConfigError, match=r"holds a cpu sweep; this is the quick sweep"):
-    sweep.run(c, str(root))
+    runner.run(c, str(root))
   c.sweep.sizes = "d2304L32"
   with pytest.raises(experiment.ConfigError, match=r"select no member of the quick sweep"):
-    sweep.run(c, str(tmp_path / "other"))
+    runner.run(c, str(tmp_path / "other"))
   c = whole_sweep_config(
     tmp_path / "cache", **{"batch_size": 0, "sweep.batch_size": 6, "num_devices": 4}
   )
   with pytest.raises(
     experiment.ConfigError, match=r"batch_size=6 is not divisible by the data-parallel size 4"
   ):
-    sweep.run(c, str(tmp_path / "third"))
+    runner.run(c, str(tmp_path / "third"))
   assert not (tmp_path / "third").exists()
