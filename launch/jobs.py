@@ -46,6 +46,7 @@ import sys
 import threading
 import time
 
+from cbert_jax.run import record as record_lib
 from cbert_jax.run import status as status_lib
 from cbert_jax.run.progress import format_duration
 from launch.backends import shell_join
@@ -378,9 +379,7 @@ def find_members(root: str) -> tuple[str, list[tuple[str, str]]]:
   ran = read_json(os.path.join(root, RUNNER_MANIFEST))
   if ran and ran.get("members"):
     return RUNNER_MANIFEST, [(m["name"], os.path.join(root, m["name"])) for m in ran["members"]]
-  names = sorted(
-    n for n in os.listdir(root) if os.path.isfile(os.path.join(root, n, "config.json"))
-  )
+  names = record_lib.run_names(root)
   return "member directories", [(n, os.path.join(root, n)) for n in names]
 
 

@@ -23,17 +23,22 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import shutil
 import sys
 
+from cbert_jax.run import record as record_lib
 from cbert_jax.run import status as status_lib
 
 ROOT_FILES = ("sweep.json", status_lib.STATUS_FILE, "laws.json", "laws.png", "grid.png")
 ROOT_DIRS = ("report",)
-MEMBER_FILES = ("config.json", "metrics.jsonl", "parameters.txt", status_lib.FAILED_FILE)
-MEMBER_GLOBS = ("eval/*.json",)
+MEMBER_FILES = (
+  record_lib.CONFIG_FILE,
+  record_lib.METRICS_FILE,
+  "parameters.txt",
+  record_lib.FAILED_FILE,
+)
+MEMBER_GLOBS = (f"{record_lib.EVAL_DIR}/*.json",)
 
 
 class ArchiveError(ValueError):
@@ -61,9 +66,8 @@ def _probes(workdir: str) -> bool:
   """Whether the member's sweep probes it (its config.json's sweep.probe): then it is done only
   with its probe results."""
   try:
-    with open(os.path.join(workdir, "config.json")) as f:
-      return bool(json.load(f)["config"]["sweep"]["probe"])
-  except (OSError, ValueError, KeyError, TypeError):
+    return bool(record_lib.read_config(workdir)["sweep"]["probe"])
+  except (record_lib.ConfigFileError, KeyError, TypeError):
     return False
 
 
@@ -75,13 +79,13 @@ def archive(root: str, out: str) -> dict[str, int]:
   if out == root or out.startswith(root + os.sep):
     raise ArchiveError(f"--out: {out!r} is inside --root {root!r}; archive to another directory")
   counts = {"done": 0, "failed": 0, "left": 0}
-  for name in sorted(os.listdir(root)):
+  for name in record_lib.run_names(root):
     wd = os.path.join(root, name)
-    total = status_lib.total_steps(wd)
+    total = record_lib.total_steps(wd)
     if not total:
       continue  # not a member (no readable config.json)
     done = status_lib.is_done(wd, _probes(wd))
-    failed = os.path.isfile(os.path.join(wd, status_lib.FAILED_FILE))
+    failed = record_lib.failed(wd) is not None
     if not done and not failed:
       counts["left"] += 1
       continue
@@ -95,7 +99,7 @@ def archive(root: str, out: str) -> dict[str, int]:
       os.unlink(os.path.join(archived, rel))
     if done:
       record = {"final_step": total, "source": wd, "checkpoints_left_out": True}
-      status_lib.write_json_atomic(os.path.join(out, name, status_lib.ARCHIVE_FILE), record)
+      status_lib.write_json_atomic(os.path.join(out, name, record_lib.ARCHIVE_FILE), record)
     counts["done" if done else "failed"] += 1
   for f in ROOT_FILES:
     if os.path.isfile(os.path.join(root, f)):

@@ -29,16 +29,13 @@ The rule, as experiments/cms_control.py declared it before its runs:
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import math
 import os
-import re
 import statistics
 import sys
 
-from cbert_jax.run import metrics as metrics_lib
 from cbert_jax.run import plotting
+from cbert_jax.run import record as record_lib
 from cbert_jax.run import status as status_lib
 
 LEVELS = 10  # loss levels per pair: must equal experiments/cms_control.py's LEVELS (tested)
@@ -67,17 +64,15 @@ def _curve(workdir: str, total: int, tokens_per_step: int, fpt: float) -> list[d
   """[{step, tokens (data tokens seen: step x rows x seq_len), flops (training FLOPs: tokens x
   `fpt`, the FLOPs per data token), half_loss (mean nats per target)}] of the val_full records,
   by step; steps <= 0 (no place on a log axis) and beyond total_steps are left out."""
-  paths = glob.glob(os.path.join(workdir, "eval", "val_full-step_*.json"))
-  steps = [int(m.group(1)) for p in paths if (m := re.search(r"step_(\d+)\.json$", p))]
   curve = []
-  for step in sorted(s for s in steps if 0 < s <= total):
+  for step in (s for s in record_lib.val_full_steps(workdir) if 0 < s <= total):
     try:
-      rec = metrics_lib.read_val_full(workdir, step)
+      rec = record_lib.read_val_full(workdir, step)
     except ValueError as e:
       raise CmsError(str(e).replace("\n", " ")) from e
     half = rec.get("half") if isinstance(rec, dict) else None
     if not isinstance(half, dict) or not isinstance(half.get("loss"), (int, float)):
-      raise CmsError(f"{metrics_lib.val_full_path(workdir, step)}: no half.loss in the record")
+      raise CmsError(f"{record_lib.val_full_path(workdir, step)}: no half.loss in the record")
     tokens = step * tokens_per_step  # data tokens seen at `step`
     curve.append({"step": step, "tokens": tokens, "flops": tokens * fpt, "half_loss": half["loss"]})
   return curve
@@ -88,30 +83,30 @@ def _probes(workdir: str, total: int) -> tuple[dict[int, dict], str | None]:
   final offline suite's averages at total_steps (the `average` the suite stored: suite.average)."""
   prefix = "probe/avg/"
   out = {}
-  for row in metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"), missing_ok=True):
+  for row in record_lib.metrics_rows(workdir):
     avg = {k[len(prefix) :]: float(v) for k, v in row.items() if k.startswith(prefix)}
     if avg:
       out[int(row["step"])] = avg  # a resumed run's repeated step: the last row wins
-  path = status_lib.probe_results(workdir, total)
-  if path:
-    with open(path) as f:
-      average = json.load(f).get("results", {}).get("average")
-    if not isinstance(average, dict):
-      raise CmsError(f"{path}: no results.average (the offline suite writes it)")
-    out[total] = {k: float(v) for k, v in average.items()}
+  found = record_lib.offline_results(workdir, total)
+  if not found:
+    return out, None
+  path, body = found
+  average = body.get("results", {}).get("average")
+  if not isinstance(average, dict):
+    raise CmsError(f"{path}: no results.average (the offline suite writes it)")
+  out[total] = {k: float(v) for k, v in average.items()}
   return out, path
 
 
 def read_member(workdir: str) -> dict | None:
   """One member of the experiment, or None if `workdir` holds no config.json."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    return None
   try:
-    with open(path) as f:
-      cfg = json.load(f)["config"]
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise CmsError(f"{path}: not a run's config.json ({e})") from e
+    cfg = record_lib.read_config(workdir)
+  except record_lib.ConfigFileError as e:
+    if e.missing:
+      return None
+    raise CmsError(str(e)) from e
+  path = os.path.join(workdir, record_lib.CONFIG_FILE)
   if cfg.get("model_name") != "crossbert":
     raise CmsError(f"{workdir}: model_name {cfg.get('model_name')!r}, not a CrossBERT member")
   needed = [*PREMISE, "masking.cms", "model.size", "seed", "sweep.compute", "sweep.tokens"]
@@ -135,7 +130,7 @@ def read_runs(root: str) -> list[dict]:
   """Every member workdir directly under `root`."""
   if not os.path.isdir(root):
     raise CmsError(f"--runs: no such directory {root!r}")
-  found = [m for d in sorted(os.listdir(root)) if (m := read_member(os.path.join(root, d)))]
+  found = [m for d in record_lib.run_names(root) if (m := read_member(os.path.join(root, d)))]
   if not found:
     raise CmsError(f"--runs: {root!r} holds no member workdirs (subdirectories with config.json)")
   return found
@@ -442,7 +437,7 @@ def analyse(runs: str, out: str | None = None, allow_incomplete: bool = False) -
   pairs, warnings = pair_up(found, allow_incomplete)
   analysed = [analyse_pair(c, n) for c, n in pairs]
   used = [m for pair in pairs for m in pair]
-  definition = metrics_lib.read_val_full(used[0]["path"], used[0]["curve"][-1]["step"])
+  definition = record_lib.read_val_full(used[0]["path"], used[0]["curve"][-1]["step"])
   result = {
     "runs": os.path.abspath(runs),
     "LEVELS": LEVELS,

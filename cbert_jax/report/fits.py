@@ -1,11 +1,12 @@
 """A sweep's members read back from their workdirs, grouped by size over seeds, and what the
 scaling report fits to them.
 
-`read_sweep` reads every member workdir under the sweep directory (`config.json`, `metrics.jsonl`,
-the full-split validation record, the final step's offline probe results) into one dict per
-member; `group` folds the seeds of one (arch, size) into their mean and spread; `fit_loss`,
-`fit_probes`, `flops_ratios` and `cms_efficiency` compute the numbers that report.py states and
-report_plots.py draws; `read_cms_dir` reads the controlled CMS experiment's summary.
+`read_sweep` reads every member workdir under the sweep directory through `cbert_jax.run.record`
+(`config.json`, `metrics.jsonl`, the full-split validation record, the final step's offline probe
+results) into one dict per member; `group` folds the seeds of one (arch, size) into their mean
+and spread; `fit_loss`, `fit_probes`, `flops_ratios` and `cms_efficiency` compute the numbers that
+report.py states and report_plots.py draws; `read_cms_dir` reads the controlled CMS experiment's
+summary.
 
 The final validation loss is the full-split record `eval/val_full-step_<total_steps>.json`
 (cbert_jax.run.validation: every row of the split, masks that do not depend on the run), defined
@@ -33,8 +34,7 @@ import statistics
 
 import numpy as np
 
-from cbert_jax.run import metrics as metrics_lib
-from cbert_jax.run import status as status_lib
+from cbert_jax.run import record as record_lib
 from cbert_jax.scaling import fit as fit_lib
 from cbert_jax.scaling import laws as laws_lib
 
@@ -59,17 +59,15 @@ class ReportError(ValueError):
 
 # ------------------------------------------------------------------------------- reading ---
 def read_member(workdir: str) -> dict | None:
-  """One member's numbers, or None if `workdir` is not a run (no config.json)."""
-  try:
-    with open(os.path.join(workdir, "config.json")) as f:
-      cfg = json.load(f)["config"]
-  except (OSError, ValueError, KeyError):
+  """One member's numbers, or None if `workdir` is not a run (no readable config.json)."""
+  cfg = record_lib.config_or_none(workdir)
+  if cfg is None:
     return None
   from cbert_jax.evaluators import suite  # pylint: disable=import-outside-toplevel
 
   sweep = cfg.get("sweep", {})
   cms = bool(cfg["masking"]["cms"]) or cfg["model_name"] != "crossbert"
-  rows = metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"), missing_ok=True)
+  rows = record_lib.metrics_rows(workdir)
   total = int(cfg["total_steps"])
   tokens_per_step = int(cfg["batch_size"]) * int(cfg["data"]["seq_len"])
   curves = {
@@ -84,7 +82,7 @@ def read_member(workdir: str) -> dict | None:
     for key in CURVE_METRICS
   }
   try:
-    record = metrics_lib.read_val_full(workdir, total)
+    record = record_lib.read_val_full(workdir, total)
   except ValueError as e:
     raise ReportError(str(e)) from e
   final_eval = [r["eval/loss"] for r in rows if r.get("step") == total and "eval/loss" in r]
@@ -94,11 +92,8 @@ def read_member(workdir: str) -> dict | None:
   else:
     final, source, half = (final_eval[-1], "eval_loss", None) if final_eval else (None, None, None)
   tps = [r["perf/tokens_per_sec"] for r in rows if "perf/tokens_per_sec" in r]
-  probe_path = status_lib.probe_results(workdir, total)
-  probes = {}
-  if probe_path:
-    with open(probe_path) as f:
-      probes = suite.average(json.load(f)["results"])
+  found = record_lib.offline_results(workdir, total)
+  probe_path, probes = (found[0], suite.average(found[1]["results"])) if found else (None, {})
   curve_metric = "val_full/loss" if len(curves["val_full/loss"]) >= 2 else "eval/loss"
   return {
     "name": os.path.basename(workdir.rstrip("/")),
@@ -140,8 +135,7 @@ def read_sweep(root: str) -> list[dict]:
     raise ReportError(f"--sweep: no such directory {root!r}")
   members = [
     m
-    for d in sorted(os.listdir(root))
-    if os.path.isdir(os.path.join(root, d))
+    for d in record_lib.run_names(root)
     for m in [read_member(os.path.join(root, d))]
     if m is not None
   ]

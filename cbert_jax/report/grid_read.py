@@ -1,21 +1,21 @@
 """A hyperparameter grid's members, read back from their workdirs (SPEC §5).
 
 `read_grid(grid)` reads every member workdir under a grid directory (the subdirectories with a
-config.json, as `experiments/hparam_grid.py` run by `python -m cbert_jax.main` leaves them): the
-member's resolved config (model, size, N = `sweep.n_params`, compute C = `sweep.compute`, rows,
-seq_len, peak LR, total_steps), its metrics.jsonl and its final validation loss. `Member` is one
-such run; `Optimum` the best member of one (model, size) and the grid it was chosen from.
-`cbert_jax.report.grid` fits the laws from them; `cbert_jax.report.grid_plot` draws them.
+config.json, as `experiments/hparam_grid.py` run by `python -m cbert_jax.main` leaves them) through
+`cbert_jax.run.record`: the member's resolved config (model, size, N = `sweep.n_params`, compute
+C = `sweep.compute`, rows, seq_len, peak LR, total_steps), its metrics.jsonl and its final
+validation loss. `Member` is one such run; `Optimum` the best member of one (model, size) and the
+grid it was chosen from. `cbert_jax.report.grid` fits the laws from them;
+`cbert_jax.report.grid_plot` draws them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 
-from cbert_jax.run import metrics as metrics_lib
+from cbert_jax.run import record as record_lib
 
 # The final validation loss a member is judged by (`--metric`).
 METRICS = {
@@ -79,9 +79,10 @@ def read_member(workdir: str, metric: str = "val_full") -> Member | None:
   is `metric` (`METRICS`) at total_steps."""
   if metric not in METRICS:
     raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
+  cfg = record_lib.config_or_none(workdir)
+  if cfg is None:
+    return None
   try:
-    with open(os.path.join(workdir, "config.json")) as f:
-      cfg = json.load(f)["config"]
     sweep = cfg.get("sweep", {})
     model = str(cfg["model_name"])
     cms = bool(cfg.get("masking", {}).get("cms", True)) or model != "crossbert"
@@ -101,28 +102,19 @@ def read_member(workdir: str, metric: str = "val_full") -> Member | None:
       loss=None,
       state="unfinished",
     )
-  except (OSError, ValueError, KeyError, TypeError):
+  except (ValueError, KeyError, TypeError):
     return None
-  rows = [
-    r
-    for r in metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"), missing_ok=True)
-    if isinstance(r.get("step"), int)
-  ]
+  rows = record_lib.metrics_rows(workdir)
   m.final_step = max((r["step"] for r in rows), default=0)
   if metric == "val_full":
     try:
-      rec = metrics_lib.read_val_full(workdir, m.total_steps)
+      rec = record_lib.read_val_full(workdir, m.total_steps)
     except ValueError as e:
       raise GridError(str(e)) from e
     final = [float(rec["loss"])] if rec is not None else []
   else:
     final = [r["eval/loss"] for r in rows if r["step"] == m.total_steps and "eval/loss" in r]
-  failed = ""
-  try:
-    with open(os.path.join(workdir, "FAILED")) as f:  # written by the sweep runner
-      failed = f.read().strip()
-  except OSError:
-    pass
+  failed = record_lib.failed(workdir) or ""  # written by the sweep runner
   diverged = "NonFinite" in failed or any(
     _nonfinite(r.get("train/loss")) or _nonfinite(r.get("eval/loss")) for r in rows
   )
@@ -136,7 +128,7 @@ def read_member(workdir: str, metric: str = "val_full") -> Member | None:
     m.state, m.reason = "failed", failed
   elif m.final_step >= m.total_steps:
     m.reason = (
-      f"finished, but no {metrics_lib.val_full_path('', m.total_steps)} (backfill: python -m "
+      f"finished, but no {record_lib.val_full_path('', m.total_steps)} (backfill: python -m "
       "cbert_jax.run.validation --root GRID)"
       if metric == "val_full"
       else f"no eval/loss at the final step {m.total_steps}"
@@ -155,8 +147,7 @@ def read_grid(grid: str, metric: str = "val_full") -> list[Member]:
     raise GridError(f"--grid: {grid!r} is not a directory")
   members = [
     m
-    for d in sorted(os.listdir(grid))
-    if os.path.isdir(os.path.join(grid, d))
+    for d in record_lib.run_names(grid)
     for m in [read_member(os.path.join(grid, d), metric)]
     if m is not None
   ]

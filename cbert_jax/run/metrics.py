@@ -99,26 +99,6 @@ def _parse_lines(text: str, path: pathlib.Path) -> tuple[list[str], list[dict[st
   return lines, records
 
 
-def val_full_path(workdir: str | os.PathLike[str], step: int) -> str:
-  """Where `cbert_jax.run.validation` writes a run's full-split validation record at `step`."""
-  return os.path.join(workdir, "eval", f"val_full-step_{int(step)}.json")
-
-
-def read_val_full(workdir: str | os.PathLike[str], step: int) -> dict[str, Any] | None:
-  """The run's full-split validation record at `step` (`cbert_jax.run.validation`), None without
-  one; a file that is not JSON raises ValueError naming it."""
-  path = val_full_path(workdir, step)
-  try:
-    with open(path) as f:
-      text = f.read()
-  except FileNotFoundError:
-    return None
-  try:
-    return json.loads(text)
-  except ValueError as e:
-    raise ValueError(f"{path}: not a validation record ({e})") from e
-
-
 def read_metrics(path: str | os.PathLike[str], missing_ok: bool = False) -> list[dict[str, Any]]:
   """Reads a metrics.jsonl file written by `MetricWriter`.
 

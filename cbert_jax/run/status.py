@@ -1,4 +1,5 @@
-"""A sweep's state, read from its members' workdirs (the in-process runner and `launch.sweep status`).
+"""A sweep's state, read from its members' workdirs through `record` (the in-process runner and
+`launch.sweep status`).
 
 A member is
   done     its workdir holds the checkpoint of its final step (config.json's total_steps), or is
@@ -14,15 +15,20 @@ A member is
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 import tempfile
 import time
 
+from cbert_jax.run import record as record_lib
+
 RUNNING_WINDOW_S = 600.0
-FAILED_FILE = "FAILED"
-ARCHIVE_FILE = "ARCHIVE.json"  # in an archived member: `report.archive`
+FAILED_FILE = record_lib.FAILED_FILE  # written by `mark_failed`, read by `record.failed`
+# The reader's functions as tests/sweep/test_sweep_runner.py and tests/launch/ still call them here
+# (to go when they call `record`).
+checkpoint_steps = record_lib.checkpoint_steps
+probe_results = record_lib.probe_results
+total_steps = record_lib.total_steps
 STATUS_FILE = "sweep_status.json"
 
 
@@ -38,68 +44,14 @@ class MemberState:
     return dataclasses.asdict(self)
 
 
-def total_steps(workdir: str) -> int:
-  try:
-    with open(os.path.join(workdir, "config.json")) as f:
-      return int(json.load(f)["config"]["total_steps"])
-  except (OSError, ValueError, KeyError, TypeError):
-    return 0
-
-
-def checkpoint_steps(workdir: str) -> list[int]:
-  """Steps of the complete checkpoints in workdir/checkpoints (orbax's tmp dirs are skipped)."""
-  root = os.path.join(workdir, "checkpoints")
-  try:
-    names = os.listdir(root)
-  except OSError:
-    return []
-  return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(root, n)))
-
-
-def probe_results(workdir: str, step: int) -> str | None:
-  """The offline-suite results file of `step` (any evals settings), or None."""
-  for path in sorted(glob.glob(os.path.join(workdir, "eval", f"step_{step}*.json"))):
-    try:
-      with open(path) as f:
-        if json.load(f).get("suite", "offline") == "offline":
-          return path
-    except (OSError, ValueError):
-      continue
-  return None
-
-
-def last_logged_step(workdir: str) -> int:
-  """The step of metrics.jsonl's last complete line (0 if none): where a running member is."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  try:
-    with open(path, "rb") as f:
-      f.seek(max(0, os.path.getsize(path) - 65536))
-      lines = f.read().decode("utf-8", "replace").splitlines()
-  except OSError:
-    return 0
-  for line in reversed(lines):
-    try:
-      return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-      continue
-  return 0
-
-
-def archived_step(workdir: str) -> int:
-  """The final step recorded by `ARCHIVE_FILE` in an archived member (0 if not archived)."""
-  try:
-    with open(os.path.join(workdir, ARCHIVE_FILE)) as f:
-      return int(json.load(f)["final_step"])
-  except (OSError, ValueError, KeyError, TypeError):
-    return 0
-
-
 def is_done(workdir: str, probe: bool) -> bool:
-  total = total_steps(workdir)
+  total = record_lib.total_steps(workdir)
   return (
     bool(total)
-    and (total in checkpoint_steps(workdir) or archived_step(workdir) == total)
-    and (not probe or probe_results(workdir, total) is not None)
+    and (
+      total in record_lib.checkpoint_steps(workdir) or record_lib.archived_step(workdir) == total
+    )
+    and (not probe or record_lib.probe_results(workdir, total) is not None)
   )
 
 
@@ -120,22 +72,24 @@ def member_state(
   name: str, workdir: str, probe: bool = True, now: float | None = None
 ) -> MemberState:
   now = time.time() if now is None else now
-  steps = checkpoint_steps(workdir)
+  steps = record_lib.checkpoint_steps(workdir)
   st = MemberState(
-    name=name, state="pending", step=steps[-1] if steps else 0, total_steps=total_steps(workdir)
+    name=name,
+    state="pending",
+    step=steps[-1] if steps else 0,
+    total_steps=record_lib.total_steps(workdir),
   )
   if is_done(workdir, probe):
     st.state, st.step = "done", st.total_steps  # an archived member has no checkpoints
     return st
-  failed, log = os.path.join(workdir, FAILED_FILE), os.path.join(workdir, "metrics.jsonl")
-  log_time = os.path.getmtime(log) if os.path.exists(log) else None
-  if os.path.exists(failed) and (log_time is None or os.path.getmtime(failed) >= log_time):
-    with open(failed) as f:
-      st.error = f.read().strip()
+  log_time = record_lib.modified(workdir, record_lib.METRICS_FILE)
+  failed_time = record_lib.modified(workdir, FAILED_FILE)
+  if failed_time is not None and (log_time is None or failed_time >= log_time):
+    st.error = record_lib.failed(workdir) or ""
     st.state = "failed"
   elif log_time is not None and now - log_time < RUNNING_WINDOW_S:
     st.state = "running"
-    st.step = max(st.step, last_logged_step(workdir))
+    st.step = max(st.step, record_lib.last_logged_step(workdir))
   return st
 
 

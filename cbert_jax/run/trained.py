@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
@@ -28,6 +27,7 @@ from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 from cbert_jax.run import checkpoint as ckpt_lib
+from cbert_jax.run import record as record_lib
 from cbert_jax.run import workdir as workdir_lib
 from cbert_jax.step import sharding
 from cbert_jax.step.state import abstract_like, abstract_model
@@ -56,22 +56,22 @@ class Trained:
 
 
 def read_config(workdir: str) -> dict:
-  """The workdir's config.json as a dict. ConfigError when it is missing or unreadable."""
-  path = os.path.join(workdir, "config.json")
+  """The workdir's config.json as a dict (`record.read_record`). ConfigError when it is missing or
+  unreadable."""
   try:
-    with open(path) as f:
-      record = json.load(f)
-    record["config"]["model_name"]  # noqa: B018  (a KeyError here means it is not a run's record)
-  except FileNotFoundError as e:
+    body = record_lib.read_record(workdir)
+    if "model_name" not in body["config"]:  # not a run's record
+      raise record_lib.ConfigFileError(workdir, KeyError("model_name"))
+  except record_lib.ConfigFileError as e:
+    if isinstance(e.cause, FileNotFoundError):
+      raise ConfigError(
+        f"workdir {workdir}: no config.json; expected the directory of a cbert_jax "
+        "training run (--workdir of `python -m cbert_jax.main`)"
+      ) from e
     raise ConfigError(
-      f"workdir {workdir}: no config.json; expected the directory of a cbert_jax "
-      "training run (--workdir of `python -m cbert_jax.main`)"
+      f"workdir {workdir}: cannot read config.json ({type(e.cause).__name__}: {e.cause})"
     ) from e
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise ConfigError(
-      f"workdir {workdir}: cannot read config.json ({type(e).__name__}: {e})"
-    ) from e
-  return record
+  return body
 
 
 def load(workdir: str, step: int | None = None, *, devices=None) -> Trained:

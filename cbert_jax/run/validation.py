@@ -75,7 +75,7 @@ from flax import nnx
 from cbert_jax.data import prepare, settings
 from cbert_jax.errors import CheckpointError, ConfigError
 from cbert_jax.run import checkpoint as ckpt_lib
-from cbert_jax.run import metrics as metrics_lib
+from cbert_jax.run import record as record_lib
 from cbert_jax.run import trained
 from cbert_jax.run.progress import format_duration
 from cbert_jax.step import sharding
@@ -268,7 +268,7 @@ def full_split_loss(
 
 # ------------------------------------------------------------------------------ files ---
 def output_path(workdir: str, step: int) -> str:
-  return metrics_lib.val_full_path(workdir, step)
+  return record_lib.val_full_path(workdir, step)
 
 
 def record(step: int, result: Result, model_name: str, seed: int = MASK_SEED) -> dict:

@@ -28,6 +28,7 @@ from cbert_jax import evaluate, train
 from cbert_jax.errors import CheckpointError, ConfigError
 from cbert_jax.report import sweep_report
 from cbert_jax.run import progress as progress_lib
+from cbert_jax.run import record as record_lib
 from cbert_jax.run import status as status_lib
 from cbert_jax.sweep import experiment as experiment_lib
 
@@ -129,8 +130,8 @@ def run(config: ml_collections.ConfigDict, root: str) -> int:
     t0 = time.time()
     try:
       summary = None
-      if cfg.total_steps not in status_lib.checkpoint_steps(workdir):
-        before = (status_lib.checkpoint_steps(workdir) or [0])[-1]
+      if cfg.total_steps not in record_lib.checkpoint_steps(workdir):
+        before = (record_lib.checkpoint_steps(workdir) or [0])[-1]
         summary = train.run(cfg, workdir)
         if summary.stopped_early:
           logging.warning(

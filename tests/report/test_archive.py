@@ -7,8 +7,8 @@ import os
 import shutil
 
 from cbert_jax.report import archive, grid_read
-from cbert_jax.run import status
-from tests.report.test_grid import write_member
+from cbert_jax.run import record, status
+from tests.members import add_checkpoint, grid_member
 
 
 def _grid(root):
@@ -19,11 +19,9 @@ def _grid(root):
     ("b_lr4", 4e-3, {"failed": "NonFiniteLossError: loss nan at step 7"}),
     ("b_lr8", 8e-3, {"final_step": 40}),
   ):
-    wd = write_member(root, name, "bert", "d32L2", 5e4, 3e11, 8, lr, 6.0 + lr, **kw)
+    wd = grid_member(root, name, "bert", "d32L2", 5e4, 3e11, 8, lr, 6.0 + lr, **kw)
     if not kw:
-      os.makedirs(os.path.join(wd, "checkpoints", "100", "state"))  # the final checkpoint
-      with open(os.path.join(wd, "checkpoints", "100", "state", "blob"), "wb") as f:
-        f.write(b"\0" * 4096)
+      add_checkpoint(wd, 100)  # the final checkpoint
   with open(os.path.join(root, "sweep.json"), "w") as f:
     f.write('{"scale": "cpu", "members": []}\n')
 
@@ -45,21 +43,19 @@ def test_an_archive_reads_back_as_the_grid_without_its_checkpoints(tmp_path, cap
   assert [m.state for m in want] == ["done", "done", "diverged"]
   for name, done in (("b_lr1", True), ("b_lr2", True), ("b_lr4", False)):
     assert status.is_done(str(out / name), probe=False) is done
-    assert status.archived_step(str(out / name)) == (100 if done else 0)
+    assert record.archived_step(str(out / name)) == (100 if done else 0)
   assert not status.is_done(str(out / "b_lr1"), probe=True)  # no probe results: not done
 
   # Archiving again (the grid went on: b_lr8 finished) updates the archive in place.
   shutil.rmtree(root / "b_lr8")
-  write_member(str(root), "b_lr8", "bert", "d32L2", 5e4, 3e11, 8, 8e-3, 5.5)
-  os.makedirs(root / "b_lr8" / "checkpoints" / "100")
+  add_checkpoint(grid_member(str(root), "b_lr8", "bert", "d32L2", 5e4, 3e11, 8, 8e-3, 5.5), 100)
   assert archive.main(["--root", str(root), "--out", str(out)]) == 0
   assert status.is_done(str(out / "b_lr8"), probe=False)
   assert key(grid_read.read_grid(str(out))) == key(grid_read.read_grid(str(root)))
   # A member archived as failed, then retried successfully (its FAILED cleared): the archive
   # drops the stale FAILED too, so it reads back as done, not failed.
   shutil.rmtree(root / "b_lr4")
-  write_member(str(root), "b_lr4", "bert", "d32L2", 5e4, 3e11, 8, 4e-3, 5.9)
-  os.makedirs(root / "b_lr4" / "checkpoints" / "100")
+  add_checkpoint(grid_member(str(root), "b_lr4", "bert", "d32L2", 5e4, 3e11, 8, 4e-3, 5.9), 100)
   assert os.path.exists(out / "b_lr4" / "FAILED")
   assert archive.main(["--root", str(root), "--out", str(out)]) == 0
   assert "archived 4 done and 0 failed member(s)" in capsys.readouterr().out

@@ -1,5 +1,5 @@
 """The hyperparameter-law grid: `cbert_jax.report.grid fit` recovers known exponents from a
-synthetic grid (losses from a bowl whose optimum follows lr* = a C^alpha, B* = b C^beta), writes a
+synthetic grid (tests/members.py's make_grid: losses from a bowl whose optimum follows lr* = a C^alpha, B* = b C^beta), writes a
 laws file the sweep reads, skips unfinished members; it refuses (exit 2, nothing written) a fit on
 fewer than 3 sizes, with an optimum on a grid's edge or with an implausible exponent, unless the
 check's flag (with a reason) overrides it, and then records the override (and the sweep warns).
@@ -16,133 +16,24 @@ import pytest
 
 from cbert_jax import config_lib
 from cbert_jax.report import grid as grid_lib
-from cbert_jax.run import metrics as metrics_lib
+from cbert_jax.run import record as record_lib
+from cbert_jax.run import status as status_lib
 from cbert_jax.scaling import laws as laws_lib
 from cbert_jax.sweep import experiment
+from tests.members import (
+  B_BETA,
+  JITTER,
+  LR_ALPHA,
+  SEQ_LEN,
+  SIZES,
+  append_rows,
+  grid_member,
+  make_grid,
+  true_optimum,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SWEEP = os.path.join(ROOT, "experiments", "sweep.py")
-SEQ_LEN = 128
-# The bowl's optimum: lr* = LR_A C^LR_ALPHA, B* (tokens) = B_A C^B_BETA.
-LR_A, LR_ALPHA = 0.5, -0.15
-B_A, B_BETA = 0.05, 0.4
-
-
-def write_member(
-  root,
-  name,
-  model,
-  size,
-  n,
-  compute,
-  rows,
-  lr,
-  loss,
-  final_step=None,
-  total_steps=100,
-  failed="",
-  eval_loss=None,
-  val_full=True,
-):
-  """A member workdir as train.run leaves it: config.json, metrics.jsonl (eval/loss at the end:
-  `eval_loss`, default `loss`) and, for a finished run (unless `val_full` is False), the
-  full-split validation record with `loss`; optionally cut short at `final_step` or marked
-  FAILED."""
-  wd = os.path.join(root, name)
-  os.makedirs(wd)
-  cfg = {
-    "name": name,
-    "model_name": model,
-    "total_steps": total_steps,
-    "batch_size": rows,
-    "model": {"size": size},
-    "masking": {"cms": True},
-    "data": {"seq_len": SEQ_LEN},
-    "optim": {"lr": lr},
-    "sweep": {"n_params": n, "compute": compute, "n_definition": "non_embedding"},
-  }
-  with open(os.path.join(wd, "config.json"), "w") as f:
-    json.dump({"config": cfg, "provenance": {}}, f)
-  last = total_steps if final_step is None else final_step
-  rows_out = [
-    {"step": 10, "train/loss": loss + 1.0},
-    {"step": last // 2, "eval/loss": loss + 0.5},
-    {"step": last, "train/loss": loss + 0.1},
-    {"step": last, "eval/loss": loss if eval_loss is None else eval_loss},
-  ]
-  with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
-    f.write("".join(json.dumps(r) + "\n" for r in rows_out))
-  if val_full and final_step is None and not failed:
-    os.makedirs(os.path.join(wd, "eval"))
-    with open(metrics_lib.val_full_path(wd, total_steps), "w") as f:
-      json.dump({"step": total_steps, "loss": loss, "masked_acc": 0.1}, f)
-  if failed:
-    with open(os.path.join(wd, "FAILED"), "w") as f:
-      f.write(failed + "\n")
-  return wd
-
-
-def true_optimum(compute, jitter=(0.0, 0.0), lr_a=LR_A, lr_alpha=LR_ALPHA):
-  """(lr*, B* tokens) of a size: the laws' values moved by `jitter` octaves (lr, B), the scatter
-  of real optima about a law."""
-  return (lr_a * compute**lr_alpha * 2.0 ** jitter[0], B_A * compute**B_BETA * 2.0 ** jitter[1])
-
-
-def bowl(compute, rows, lr, lr_a=LR_A, lr_alpha=LR_ALPHA, jitter=(0.0, 0.0)):
-  """Final loss: a level falling with C plus a quadratic bowl in log lr and log B around the
-  size's true optimum."""
-  lr_opt, b_opt = true_optimum(compute, jitter, lr_a, lr_alpha)
-  return (
-    3.0 * compute**-0.05
-    + 0.3 * math.log(lr / lr_opt) ** 2
-    + 0.2 * math.log(rows * SEQ_LEN / b_opt) ** 2
-  )
-
-
-# (model, size, N); C = 6 N x 20 N (the sweep's budget), so lr* and B* are power laws in N too.
-SIZES = [
-  ("bert", "d32L2", 5e4),
-  ("bert", "d64L2", 1.5e5),
-  ("bert", "d96L3", 4e5),
-  ("bert", "d128L3", 1e6),
-  ("crossbert", "d32L2", 8e4),
-  ("crossbert", "d64L2", 2.5e5),
-  ("crossbert", "d96L3", 6e5),
-]
-# Off-centre grids (per size, in octaves): the best grid point misses the true optimum a little.
-OFFSETS = [0.1, -0.15, 0.05, -0.05, 0.15, -0.1, 0.0]
-# Each size's true optimum off the laws (octaves of lr, of B): the fits have residuals.
-JITTER = [
-  (0.1, -0.05),
-  (-0.05, 0.08),
-  (0.08, 0.02),
-  (-0.1, -0.08),
-  (0.02, 0.1),
-  (0.05, -0.02),
-  (-0.08, 0.05),
-]
-
-
-def make_grid(root, sizes=SIZES, lr_shift=0.0, lr_a=LR_A, lr_alpha=LR_ALPHA):
-  """A 5 x 5 grid per size around the true optimum (shifted by `lr_shift` octaves; the optimum
-  lr* = lr_a C^lr_alpha); returns {(model, size): the best member's (name, C, N, rows, lr)}."""
-  best = {}
-  for (model, size, n), u, jit in zip(sizes, OFFSETS, JITTER):
-    compute = 120.0 * n * n
-    lr0, rows0 = lr_a * compute**lr_alpha, B_A * compute**B_BETA / SEQ_LEN
-    cands = []
-    for i in range(-2, 3):
-      for j in range(-2, 3):
-        lr = float(f"{lr0 * 2.0 ** (i + u + lr_shift):.3g}")
-        rows = max(1, int(round(rows0 * 2.0 ** (j - u))))
-        name = f"{model}_{size}_b{rows}_lr{lr:.3g}"
-        if os.path.exists(os.path.join(root, name)):
-          continue  # rounding made two points equal
-        loss = bowl(compute, rows, lr, lr_a, lr_alpha, jit)
-        write_member(root, name, model, size, int(n), compute, rows, lr, loss)
-        cands.append((loss, name, compute, n, rows, lr))
-    best[(model, size)] = min(cands)[1:]
-  return best
 
 
 def test_fit_recovers_exponents_writes_laws_and_plot_the_sweep_reads(tmp_path, capsys):
@@ -268,8 +159,10 @@ def test_vertex_is_the_parabola_minimum_and_argmin_keeps_the_grid_points(tmp_pat
     for d in os.listdir(root)
     if d.startswith(f"bert_d64L2_b{rows}_lr") and float(d.split("_lr")[1]) > lr_best
   )[0]
-  with open(os.path.join(root, f"bert_d64L2_b{rows}_lr{higher:.3g}", "FAILED"), "w") as f:
-    f.write("NonFiniteLossError: loss nan at step 50\n")
+  status_lib.mark_failed(
+    os.path.join(root, f"bert_d64L2_b{rows}_lr{higher:.3g}"),
+    "NonFiniteLossError: loss nan at step 50",
+  )
   assert grid_lib.main(["fit", "--grid", root, "--bootstrap", "0"]) == 0
   table = capsys.readouterr().out
   assert "bert d64L2: lr* grid point (a neighbour diverged); B* vertex of the rows' best" in table
@@ -308,12 +201,12 @@ def test_unfinished_skipped_diverged_kept_and_edge_refused_unless_allowed(tmp_pa
   model, size, n = SIZES[0]
   compute = 120.0 * n * n
   # An unfinished member with a (partial) loss lower than anything: skipped, not chosen.
-  write_member(
+  grid_member(
     root, "bert_d32L2_b999_lr0.5", model, size, int(n), compute, 999, 0.5, -5.0, final_step=40
   )
   # A diverged member (NaN loss, FAILED by the runner): part of the grid, never the best.
   best_rows = best[("bert", "d32L2")][3]  # in the best's row, beyond its LR: it bounds the row
-  wd = write_member(
+  wd = grid_member(
     root,
     f"bert_d32L2_b{best_rows}_lr9",
     model,
@@ -326,11 +219,9 @@ def test_unfinished_skipped_diverged_kept_and_edge_refused_unless_allowed(tmp_pa
     final_step=30,
     failed="NonFiniteError: loss is nan at step 30",
   )
-  with open(os.path.join(wd, "metrics.jsonl"), "a") as f:
-    f.write(json.dumps({"step": 30, "train/loss": "nan"}) + "\n")
+  append_rows(wd, [{"step": 30, "train/loss": "nan"}])
   # A torn last line (a crash mid-write) is ignored.
-  with open(os.path.join(root, best[("bert", "d64L2")][0], "metrics.jsonl"), "a") as f:
-    f.write('{"step": 100, "eval/lo')
+  append_rows(os.path.join(root, best[("bert", "d64L2")][0]), [], torn='{"step": 100, "eval/lo')
   # Refused: one line naming the sizes on an edge and the flag; nothing written.
   assert grid_lib.main(["fit", "--grid", root, "--bootstrap", "50"]) == 2
   err = capsys.readouterr().err.strip()
@@ -391,7 +282,7 @@ def test_a_size_best_at_one_row_is_refused_as_unwidenable_and_can_be_excluded(tm
   model, size, n = SIZES[0]
   compute = 120.0 * n * n
   # d32L2's best moves to 1 row, below its grid: an edge no grid can widen.
-  write_member(root, "bert_d32L2_b1_lr0.001", model, size, int(n), compute, 1, 1e-3, -1.0)
+  grid_member(root, "bert_d32L2_b1_lr0.001", model, size, int(n), compute, 1, 1e-3, -1.0)
   assert grid_lib.main(["fit", "--grid", root, "--bootstrap", "0", "--no_plot"]) == 2
   err = capsys.readouterr().err.strip()
   assert "bert d32L2 (B 1 rows" in err and "(1 row, the smallest batch there is)" in err, err
@@ -421,9 +312,9 @@ def test_members_are_judged_by_the_full_split_loss_unless_told_otherwise(tmp_pat
   compute = 120.0 * n * n
   winner = best[(model, size)]
   # A member whose eval/loss beats the size's best but whose full-split loss does not ...
-  write_member(root, "decoy", model, size, int(n), compute, 7, 0.0123, 99.0, eval_loss=-1.0)
+  grid_member(root, "decoy", model, size, int(n), compute, 7, 0.0123, 99.0, eval_loss=-1.0)
   # ... and one whose full-split record is missing (a run from before val_full).
-  write_member(root, "old", model, size, int(n), compute, 9, 0.0123, -2.0, val_full=False)
+  grid_member(root, "old", model, size, int(n), compute, 9, 0.0123, -2.0, val_full=False)
   assert grid_lib.main(["fit", "--grid", root, "--no_plot", "--bootstrap", "0"]) == 0
   out = capsys.readouterr()
   assert "old (finished, but no eval/val_full-step_100.json" in out.err
@@ -444,7 +335,7 @@ def test_members_are_judged_by_the_full_split_loss_unless_told_otherwise(tmp_pat
   # The record is where cbert_jax.run.validation writes it.
   from cbert_jax.run import validation  # pylint: disable=import-outside-toplevel
 
-  assert validation.output_path(root, 7) == metrics_lib.val_full_path(root, 7)
+  assert validation.output_path(root, 7) == record_lib.val_full_path(root, 7)
 
 
 def test_few_sizes_refused_unless_allowed_and_every_failed_check_named(tmp_path, capsys):
@@ -579,8 +470,8 @@ def test_bad_grid_input_is_one_line_naming_the_path_exit_2(tmp_path, capsys):
   one = str(tmp_path / "one")
   make_grid(one, SIZES[:1])
   half = str(tmp_path / "half")  # two sizes, but one is unfinished
-  write_member(half, "a", "bert", "d32L2", 50_000, 3e11, 8, 1e-2, 3.0)
-  write_member(half, "b", "bert", "d64L2", 150_000, 3e12, 8, 1e-2, 3.0, final_step=5)
+  grid_member(half, "a", "bert", "d32L2", 50_000, 3e11, 8, 1e-2, 3.0)
+  grid_member(half, "b", "bert", "d64L2", 150_000, 3e12, 8, 1e-2, 3.0, final_step=5)
   for argv, path, words in (
     (["fit", "--grid", missing], missing, "no such directory"),
     (["fit", "--grid", str(empty)], str(empty), "holds no member workdirs"),

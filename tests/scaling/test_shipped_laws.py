@@ -9,7 +9,7 @@ from cbert_jax import config_lib
 from cbert_jax.report import grid as grid_lib
 from cbert_jax.scaling import laws as laws_lib
 from cbert_jax.sweep import experiment
-from tests.report.test_grid import SIZES, make_grid
+from tests.members import SIZES, make_grid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
