@@ -19,6 +19,7 @@ import pytest
 
 from cbert_jax.report import cms
 from cbert_jax.sweep import experiment as experiment_lib
+from tests import members
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 B, T, STEPS, EVERY = 8, 16, 100, 5  # rows, seq_len, total_steps, val_full_every
@@ -42,39 +43,35 @@ def write_member(root, size, seed, cms_arm, r=1.0, *, loss=None, last=STEPS, bat
   """A member workdir `root/<name>` whose half loss is loss_at(tokens, r) (or loss(step)),
   measured every EVERY steps up to `last`; probe rows and the final suite at STEPS."""
   name = f"crossbert{'' if cms_arm else '-nocms'}_{size}_s{seed}"
-  wd = root / name
-  (wd / "eval").mkdir(parents=True)
   tokens = STEPS * batch * T
-  cfg = {
-    "model_name": "crossbert",
-    "masking": {"cms": cms_arm, "mask_ratio": 0.5},
-    "model": {"size": size},
-    "seed": seed,
-    "batch_size": batch,
-    "data": {"seq_len": T},
-    "total_steps": STEPS,
-    "optim": {"lr": lr},
-    "sweep": {"n_params": N[size], "compute": FPT[cms_arm] * tokens, "tokens": tokens},
-  }
-  (wd / "config.json").write_text(json.dumps({"config": cfg, "provenance": {}}))
+  config = members.member_config(
+    model="crossbert",
+    size=size,
+    total_steps=STEPS,
+    batch_size=batch,
+    seq_len=T,
+    lr=lr,
+    cms=cms_arm,
+    seed=seed,
+    sweep={"n_params": N[size], "compute": FPT[cms_arm] * tokens, "tokens": tokens},
+  )
+  val_full = {}
   for step in range(EVERY, last + 1, EVERY):
     value = loss(step) if loss else loss_at(step * batch * T, r)
-    rec = {"step": step, "loss": value, "masked_acc": 0.1, "rows": 64, "target_tokens": 512}
+    rec = {"loss": value, "masked_acc": 0.1, "rows": 64, "target_tokens": 512}
     rec |= {"mask_key": 1, "definition": "test definition", "model_name": "crossbert"}
     rec |= {"metrics": {}, "half": {"loss": value, "masked_acc": 0.1, "target_tokens": 512}}
-    (wd / "eval" / f"val_full-step_{step}.json").write_text(json.dumps(rec))
+    val_full[step] = rec
   rows = [{"step": s, "train/loss": 3.0, "tokens_seen": s * batch * T} for s in range(10, 101, 10)]
   for s in PROBE_STEPS:
     sc = score_at(s * batch * T, r)
     rows.append({"step": s, "probe/avg/ridge": sc, "probe/avg/knn": sc - 0.1, "probe/avg/all": sc})
-  (wd / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
   sc = score_at(STEPS * batch * T, r)  # the final offline suite: one task, its stored average
   task = {"kind": "classification", "metric": "acc", "ridge": {"dev": sc, "test": sc}}
   task["knn"] = {"dev": sc - 0.1, "test": sc - 0.1}
   results = {"task": task, "average": {"ridge": sc, "knn": sc - 0.1, "all": sc}}
-  suite = {"tag": f"step_{STEPS}", "suite": "offline", "step": STEPS, "results": results}
-  (wd / "eval" / f"step_{STEPS}.json").write_text(json.dumps(suite))
-  return wd
+  members.write_member(root / name, config, rows=rows, val_full=val_full, probes={STEPS: results})
+  return root / name
 
 
 # size -> seed -> r; d96L3 seed 1's no-CMS curve rises (no shared range)

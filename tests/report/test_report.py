@@ -15,8 +15,10 @@ from cbert_jax.report import fits as report_fits
 from cbert_jax.report import grid as grid_lib
 from cbert_jax.report import loss_surface
 from cbert_jax.report import sweep_report as report
+from cbert_jax.run import record as record_lib
 from cbert_jax.scaling import chinchilla, fit
 from cbert_jax.scaling import laws as laws_lib
+from tests import members
 
 SIZES = ("d32L2", "d64L2", "d96L3", "d128L3")
 # A few optimiser starts near the planted surface keep these tests fast: the start grid's search
@@ -47,21 +49,18 @@ def _member(
   """A member workdir. probes: (ridge, knn, retrieval) or {probe: score} (with "logreg"); curve:
   (tokens, eval/loss) rows every 10 steps (the last at total_steps); val_full: the full-split
   record's loss (None: no record); half_curve: val_full/half_loss rows at the same steps."""
-  d = root / name
-  (d / "eval").mkdir(parents=True)
   steps = len(curve) * 10
-  cfg = {
-    "model_name": model,
-    "model": {"size": size},
-    "masking": {"cms": cms},
-    "seed": seed,
-    "total_steps": steps,
-    "batch_size": batch,
-    "data": {"seq_len": 32},
-    "optim": {"lr": lr},
-    "sweep": {"n_params": n, "compute": compute, "tokens": tokens},
-  }
-  (d / "config.json").write_text(json.dumps({"config": cfg}))
+  config = members.member_config(
+    model=model,
+    size=size,
+    total_steps=steps,
+    batch_size=batch,
+    seq_len=32,
+    lr=lr,
+    cms=cms,
+    seed=seed,
+    sweep={"n_params": n, "compute": compute, "tokens": tokens},
+  )
   rows = [
     {"step": 10 * (i + 1), "tokens_seen": t, "eval/loss": l}
     for i, (t, l) in enumerate(curve if finished else curve[:-1])
@@ -69,11 +68,6 @@ def _member(
   for r, (_, h) in zip(rows, half_curve or []):
     r["val_full/half_loss"] = h
   rows += [{"step": s, "perf/tokens_per_sec": tps, "perf/mfu": 0.3} for s in (5, 15, 25)]
-  (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-  if val_full is not None and finished:
-    (d / "eval" / f"val_full-step_{steps}.json").write_text(
-      json.dumps({"step": steps, "loss": val_full})
-    )
   if not isinstance(probes, dict):
     probes = dict(zip(("ridge", "knn", "retrieval"), probes))
   cls = {"kind": "classification", "metric": "accuracy", "headline_split": "test"}
@@ -85,10 +79,13 @@ def _member(
       "metric": "ndcg@10",
       "test": {"ndcg@10": probes["retrieval"]},
     }
-  if finished:
-    (d / "eval" / f"step_{steps}.json").write_text(
-      json.dumps({"suite": "offline", "results": results})
-    )
+  members.write_member(
+    root / name,
+    config,
+    rows=rows,
+    val_full={steps: val_full} if val_full is not None and finished else None,
+    probes={steps: results} if finished else None,
+  )
 
 
 def test_report_on_a_synthetic_sweep_states_the_four_claims_with_the_planted_numbers(tmp_path):
@@ -359,13 +356,11 @@ def test_the_laws_the_members_used_are_shown_with_intervals_range_override_and_p
     for plot in grid_lib.plot_paths(str(path)):
       open(plot, "wb").write(b"png")
   for d in root.iterdir():
-    cfg_path = d / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    sw = cfg["config"]["sweep"]
-    sw["laws"] = str(laws_dir / "{model}.json")
+    cfg = record_lib.read_config(str(d))
+    cfg["sweep"]["laws"] = str(laws_dir / "{model}.json")
     if d.name == "crossbert_d32L2":
-      sw["lr"], sw["batch_size"] = 1e-3, 4
-    cfg_path.write_text(json.dumps(cfg))
+      cfg["sweep"]["lr"], cfg["sweep"]["batch_size"] = 1e-3, 4
+    members.write_config(str(d), cfg)
   path = report.write(str(root), n_boot=0)
   text = open(path).read()
   out = json.load(open(root / "report" / "report.json"))
@@ -566,23 +561,20 @@ def test_grid_optima_join_the_sweep_in_the_surface_fit(tmp_path, monkeypatch, la
     for j, extra in enumerate((0.0, 0.3)):
       if i == 3:
         continue  # the grid has 3 sizes
-      w = grid / f"bert_{size}_b{j}"
-      (w / "eval").mkdir(parents=True)
       steps, rows = m // (j + 1), 10 * (j + 1)
-      cfg = {
-        "model_name": "bert",
-        "model": {"size": size},
-        "masking": {"cms": True},
-        "total_steps": steps,
-        "batch_size": rows,
-        "data": {"seq_len": 32},
-        "optim": {"lr": 1e-3},
-        "sweep": {"n_params": n, "compute": 8.0 * n * 5 * n},
-      }
-      (w / "config.json").write_text(json.dumps({"config": cfg}))
-      (w / "metrics.jsonl").write_text(json.dumps({"step": steps, "train/loss": 5.0}) + "\n")
-      record = {"step": steps, "loss": float(law(n, 5 * n)) + extra}
-      (w / "eval" / f"val_full-step_{steps}.json").write_text(json.dumps(record))
+      config = members.member_config(
+        size=size,
+        total_steps=steps,
+        batch_size=rows,
+        seq_len=32,
+        sweep={"n_params": n, "compute": 8.0 * n * 5 * n},
+      )
+      members.write_member(
+        grid / f"bert_{size}_b{j}",
+        config,
+        rows=[{"step": steps, "train/loss": 5.0}],
+        val_full={steps: float(law(n, 5 * n)) + extra},
+      )
   starts = [(6.0, float(np.log(law.B)), 0.4, 0.35, 0.3), *STARTS]  # one near each planted law
   path = report.write(str(root), grid=str(grid), n_boot=2, chinchilla_starts=starts)
   out = json.load(open(root / "report" / "report.json"))
