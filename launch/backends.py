@@ -86,18 +86,20 @@ import re
 import shlex
 import sys
 
-from cbert_jax.scaling.chips import CHIP_SLICES, TPU_CORES_PER_CHIP, TPU_PREFIX
+from cbert_jax.scaling.chips import (
+  CHIPS,
+  GPU_MEM_FRACTION,
+  TPU_CORES_PER_CHIP,  # noqa: F401 (the launcher's name of the planner's table, tested the same)
+  TPU_RUNTIME,
+  accelerator_type,
+  is_slice,
+)
 from launch.members import LOG_DIR, Job, Launch, LaunchError, Member, member_commands
 
 BACKENDS = ("local", "slurm", "tpu-vm", "xpk")
-# TPU generations (their accelerator-type prefix and TensorCores per chip: cbert_jax.scaling.chips):
-# the default TPU VM runtime (Cloud TPU's documented software versions).
-TPU_RUNTIME = {
-  "v4": "tpu-ubuntu2204-base",
-  "v5p": "v2-alpha-tpuv5",
-  "v5e": "v2-alpha-tpuv5-lite",
-  "v6e": "v2-alpha-tpuv6e",
-}
+# TPU generations: their accelerator-type prefix, TensorCores per chip, slice sizes and default TPU
+# VM runtime (TPU_RUNTIME, Cloud TPU's documented software versions) are their records in the one
+# chip table, cbert_jax.scaling.chips; so is GPU_MEM_FRACTION, the GPU memory JAX may take.
 XPK_NAME_MAX = 40  # xpk's limit on workload names
 # Default interpreter per backend: this one here; TPU VM images ship `python3` only.
 DEFAULT_PYTHON = {"local": sys.executable, "slurm": "python", "tpu-vm": "python3", "xpk": "python"}
@@ -209,6 +211,7 @@ def render_sbatch(
   config_json = os.path.join(root, "slurm", f"{member.name}.config.json")
   q = shlex.quote
   setup = f"{ns.setup}\n" if ns.setup else ""  # a line of its own, when given
+  frac = GPU_MEM_FRACTION  # the GPU memory JAX may take (cbert_jax.scaling.chips)
   head = [
     "#!/bin/bash",
     f"#SBATCH --job-name={sbatch_value(member.name)}",
@@ -241,8 +244,8 @@ def render_sbatch(
 # checkpoints and exits), then the job is requeued and resumes from that checkpoint.
 set -uo pipefail
 cd {quote_path(code_dir)} || exit 1
-# JAX preallocates 75% of a GPU's memory by default; the memory plan counts on 92% of it.
-export XLA_PYTHON_CLIENT_MEM_FRACTION="${{XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}}"
+# JAX preallocates 75% of a GPU's memory by default; the memory plan counts on {frac:.0%} of it.
+export XLA_PYTHON_CLIENT_MEM_FRACTION="${{XLA_PYTHON_CLIENT_MEM_FRACTION:-{frac}}}"
 {setup}workdir={q(member.workdir)}
 final="$workdir/checkpoints/{steps}"  # the final checkpoint: train is done
 cpus=$(( ${{SLURM_CPUS_ON_NODE:-{gpus}}} / {gpus} ))  # the node's CPUs, split over its {gpus} tasks
@@ -340,17 +343,18 @@ def tpu_type(generation: str, chips: int, member: str = "") -> str:
       f"member {member} has target_devices=0 (planned for this machine): use "
       "--backend local, or a scale planned for a pod (paper)"
     )
-  if generation in ("v5e", "v6e") and chips not in CHIP_SLICES:
+  chip = CHIPS[generation]
+  if chip.slices and not is_slice(chip, chips):  # v5e, v6e: the listed sizes
     raise LaunchError(
       f"--tpu_generation={generation} has no slice of {chips} chips{where}; "
-      f"slices: {', '.join(map(str, CHIP_SLICES))} chips"
+      f"slices: {', '.join(map(str, chip.slices))} chips"
     )
-  if generation in ("v4", "v5p") and chips % 4:
+  if not is_slice(chip, chips):  # v4, v5p: whole hosts
     raise LaunchError(
-      f"--tpu_generation={generation} slices are whole hosts of 4 chips; "
-      f"target_devices={chips}{where} is not a multiple of 4"
+      f"--tpu_generation={generation} slices are whole hosts of {chip.host_chips} chips; "
+      f"target_devices={chips}{where} is not a multiple of {chip.host_chips}"
     )
-  return f"{TPU_PREFIX[generation]}-{chips * TPU_CORES_PER_CHIP[generation]}"
+  return accelerator_type(generation, chips)
 
 
 def resource_name(prefix: str, member: str) -> str:

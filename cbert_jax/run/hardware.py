@@ -1,7 +1,8 @@
 """Peak matmul throughput of the accelerator, for model-FLOPs utilisation (MFU).
 
-MFU = achieved model FLOP/s per device / peak FLOP/s per device. The peak comes from a table of
-vendor spec-sheet numbers for known accelerators, keyed by `jax.Device.device_kind`. CPUs and
+MFU = achieved model FLOP/s per device / peak FLOP/s per device. The peak comes from the chip
+table's vendor spec-sheet numbers for known accelerators (cbert_jax/scaling/chips.py, the records
+the memory plan reads too), found by `jax.Device.device_kind`. CPUs and
 devices not in the table have no meaningful spec-sheet peak, so they are measured instead: the
 best of several timed square-matmul loops, measured in full once per machine and kept in a small
 JSON cache (`peak_cache_path`), with a short check at each start-up that raises the cached figure
@@ -13,7 +14,6 @@ All numbers are *dense* (the NVIDIA spec sheets headline 2:4 structured-sparsity
 are twice the dense ones and never reached by a dense model) and *per JAX device*.
 """
 
-import dataclasses
 import datetime
 import functools
 import json
@@ -21,7 +21,6 @@ import logging
 import math
 import os
 import platform as py_platform
-import re
 import statistics
 import tempfile
 import time
@@ -31,165 +30,24 @@ import jax
 import jax.numpy as jnp
 from jaxlib import version as jaxlib_version
 
-# Spec-sheet numbers are quoted in TFLOP/s; this keeps the table readable.
-_T = 1e12
-# At default precision a TPU runs a float32 matmul as one bf16 MXU pass.
-_TPU_F32 = "fp32 as 1-pass bf16"
+from cbert_jax.scaling import chips as chips_lib
+
+# `jax.Device.device_kind` substring -> its chip's record in the one chip table
+# (cbert_jax/scaling/chips.py: `bf16`, `fp32`, `fp32_label`, `source`); the same dict, not a copy.
+PEAK_FLOPS: dict[str, chips_lib.Chip] = chips_lib.DEVICE_KINDS
 
 
-@dataclasses.dataclass(frozen=True)
-class PeakSpec:
-  """Peak dense matmul throughput of one JAX device of a given kind.
-
-  Attributes:
-    name: Product name, for logs.
-    bf16: Peak FLOP/s with bf16 (or fp16) inputs and fp32 accumulation.
-    fp32: Peak FLOP/s for float32 matmuls at JAX's default precision. On NVIDIA Ampere and later
-      the default precision lets XLA use TF32 tensor cores, so this is the TF32 figure. On TPU the
-      default precision runs a float32 matmul as a single bf16 MXU pass, so this equals `bf16`
-      (with `jax_default_matmul_precision="highest"` the real peak is several times lower).
-    source: Where the numbers come from.
-    fp32_label: What a float32 matmul actually runs as, for the source string.
-  """
-
-  name: str
-  bf16: float
-  fp32: float
-  source: str
-  fp32_label: str = "tf32"
-
-
-# Keyed by a substring of `device_kind` (matched case-insensitively at word boundaries, longest
-# key first, so that "TPU v5 lite" wins over "TPU v5" and "A10" never matches "A100").
-PEAK_FLOPS: dict[str, PeakSpec] = {
-  # --- Google TPU. Current JAX shows one device per chip on v4 / v5p (the two TensorCores
-  # are fused into a "megacore"), so the per-chip number is the per-device number. v2, v3 and
-  # TPU7x have no megacore: each TensorCore is its own JAX device and gets half the chip.
-  # v2: 45 TFLOP/s bf16 per chip, 2 TensorCores (Google Cloud "TPU architecture" page).
-  "TPU v2": PeakSpec(
-    "TPU v2 (per TensorCore)",
-    22.5 * _T,
-    22.5 * _T,
-    "Google Cloud TPU v2 spec, 45 TFLOP/s per chip / 2 cores",
-    _TPU_F32,
-  ),
-  # v3: 123 TFLOP/s bf16 per chip, 2 TensorCores (Google Cloud "TPU architecture" page).
-  "TPU v3": PeakSpec(
-    "TPU v3 (per TensorCore)",
-    61.5 * _T,
-    61.5 * _T,
-    "Google Cloud TPU v3 spec, 123 TFLOP/s per chip / 2 cores",
-    _TPU_F32,
-  ),
-  # v4: 275 TFLOP/s bf16 per chip (cloud.google.com/tpu/docs/v4).
-  "TPU v4": PeakSpec("TPU v4", 275 * _T, 275 * _T, "Google Cloud TPU v4 spec", _TPU_F32),
-  # v4i, device_kind "TPU v4 lite" (inference chip, one TensorCore): 137 TFLOP/s bf16 (the
-  # figure JAX's own jax._src.pallas.mosaic.tpu_info uses).
-  "TPU v4 lite": PeakSpec("TPU v4i", 137 * _T, 137 * _T, "TPU v4i spec", _TPU_F32),
-  # v5e, device_kind "TPU v5 lite": 197 TFLOP/s bf16 per chip (cloud.google.com/tpu/docs/v5e).
-  "TPU v5 lite": PeakSpec("TPU v5e", 197 * _T, 197 * _T, "Google Cloud TPU v5e spec", _TPU_F32),
-  "TPU v5e": PeakSpec("TPU v5e", 197 * _T, 197 * _T, "Google Cloud TPU v5e spec", _TPU_F32),
-  # v5p, device_kind "TPU v5": 459 TFLOP/s bf16 per chip (cloud.google.com/tpu/docs/v5p).
-  "TPU v5": PeakSpec("TPU v5p", 459 * _T, 459 * _T, "Google Cloud TPU v5p spec", _TPU_F32),
-  "TPU v5p": PeakSpec("TPU v5p", 459 * _T, 459 * _T, "Google Cloud TPU v5p spec", _TPU_F32),
-  # v6e Trillium, device_kind "TPU v6 lite": 918 TFLOP/s bf16 per chip
-  # (cloud.google.com/tpu/docs/v6e).
-  "TPU v6 lite": PeakSpec(
-    "TPU v6e (Trillium)", 918 * _T, 918 * _T, "Google Cloud TPU v6e spec", _TPU_F32
-  ),
-  "TPU v6e": PeakSpec(
-    "TPU v6e (Trillium)", 918 * _T, 918 * _T, "Google Cloud TPU v6e spec", _TPU_F32
-  ),
-  # TPU7x Ironwood: 2307 TFLOP/s bf16 per chip, two TensorCores and no megacore, so JAX shows
-  # two devices per chip (cloud.google.com/tpu/docs/tpu7x; JAX's pallas tpu_info agrees).
-  "TPU7x": PeakSpec(
-    "TPU7x Ironwood (per TensorCore)",
-    1153.5 * _T,
-    1153.5 * _T,
-    "Google Cloud TPU7x spec, 2307 TFLOP/s per chip / 2 cores",
-    _TPU_F32,
-  ),
-  # --- NVIDIA. "fp32" is the dense TF32 tensor-core figure (see PeakSpec).
-  # A100 SXM4 and PCIe (40/80 GB): BF16 312, TF32 156 dense (NVIDIA A100 datasheet).
-  "A100": PeakSpec("NVIDIA A100", 312 * _T, 156 * _T, "NVIDIA A100 datasheet"),
-  # A10: BF16 125, TF32 62.5 dense (NVIDIA A10 datasheet).
-  "A10": PeakSpec("NVIDIA A10", 125 * _T, 62.5 * _T, "NVIDIA A10 datasheet"),
-  # A10G (AWS G5 only): NVIDIA publishes no datasheet. AWS / third-party comparisons give
-  # about 70 TFLOP/s bf16 and 35 TFLOP/s TF32 dense; treat as approximate.
-  "A10G": PeakSpec(
-    "NVIDIA A10G", 70 * _T, 35 * _T, "no NVIDIA datasheet; AWS/third-party figures, approximate"
-  ),
-  # L4: BF16 242 / TF32 120 on the datasheet are *with sparsity*; dense is half.
-  "L4": PeakSpec("NVIDIA L4", 121 * _T, 60 * _T, "NVIDIA L4 datasheet, sparse figures / 2"),
-  # L40S: BF16 362 dense (733 sparse), TF32 183 dense (366 sparse) (NVIDIA L40S datasheet).
-  "L40S": PeakSpec("NVIDIA L40S", 362 * _T, 183 * _T, "NVIDIA L40S datasheet"),
-  # L40: BF16 181 dense (362 sparse), TF32 90.5 dense (181 sparse) (NVIDIA L40 datasheet).
-  "L40": PeakSpec("NVIDIA L40", 181 * _T, 90.5 * _T, "NVIDIA L40 datasheet"),
-  # H100 SXM5, device_kind "NVIDIA H100 80GB HBM3": BF16 1979 / TF32 989 sparse on the
-  # datasheet -> 989.4 / 494.7 dense. GH200 carries the same H100 GPU.
-  "H100": PeakSpec(
-    "NVIDIA H100 SXM", 989.4 * _T, 494.7 * _T, "NVIDIA H100 datasheet (SXM), sparse figures / 2"
-  ),
-  "GH200": PeakSpec(
-    "NVIDIA GH200",
-    989.4 * _T,
-    494.7 * _T,
-    "NVIDIA GH200 datasheet (H100 SXM numbers), sparse figures / 2",
-  ),
-  # H100 PCIe: BF16 1513 / TF32 756 sparse -> 756.5 / 378 dense (NVIDIA H100 datasheet).
-  "H100 PCIe": PeakSpec(
-    "NVIDIA H100 PCIe", 756.5 * _T, 378 * _T, "NVIDIA H100 datasheet (PCIe), sparse figures / 2"
-  ),
-  # H100 NVL: BF16 1671 / TF32 835 sparse -> 835.5 / 417.5 dense (NVIDIA H100 datasheet).
-  "H100 NVL": PeakSpec(
-    "NVIDIA H100 NVL", 835.5 * _T, 417.5 * _T, "NVIDIA H100 datasheet (NVL), sparse figures / 2"
-  ),
-  # H200 SXM: same compute as H100 SXM, BF16 1979 / TF32 989 sparse (NVIDIA H200 datasheet).
-  "H200": PeakSpec(
-    "NVIDIA H200 SXM", 989.4 * _T, 494.7 * _T, "NVIDIA H200 datasheet (SXM), sparse figures / 2"
-  ),
-  # H200 NVL: BF16 1671 / TF32 835 sparse (NVIDIA H200 datasheet).
-  "H200 NVL": PeakSpec(
-    "NVIDIA H200 NVL", 835.5 * _T, 417.5 * _T, "NVIDIA H200 datasheet (NVL), sparse figures / 2"
-  ),
-  # B200 (HGX, 1000 W): BF16 4.5 PF / TF32 2.2 PF sparse -> 2.25 / 1.1 PF dense
-  # (NVIDIA HGX B200 / DGX B200 datasheet).
-  "B200": PeakSpec(
-    "NVIDIA B200", 2250 * _T, 1100 * _T, "NVIDIA HGX B200 datasheet, sparse figures / 2"
-  ),
-  # GB200 (1200 W): BF16 5 PF / TF32 2.5 PF sparse -> 2.5 / 1.25 PF dense per GPU
-  # (NVIDIA GB200 NVL72 datasheet).
-  "GB200": PeakSpec(
-    "NVIDIA GB200", 2500 * _T, 1250 * _T, "NVIDIA GB200 NVL72 datasheet, sparse figures / 2"
-  ),
-}
-
-# Longest key first so that the most specific entry wins when several match.
-_KEYS_BY_SPECIFICITY = sorted(PEAK_FLOPS, key=len, reverse=True)
-
-
-def _key_pattern(key: str) -> re.Pattern[str]:
-  # Word boundaries that treat letters and digits as word characters but "-" and " " as
-  # separators, so "A100" matches "NVIDIA A100-SXM4-80GB" but "A10" does not.
-  return re.compile(r"(?<![A-Za-z0-9])" + re.escape(key) + r"(?![A-Za-z0-9])", re.IGNORECASE)
-
-
-_KEY_PATTERNS = {key: _key_pattern(key) for key in _KEYS_BY_SPECIFICITY}
-
-
-def lookup_peak(device_kind: str) -> tuple[str, PeakSpec] | None:
-  """Finds the table entry for a `jax.Device.device_kind` string.
+def lookup_peak(device_kind: str) -> tuple[str, chips_lib.Chip] | None:
+  """Finds the chip table's entry for a `jax.Device.device_kind` string.
 
   Args:
     device_kind: e.g. "TPU v5 lite", "NVIDIA H100 80GB HBM3".
 
   Returns:
-    `(key, spec)` of the most specific matching entry, or None if the device is not in the table.
+    `(key, chip)`: the most specific matching `device_kinds` entry and its record (whose `bf16` and
+    `fp32` are the peaks), or None if the device is not in the table.
   """
-  for key in _KEYS_BY_SPECIFICITY:
-    if _KEY_PATTERNS[key].search(device_kind):
-      return key, PEAK_FLOPS[key]
-  return None
+  return chips_lib.lookup_device_kind(device_kind)
 
 
 def _dtype_column(compute_dtype: Any) -> str:
@@ -497,20 +355,21 @@ def _device_peak_cached(
   # has no spec-sheet matmul peak worth trusting.
   found = None if platform == "cpu" else lookup_peak(device_kind)
   if found is not None:
-    _, spec = found
+    _, chip = found
     if column == "bf16":
-      return spec.bf16, f"table: {device_kind} bf16 dense ({spec.source})"
+      return chip.bf16, f"table: {device_kind} bf16 dense ({chip.source})"
     # Name what the number is: e.g. an NVIDIA float32 matmul runs on TF32 tensor cores.
-    return spec.fp32, f"table: {device_kind} {spec.fp32_label} dense ({spec.source})"
+    return chip.fp32, f"table: {device_kind} {chip.fp32_label} dense ({chip.source})"
   return cached_matmul_peak(dtype_name)
 
 
 def device_peak(compute_dtype: Any = jnp.bfloat16) -> tuple[float, str]:
   """Returns the peak FLOP/s of one device of this process and where the number comes from.
 
-  Known accelerators (see `PEAK_FLOPS`) use the vendor's dense spec-sheet number (never cached
-  on disk); CPUs and unknown devices are measured by `cached_matmul_peak` (the best figure seen
-  on this machine, from the per-machine cache file after the first run; once per process).
+  Known accelerators (`PEAK_FLOPS`: the chip table, cbert_jax/scaling/chips.py) use the vendor's
+  dense spec-sheet number (never cached on disk); CPUs and unknown devices are measured by
+  `cached_matmul_peak` (the best figure seen on this machine, from the per-machine cache file
+  after the first run; once per process).
   Call after `jax.distributed.initialize()` if you use it.
 
   Args:

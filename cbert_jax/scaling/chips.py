@@ -1,9 +1,27 @@
-"""Accelerator slices by name: how many JAX devices `v5p-64`, `v5e-16` or `h100x16` is.
+"""The chip table: every fact the project uses about an accelerator, one record per chip.
 
-The one table of Cloud TPU slice naming in the project: the launcher (launch/backends.py) names
-slices with it, the planner (cbert_jax/sweep/planner.py) reads `--chips` with it. Chip keys are
-those of `cbert_jax.scaling.memory.CHIPS` (HBM and peak FLOP/s per device); this module imports
-nothing heavy, so the launcher's dry runs stay free of JAX.
+One record (`Chip`) per chip: its key, the `jax.Device.device_kind` strings it matches, its dense
+peak FLOP/s per JAX device per dtype, TensorCores and JAX devices per chip, and for the chips a run
+is planned for (`CHIPS`) its HBM per device, the fraction the memory plan may fill, the interconnect
+bandwidth of FSDP's collectives, and for a TPU its Cloud TPU accelerator-type prefix, slice sizes
+and TPU VM runtime. Its readers:
+
+  memory plan, step cost  cbert_jax/scaling/memory.py: `plan` fills `hbm x usable`; `step_cost`
+                          divides by `bf16` and `link_bytes_per_s` (`memory.CHIPS` is `CHIPS`);
+  MFU                     cbert_jax/run/hardware.py: `lookup_peak(device_kind)` is
+                          `lookup_device_kind`, the denominator `bf16` or `fp32` of that record;
+  the planner             cbert_jax/sweep/planner.py: `--chips v5p-64` is `parse`, the wall time
+                          divides by `bf16`;
+  the launchers           launch/backends.py names TPU slices with `accelerator_type` (and checks
+                          them with `is_slice`), picks the TPU VM runtime and exports
+                          GPU_MEM_FRACTION to SLURM jobs; launch/sweep.py offers GPU_CHIPS as
+                          --gpu_type and the TPU generations as --tpu_generation.
+
+Every number is per JAX device unless said otherwise, and *dense* (the NVIDIA spec sheets
+headline 2:4 structured-sparsity figures, twice the dense ones and never reached by a dense
+model). This module imports nothing beyond the standard library, so the launcher's dry runs stay
+free of JAX (tests/test_light_imports.py); the measured peak of a CPU needs JAX and stays in
+cbert_jax/run/hardware.py.
 """
 
 from __future__ import annotations
@@ -11,13 +29,377 @@ from __future__ import annotations
 import dataclasses
 import re
 
-# Cloud TPU slice naming: the accelerator-type prefix per generation and TensorCores per chip in
-# the type's number (v5p-64 = 32 chips); launch/backends.py names slices with these.
-TPU_CORES_PER_CHIP = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}
-TPU_PREFIX = {"v4": "v4", "v5p": "v5p", "v5e": "v5litepod", "v6e": "v6e"}  # accelerator types
-CHIP_SLICES = (1, 4, 8, 16, 32, 64, 128, 256)  # v5e / v6e slice sizes, in chips
-HOST_CHIPS = 4  # v4 / v5p slices are whole hosts of 4 chips
-GPU_CHIPS = ("a100", "h100", "h200", "b200")  # the GPU keys of memory.CHIPS (tested equal)
+GiB = 2**30
+_T = 1e12  # spec sheets quote TFLOP/s; this keeps the table readable
+# What a float32 matmul runs as on a TPU at JAX's default precision: one bf16 MXU pass.
+_TPU_F32 = "fp32 as 1-pass bf16"
+# Slice sizes, in chips, of the generations whose slices are listed (v5e, v6e).
+CHIP_SLICES = (1, 4, 8, 16, 32, 64, 128, 256)
+# Chips per host of the generations whose slices are whole hosts (v4, v5p).
+HOST_CHIPS = 4
+# JAX preallocates 75% of a GPU's memory by default; the SLURM launcher (launch/backends.py) sets
+# XLA_PYTHON_CLIENT_MEM_FRACTION to this, and a GPU's `usable` stays below it (tested).
+GPU_MEM_FRACTION = 0.92
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One accelerator. The first fields are known for every chip (MFU needs them); the memory plan
+  and the launchers' fields only for the chips a run is planned for (`CHIPS`), else None, "",
+  () or 0.
+
+  Attributes:
+    key: The project's name of the chip: `--chips v5p-64`, `sweep.chip`, `--gpu_type`,
+      `--tpu_generation`.
+    name: Product name, for plans and logs.
+    device_kinds: Substrings of `jax.Device.device_kind` that are this chip, matched
+      case-insensitively at word boundaries, longest first (`lookup_device_kind`).
+    bf16: Peak FLOP/s per JAX device with bf16 (or fp16) inputs and fp32 accumulation.
+    fp32: Peak FLOP/s per JAX device for float32 matmuls at JAX's default precision: on NVIDIA
+      Ampere and later XLA uses TF32 tensor cores, so the TF32 figure; on TPU a float32 matmul is
+      one bf16 MXU pass, so `bf16` (with `jax_default_matmul_precision="highest"` the real peak is
+      several times lower).
+    fp32_label: What a float32 matmul runs as, in MFU's source string.
+    source: Where `bf16` and `fp32` come from (MFU logs and records it).
+    devices_per_chip: JAX devices per chip: 1 with a megacore (TPU v4, v5p: the two TensorCores
+      fused), 2 on TPU v2, v3 and TPU7x (each TensorCore its own device), 1 for a GPU.
+    cores_per_chip: TensorCores per chip, as a TPU accelerator type counts them (v5p-64 = 32
+      chips); 1 where the type counts chips (v5e, v6e) and for a GPU.
+    hbm: Bytes of device memory per JAX device (vendor spec).
+    usable: The fraction of `hbm` the memory plan may fill (runtime reserve, allocator,
+      fragmentation).
+    link_bytes_per_s: Interconnect bandwidth per device for FSDP's collectives, one direction
+      (ICI for a TPU, NVLink for a GPU).
+    memory_source: Where `hbm` and `link_bytes_per_s` come from.
+    accelerator: The Cloud TPU accelerator-type prefix (v5litepod for v5e); "" for a GPU.
+    slices: The slice sizes in chips where the generation lists them (v5e, v6e); () where any
+      whole number of hosts is a slice.
+    host_chips: Chips per host where slices are whole hosts (v4, v5p); 0 otherwise.
+    runtime: The default TPU VM software version (`gcloud compute tpus tpu-vm create --version`).
+  """
+
+  key: str
+  name: str
+  device_kinds: tuple[str, ...]
+  bf16: float
+  fp32: float
+  fp32_label: str
+  source: str
+  devices_per_chip: int = 1
+  cores_per_chip: int = 1
+  hbm: float | None = None
+  usable: float | None = None
+  link_bytes_per_s: float | None = None
+  memory_source: str = ""
+  accelerator: str = ""
+  slices: tuple[int, ...] = ()
+  host_chips: int = 0
+  runtime: str = ""
+
+  @property
+  def planned(self) -> bool:
+    """Whether a run can be planned for this chip (it has the memory plan's facts)."""
+    return self.hbm is not None
+
+
+# Per JAX device: TPU v4 and v5p show one device per chip (megacore). GPUs: JAX preallocates 75% of
+# the memory by default; the SLURM launcher sets XLA_PYTHON_CLIENT_MEM_FRACTION=0.92
+# (GPU_MEM_FRACTION), and the plan fills at most 88% of the HBM, leaving room for XLA's scratch and
+# fragmentation. The first eight rows are the chips a run is planned for, in the order the memory
+# plan lists them; the rest are known to MFU only (no HBM, interconnect or slice facts here).
+# Interconnects are quoted in Gbps both ways for a TPU (bytes one way: / 8 / 2) and in GB/s both
+# ways for a GPU (/ 2).
+TABLE: dict[str, Chip] = {
+  c.key: c
+  for c in (
+    # v4: 275 TFLOP/s bf16 per chip, 32 GiB HBM2, 2,400 Gbps ICI (cloud.google.com/tpu/docs/v4).
+    Chip(
+      "v4",
+      "TPU v4",
+      ("TPU v4",),
+      bf16=275 * _T,
+      fp32=275 * _T,
+      fp32_label=_TPU_F32,
+      source="Google Cloud TPU v4 spec",
+      cores_per_chip=2,
+      hbm=32 * GiB,
+      usable=0.90,
+      link_bytes_per_s=2400e9 / 8 / 2,
+      memory_source="Cloud TPU v4: 32 GiB HBM2, 275 TFLOP/s bf16, 2,400 Gbps ICI",
+      accelerator="v4",
+      host_chips=HOST_CHIPS,
+      runtime="tpu-ubuntu2204-base",  # Cloud TPU's documented software versions
+    ),
+    # v5e, device_kind "TPU v5 lite": 197 TFLOP/s bf16 per chip, 16 GiB HBM2, 1,600 Gbps ICI
+    # (cloud.google.com/tpu/docs/v5e); accelerator type v5litepod-N, N chips.
+    Chip(
+      "v5e",
+      "TPU v5e",
+      ("TPU v5 lite", "TPU v5e"),
+      bf16=197 * _T,
+      fp32=197 * _T,
+      fp32_label=_TPU_F32,
+      source="Google Cloud TPU v5e spec",
+      hbm=16 * GiB,
+      usable=0.90,
+      link_bytes_per_s=1600e9 / 8 / 2,
+      memory_source="Cloud TPU v5e: 16 GiB HBM2, 197 TFLOP/s bf16, 1,600 Gbps ICI",
+      accelerator="v5litepod",
+      slices=CHIP_SLICES,
+      runtime="v2-alpha-tpuv5-lite",  # Cloud TPU's documented software versions
+    ),
+    # v5p, device_kind "TPU v5": 459 TFLOP/s bf16 per chip, 95 GiB HBM2e, 4,800 Gbps ICI
+    # (cloud.google.com/tpu/docs/v5p).
+    Chip(
+      "v5p",
+      "TPU v5p",
+      ("TPU v5", "TPU v5p"),
+      bf16=459 * _T,
+      fp32=459 * _T,
+      fp32_label=_TPU_F32,
+      source="Google Cloud TPU v5p spec",
+      cores_per_chip=2,
+      hbm=95 * GiB,
+      usable=0.90,
+      link_bytes_per_s=4800e9 / 8 / 2,
+      memory_source="Cloud TPU v5p: 95 GiB HBM2e, 459 TFLOP/s bf16, 4,800 Gbps ICI",
+      accelerator="v5p",
+      host_chips=HOST_CHIPS,
+      runtime="v2-alpha-tpuv5",  # Cloud TPU's documented software versions
+    ),
+    # v6e Trillium, device_kind "TPU v6 lite": 918 TFLOP/s bf16 per chip, 32 GiB HBM, 3,584 Gbps
+    # ICI (cloud.google.com/tpu/docs/v6e). MFU's table named it "TPU v6e (Trillium)", a name no
+    # output showed; the plan's "TPU v6e" is kept.
+    Chip(
+      "v6e",
+      "TPU v6e",
+      ("TPU v6 lite", "TPU v6e"),
+      bf16=918 * _T,
+      fp32=918 * _T,
+      fp32_label=_TPU_F32,
+      source="Google Cloud TPU v6e spec",
+      hbm=32 * GiB,
+      usable=0.90,
+      link_bytes_per_s=3584e9 / 8 / 2,
+      memory_source="Cloud TPU v6e (Trillium): 32 GiB HBM, 918 TFLOP/s bf16, 3,584 Gbps ICI",
+      accelerator="v6e",
+      slices=CHIP_SLICES,
+      runtime="v2-alpha-tpuv6e",  # Cloud TPU's documented software versions
+    ),
+    # A100 SXM4 and PCIe (40/80 GB): BF16 312, TF32 156 dense, NVLink 600 GB/s (NVIDIA A100
+    # datasheet). The device kind "A100" matches the 40 GB cards too (same FLOP/s, for MFU);
+    # the plan's HBM is the 80 GB card's.
+    Chip(
+      "a100",
+      "NVIDIA A100 80GB",
+      ("A100",),
+      bf16=312 * _T,
+      fp32=156 * _T,
+      fp32_label="tf32",
+      source="NVIDIA A100 datasheet",
+      hbm=80e9,
+      usable=0.88,
+      link_bytes_per_s=600e9 / 2,
+      memory_source="NVIDIA A100 datasheet: 80 GB HBM2e, 312 TFLOP/s bf16, NVLink 600 GB/s",
+    ),
+    # H100 SXM5, device_kind "NVIDIA H100 80GB HBM3": BF16 1979 / TF32 989 sparse on the
+    # datasheet -> 989.4 / 494.7 dense; 80 GB HBM3, NVLink 900 GB/s.
+    Chip(
+      "h100",
+      "NVIDIA H100 SXM",
+      ("H100",),
+      bf16=989.4 * _T,
+      fp32=494.7 * _T,
+      fp32_label="tf32",
+      source="NVIDIA H100 datasheet (SXM), sparse figures / 2",
+      hbm=80e9,
+      usable=0.88,
+      link_bytes_per_s=900e9 / 2,
+      memory_source=(
+        "NVIDIA H100 datasheet (SXM): 80 GB HBM3, 989 TFLOP/s bf16 dense, NVLink 900 GB/s"
+      ),
+    ),
+    # H200 SXM: the H100 SXM's compute, BF16 1979 / TF32 989 sparse; 141 GB HBM3e, NVLink
+    # 900 GB/s (NVIDIA H200 datasheet).
+    Chip(
+      "h200",
+      "NVIDIA H200 SXM",
+      ("H200",),
+      bf16=989.4 * _T,
+      fp32=494.7 * _T,
+      fp32_label="tf32",
+      source="NVIDIA H200 datasheet (SXM), sparse figures / 2",
+      hbm=141e9,
+      usable=0.88,
+      link_bytes_per_s=900e9 / 2,
+      memory_source=(
+        "NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 989 TFLOP/s bf16 dense, NVLink 900 GB/s"
+      ),
+    ),
+    # B200 (HGX, 1000 W): BF16 4.5 PF / TF32 2.2 PF sparse -> 2.25 / 1.1 PF dense; 1,440 GB HBM3e
+    # per 8 GPUs, NVLink 1.8 TB/s (NVIDIA HGX B200 / DGX B200 datasheet).
+    Chip(
+      "b200",
+      "NVIDIA B200",
+      ("B200",),
+      bf16=2250 * _T,
+      fp32=1100 * _T,
+      fp32_label="tf32",
+      source="NVIDIA HGX B200 datasheet, sparse figures / 2",
+      hbm=180e9,
+      usable=0.88,
+      link_bytes_per_s=1800e9 / 2,
+      memory_source=(
+        "NVIDIA DGX B200 datasheet: 1,440 GB HBM3e / 8 GPUs, 2.25 PFLOP/s bf16 dense, "
+        "NVLink 1.8 TB/s"
+      ),
+    ),
+    # --- Known to MFU only.
+    # v2: 45 TFLOP/s bf16 per chip, 2 TensorCores, no megacore: each core is a JAX device and
+    # gets half the chip (Google Cloud "TPU architecture" page).
+    Chip(
+      "v2",
+      "TPU v2 (per TensorCore)",
+      ("TPU v2",),
+      bf16=22.5 * _T,
+      fp32=22.5 * _T,
+      fp32_label=_TPU_F32,
+      source="Google Cloud TPU v2 spec, 45 TFLOP/s per chip / 2 cores",
+      devices_per_chip=2,
+      cores_per_chip=2,
+    ),
+    # v3: 123 TFLOP/s bf16 per chip, 2 TensorCores, no megacore (Google Cloud "TPU architecture"
+    # page).
+    Chip(
+      "v3",
+      "TPU v3 (per TensorCore)",
+      ("TPU v3",),
+      bf16=61.5 * _T,
+      fp32=61.5 * _T,
+      fp32_label=_TPU_F32,
+      source="Google Cloud TPU v3 spec, 123 TFLOP/s per chip / 2 cores",
+      devices_per_chip=2,
+      cores_per_chip=2,
+    ),
+    # v4i, device_kind "TPU v4 lite" (inference chip, one TensorCore): 137 TFLOP/s bf16 (the
+    # figure JAX's own jax._src.pallas.mosaic.tpu_info uses).
+    Chip(
+      "v4i",
+      "TPU v4i",
+      ("TPU v4 lite",),
+      bf16=137 * _T,
+      fp32=137 * _T,
+      fp32_label=_TPU_F32,
+      source="TPU v4i spec",
+    ),
+    # TPU7x Ironwood: 2307 TFLOP/s bf16 per chip, two TensorCores and no megacore, so JAX shows
+    # two devices per chip (cloud.google.com/tpu/docs/tpu7x; JAX's pallas tpu_info agrees).
+    Chip(
+      "tpu7x",
+      "TPU7x Ironwood (per TensorCore)",
+      ("TPU7x",),
+      bf16=1153.5 * _T,
+      fp32=1153.5 * _T,
+      fp32_label=_TPU_F32,
+      source="Google Cloud TPU7x spec, 2307 TFLOP/s per chip / 2 cores",
+      devices_per_chip=2,
+      cores_per_chip=2,
+    ),
+    # A10: BF16 125, TF32 62.5 dense (NVIDIA A10 datasheet).
+    Chip("a10", "NVIDIA A10", ("A10",), 125 * _T, 62.5 * _T, "tf32", "NVIDIA A10 datasheet"),
+    # A10G (AWS G5 only): NVIDIA publishes no datasheet. AWS / third-party comparisons give
+    # about 70 TFLOP/s bf16 and 35 TFLOP/s TF32 dense; treat as approximate.
+    Chip(
+      "a10g",
+      "NVIDIA A10G",
+      ("A10G",),
+      70 * _T,
+      35 * _T,
+      "tf32",
+      "no NVIDIA datasheet; AWS/third-party figures, approximate",
+    ),
+    # L4: BF16 242 / TF32 120 on the datasheet are *with sparsity*; dense is half.
+    Chip(
+      "l4",
+      "NVIDIA L4",
+      ("L4",),
+      121 * _T,
+      60 * _T,
+      "tf32",
+      "NVIDIA L4 datasheet, sparse figures / 2",
+    ),
+    # L40S: BF16 362 dense (733 sparse), TF32 183 dense (366 sparse) (NVIDIA L40S datasheet).
+    Chip("l40s", "NVIDIA L40S", ("L40S",), 362 * _T, 183 * _T, "tf32", "NVIDIA L40S datasheet"),
+    # L40: BF16 181 dense (362 sparse), TF32 90.5 dense (181 sparse) (NVIDIA L40 datasheet).
+    Chip("l40", "NVIDIA L40", ("L40",), 181 * _T, 90.5 * _T, "tf32", "NVIDIA L40 datasheet"),
+    # GH200 carries the H100 SXM GPU: its numbers (NVIDIA GH200 datasheet).
+    Chip(
+      "gh200",
+      "NVIDIA GH200",
+      ("GH200",),
+      989.4 * _T,
+      494.7 * _T,
+      "tf32",
+      "NVIDIA GH200 datasheet (H100 SXM numbers), sparse figures / 2",
+    ),
+    # H100 PCIe: BF16 1513 / TF32 756 sparse -> 756.5 / 378 dense (NVIDIA H100 datasheet).
+    Chip(
+      "h100-pcie",
+      "NVIDIA H100 PCIe",
+      ("H100 PCIe",),
+      756.5 * _T,
+      378 * _T,
+      "tf32",
+      "NVIDIA H100 datasheet (PCIe), sparse figures / 2",
+    ),
+    # H100 NVL: BF16 1671 / TF32 835 sparse -> 835.5 / 417.5 dense (NVIDIA H100 datasheet).
+    Chip(
+      "h100-nvl",
+      "NVIDIA H100 NVL",
+      ("H100 NVL",),
+      835.5 * _T,
+      417.5 * _T,
+      "tf32",
+      "NVIDIA H100 datasheet (NVL), sparse figures / 2",
+    ),
+    # H200 NVL: BF16 1671 / TF32 835 sparse (NVIDIA H200 datasheet).
+    Chip(
+      "h200-nvl",
+      "NVIDIA H200 NVL",
+      ("H200 NVL",),
+      835.5 * _T,
+      417.5 * _T,
+      "tf32",
+      "NVIDIA H200 datasheet (NVL), sparse figures / 2",
+    ),
+    # GB200 (1200 W): BF16 5 PF / TF32 2.5 PF sparse -> 2.5 / 1.25 PF dense per GPU (NVIDIA
+    # GB200 NVL72 datasheet).
+    Chip(
+      "gb200",
+      "NVIDIA GB200",
+      ("GB200",),
+      2500 * _T,
+      1250 * _T,
+      "tf32",
+      "NVIDIA GB200 NVL72 datasheet, sparse figures / 2",
+    ),
+  )
+}
+
+# --- Views of the table (no number of their own) -------------------------------------------------
+# The chips a run is planned for: `--chips`, `sweep.chip`, the memory plan and the step cost
+# (`memory.CHIPS` is this dict).
+CHIPS: dict[str, Chip] = {k: c for k, c in TABLE.items() if c.planned}
+GPU_CHIPS = tuple(k for k, c in CHIPS.items() if not c.accelerator)  # a100, h100, h200, b200
+# The TPU generations, megacore ones (v4, v5p) first: the order of --tpu_generation's choices.
+_TPUS = sorted(
+  (k for k, c in CHIPS.items() if c.accelerator), key=lambda k: -CHIPS[k].cores_per_chip
+)
+TPU_CORES_PER_CHIP = {k: CHIPS[k].cores_per_chip for k in _TPUS}  # in the type's number
+TPU_PREFIX = {k: CHIPS[k].accelerator for k in _TPUS}  # accelerator types
+TPU_RUNTIME = {k: CHIPS[k].runtime for k in _TPUS}  # the default TPU VM runtime
+# `jax.Device.device_kind` substring -> its chip (run/hardware.py's `PEAK_FLOPS`).
+DEVICE_KINDS: dict[str, Chip] = {kind: c for c in TABLE.values() for kind in c.device_kinds}
 CHIPS_FORMS = (
   "<tpu>-<N> (v4/v5p: N TensorCores, 2 per chip, a multiple of 8, e.g. v5p-64 = 32 devices; "
   f"v5e (or v5litepod)/v6e: N chips in {', '.join(map(str, CHIP_SLICES))}) or <gpu>x<N> "
@@ -25,12 +407,50 @@ CHIPS_FORMS = (
 )
 
 
+def _kind_pattern(kind: str) -> re.Pattern[str]:
+  # Word boundaries that treat letters and digits as word characters but "-" and " " as
+  # separators, so "A100" matches "NVIDIA A100-SXM4-80GB" but "A10" does not.
+  return re.compile(r"(?<![A-Za-z0-9])" + re.escape(kind) + r"(?![A-Za-z0-9])", re.IGNORECASE)
+
+
+# Longest first, so that the most specific entry wins when several match ("TPU v5 lite" over
+# "TPU v5", "H100 PCIe" over "H100").
+_KIND_PATTERNS = {kind: _kind_pattern(kind) for kind in sorted(DEVICE_KINDS, key=len, reverse=True)}
+
+
+def lookup_device_kind(device_kind: str) -> tuple[str, Chip] | None:
+  """The chip of a `jax.Device.device_kind` string ("TPU v5 lite", "NVIDIA H100 80GB HBM3").
+
+  Returns:
+    `(kind, chip)`: the most specific `device_kinds` entry that matches and its record; None if
+    the device is not in the table.
+  """
+  for kind, pattern in _KIND_PATTERNS.items():
+    if pattern.search(device_kind):
+      return kind, DEVICE_KINDS[kind]
+  return None
+
+
+def is_slice(chip: Chip, chips: int) -> bool:
+  """Whether the TPU generation `chip` has a slice of `chips` chips: one of its listed sizes (v5e,
+  v6e), or a whole number of hosts (v4, v5p)."""
+  if chip.slices:
+    return chips in chip.slices
+  return chips > 0 and chips % chip.host_chips == 0
+
+
+def accelerator_type(key: str, chips: int) -> str:
+  """The Cloud TPU accelerator type of a slice of `chips` chips: v4/v5p count TensorCores (8 v5p
+  chips -> v5p-16), v5e/v6e chips (8 v5e chips -> v5litepod-8). `parse` reads it back."""
+  return f"{TPU_PREFIX[key]}-{chips * TPU_CORES_PER_CHIP[key]}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Chips:
-  """What --chips names: the memory.CHIPS key and the JAX devices (data-parallel size)."""
+  """What --chips names: the CHIPS key and the JAX devices (data-parallel size)."""
 
   name: str  # as given: v5p-64, h100x16
-  chip: str  # memory.CHIPS key
+  chip: str  # CHIPS key
   devices: int  # JAX devices: TPU v4/v5p chips (TensorCores / 2), TPU v5e/v6e chips, GPUs
 
 
@@ -41,16 +461,13 @@ def parse(text: str) -> Chips:
   tpu = re.fullmatch(r"([a-z0-9]+)-(\d+)", text)
   gpu = re.fullmatch(r"([a-z0-9]+?)x(\d+)", text)
   by_prefix = {prefix: key for key, prefix in TPU_PREFIX.items()}
-  if tpu and (tpu.group(1) in TPU_CORES_PER_CHIP or tpu.group(1) in by_prefix):
+  if tpu and (tpu.group(1) in TPU_PREFIX or tpu.group(1) in by_prefix):
     key, count = by_prefix.get(tpu.group(1), tpu.group(1)), int(tpu.group(2))
-    per_chip = TPU_CORES_PER_CHIP[key]
-    if per_chip > 1:  # v4, v5p: the count is TensorCores, the slice whole hosts
-      if count <= 0 or count % (per_chip * HOST_CHIPS):
-        raise ValueError(f"{bad}; {text} is no {key} slice")
-      return Chips(text, key, count // per_chip)
-    if count not in CHIP_SLICES:
+    chip = CHIPS[key]
+    chips, cores = divmod(count, chip.cores_per_chip)  # v4, v5p: the count is TensorCores
+    if cores or not is_slice(chip, chips):
       raise ValueError(f"{bad}; {text} is no {key} slice")
-    return Chips(text, key, count)
+    return Chips(text, key, chips * chip.devices_per_chip)
   if gpu and gpu.group(1) in GPU_CHIPS:
     count = int(gpu.group(2))
     if count <= 0:

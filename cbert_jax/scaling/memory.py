@@ -37,6 +37,8 @@ the barriers.
 
 `plan(...)` picks the least costly setting that fits a chip's usable HBM: the cheapest estimated
 step time (`step_cost`) over remat none/dots/full x ce_chunk off/on x micro-batches 1, 2, 4, ...
+The chips' HBM, usable fraction, peak FLOP/s and interconnect are their records in the one chip
+table, cbert_jax/scaling/chips.py (which MFU's peak also reads).
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ import math
 
 from cbert_jax.models import flops as flops_lib
 from cbert_jax.models.model_config import MaskConfig, ModelConfig, num_masked
+from cbert_jax.scaling import chips as chips_lib
 
-GiB = 2**30
+GiB = chips_lib.GiB
 # XLA:CPU removes JAX's remat barriers before CSE unless this pass is disabled (see the docstring).
 REMAT_XLA_FLAGS = "--xla_disable_hlo_passes=cse_barrier_expander"
 REMAT_POLICIES = ("none", "dots", "full")
@@ -58,87 +61,11 @@ MAX_MICROBATCHES = 64  # the planner gives up (needs more chips) beyond this
 MARGIN = 1.10
 
 
-@dataclasses.dataclass(frozen=True)
-class Chip:
-  """An accelerator's memory and speed, per JAX device."""
-
-  name: str
-  hbm: float  # bytes of device memory (vendor spec)
-  usable: float  # fraction the plan may fill (runtime reserve, allocator, fragmentation)
-  bf16_flops: float  # dense peak FLOP/s (as cbert_jax/run/hardware.py)
-  link_bytes_per_s: float  # per-device interconnect bandwidth for FSDP collectives (one direction)
-  source: str
-
-
-# Per JAX device: TPU v4 and v5p show one device per chip (megacore). GPUs: JAX preallocates 75% of
-# the memory by default; the SLURM launcher sets XLA_PYTHON_CLIENT_MEM_FRACTION=0.92, and the plan
-# fills at most 88% of the HBM, leaving room for XLA's scratch and fragmentation.
-CHIPS: dict[str, Chip] = {
-  "v4": Chip(
-    "TPU v4",
-    32 * GiB,
-    0.90,
-    275e12,
-    2400e9 / 8 / 2,
-    "Cloud TPU v4: 32 GiB HBM2, 275 TFLOP/s bf16, 2,400 Gbps ICI",
-  ),
-  "v5e": Chip(
-    "TPU v5e",
-    16 * GiB,
-    0.90,
-    197e12,
-    1600e9 / 8 / 2,
-    "Cloud TPU v5e: 16 GiB HBM2, 197 TFLOP/s bf16, 1,600 Gbps ICI",
-  ),
-  "v5p": Chip(
-    "TPU v5p",
-    95 * GiB,
-    0.90,
-    459e12,
-    4800e9 / 8 / 2,
-    "Cloud TPU v5p: 95 GiB HBM2e, 459 TFLOP/s bf16, 4,800 Gbps ICI",
-  ),
-  "v6e": Chip(
-    "TPU v6e",
-    32 * GiB,
-    0.90,
-    918e12,
-    3584e9 / 8 / 2,
-    "Cloud TPU v6e (Trillium): 32 GiB HBM, 918 TFLOP/s bf16, 3,584 Gbps ICI",
-  ),
-  "a100": Chip(
-    "NVIDIA A100 80GB",
-    80e9,
-    0.88,
-    312e12,
-    600e9 / 2,
-    "NVIDIA A100 datasheet: 80 GB HBM2e, 312 TFLOP/s bf16, NVLink 600 GB/s",
-  ),
-  "h100": Chip(
-    "NVIDIA H100 SXM",
-    80e9,
-    0.88,
-    989.4e12,
-    900e9 / 2,
-    "NVIDIA H100 datasheet (SXM): 80 GB HBM3, 989 TFLOP/s bf16 dense, NVLink 900 GB/s",
-  ),
-  "h200": Chip(
-    "NVIDIA H200 SXM",
-    141e9,
-    0.88,
-    989.4e12,
-    900e9 / 2,
-    "NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 989 TFLOP/s bf16 dense, NVLink 900 GB/s",
-  ),
-  "b200": Chip(
-    "NVIDIA B200",
-    180e9,
-    0.88,
-    2250e12,
-    1800e9 / 2,
-    "NVIDIA DGX B200 datasheet: 1,440 GB HBM3e / 8 GPUs, 2.25 PFLOP/s bf16 dense, NVLink 1.8 TB/s",
-  ),
-}
+# The chips the plan is made for, one record each in cbert_jax/scaling/chips.py (HBM, the fraction
+# the plan may fill, peak FLOP/s, interconnect, and their sources): `CHIPS` is that table's dict
+# itself, not a copy (scaling/plan.py and tests read and patch it under this name).
+Chip = chips_lib.Chip
+CHIPS = chips_lib.CHIPS
 
 
 def chip(name: str) -> Chip:
@@ -303,7 +230,7 @@ def step_cost(s: Shape, setting: Setting, chip_: Chip) -> float:
   attention = sum(st.layers * 4 * st.attn * st.d for st in stacks)
   weights = sum(st.layers * st.tokens * 2 * (4 * st.d * st.d + 3 * st.d * st.ffn) for st in stacks)
   recompute = {"none": 0.0, "dots": attention, "full": weights + attention}[setting.remat]
-  seconds = (base + recompute) / (0.5 * chip_.bf16_flops)
+  seconds = (base + recompute) / (0.5 * chip_.bf16)
   if s.shard > 1:
     gathered = s.num_params * s.compute_bytes * 2 + s.num_params * 4  # fwd + bwd gathers, RS
     seconds += setting.microbatches * gathered * (s.shard - 1) / s.shard / chip_.link_bytes_per_s

@@ -48,16 +48,17 @@ Where every number comes from:
                  sweep plans its members): the least costly remat / ce_chunk / micro-batch setting
                  that fits, its predicted bytes per device and the chip's usable bytes.
   wall time      with --chips: C / (devices x the chip's bf16 peak per device
-                 (`memory.CHIPS[chip].bf16_flops`) x MFU), at a *stated* MFU (--mfu, default 0.4):
-                 an assumption, not a measurement.
+                 (`chips.CHIPS[chip].bf16`, the MFU denominator's figure) x MFU), at a *stated*
+                 MFU (--mfu, default 0.4): an assumption, not a measurement.
 
 --chips: `<tpu>-<N>` names a Cloud TPU slice the way its accelerator type does: v4 and v5p count
 TensorCores (2 per chip, one JAX device per chip: v5p-64 = 32 chips = 32 devices; slices are
 whole hosts of 4 chips), v5e and v6e count chips (slices of 1, 4, 8, 16, 32, 64, 128, 256; v5e's
-accelerator-type prefix v5litepod is accepted too) -- `cbert_jax.scaling.chips`, the table
-`launch/backends.py` names slices with. `<gpu>x<N>` names N GPUs
-(a100, h100, h200, b200: h100x16). The chip names are the keys of `memory.CHIPS`. Without --chips:
-no memory plan, no wall time, and the batch is rounded to a multiple of 1.
+accelerator-type prefix v5litepod is accepted too) -- `cbert_jax.scaling.chips`, the one chip
+table (slice names, HBM, peak FLOP/s, interconnect) that `launch/backends.py` names slices with
+and the memory plan and MFU read. `<gpu>x<N>` names N GPUs (a100, h100, h200, b200: h100x16). The
+chip names are the keys of `chips.CHIPS`. Without --chips: no memory plan, no wall time, and the
+batch is rounded to a multiple of 1.
 
 Bad input (a non-positive or non-finite --flops or --mfu, an unknown --model, a --chips that is no
 slice, a missing or malformed --laws or --surface file, a surface whose fit is not usable without
@@ -413,7 +414,7 @@ def make_plan(
       "chip": chips.chip,
       "chip_name": chip.name,
       "devices": chips.devices,
-      "peak_flops_per_device": chip.bf16_flops,
+      "peak_flops_per_device": chip.bf16,
     }
     mesh = {"data": 1, "fsdp": chips.devices, "tensor": 1}
     shape = memory_lib.shape_of(rung.model_name, rung.model, rung.mask, seq_len, rows, mesh)
@@ -421,7 +422,7 @@ def make_plan(
     plan["memory"] = {"mesh": mesh, **mem.to_dict()}
     if mem.setting is None:
       notes.append(f"no memory setting fits {rung.size} on {chips.name}: {mem.verdict}")
-    seconds = compute / (chips.devices * chip.bf16_flops * ns.mfu)
+    seconds = compute / (chips.devices * chip.bf16 * ns.mfu)
     plan["wall_time"] = {
       "seconds": seconds,
       "mfu": ns.mfu,
@@ -524,7 +525,7 @@ def table(plan: dict) -> str:
       (
         "chips",
         f"{chips['name']} = {chips['devices']} {chips['chip_name']} devices",
-        f"peak {_g(chips['peak_flops_per_device'])} FLOP/s bf16 per device (memory.CHIPS)",
+        f"peak {_g(chips['peak_flops_per_device'])} FLOP/s bf16 per device (scaling/chips.py)",
       )
     )
     setting = mem["setting"]
