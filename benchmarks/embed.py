@@ -193,7 +193,7 @@ class EndToEnd:
     import ml_collections
     from flax import nnx
 
-    from cbert_jax import config_lib, embed
+    from cbert_jax import config_groups, embed
     from cbert_jax.data import tokenizer as tokenizer_lib
     from cbert_jax.models.model_config import MaskConfig
     from cbert_jax.run import trained
@@ -212,7 +212,7 @@ class EndToEnd:
     mask_cfg = MaskConfig(mask_ratio=0.2, mask_id=tok.mask_id, special_ids=tok.special_ids)
     # As trained.load: a data-parallel mesh of every device, parameters replicated on it.
     mesh = sharding.make_mesh(ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}))
-    rules = tuple(tuple(r) for r in config_lib.DEFAULT_RULES)
+    rules = tuple(tuple(r) for r in config_groups.DEFAULT_RULES)
     make_model = abstract_model("bert", model_cfg, mask_cfg, mesh, rules)[0]
     with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):  # placed as the rules say
       model = make_model(jax.random.key(0))

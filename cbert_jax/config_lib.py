@@ -9,29 +9,24 @@ any expensive work and raises `ConfigError` naming the field. The resolved confi
 
 import ast
 import difflib
+import importlib.util
+import io
+import os
+import tokenize
+import traceback
 
 import ml_collections
 
+from cbert_jax import config_groups
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import NAMES as MODEL_NAMES
 from cbert_jax.models import model_config as model_config_lib
 from cbert_jax.models import sizes
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 
-# Default masking ratio per family (SPEC §2: BERT 20%, CrossBERT 50%).
-# SPEC §2 (BERT 20%, CrossBERT 50%); ELECTRA's generator masks 15% (Clark et al., 2020).
+# Default masking ratio per family: SPEC §2 (BERT 20%, CrossBERT 50%); ELECTRA's generator masks
+# 15% (Clark et al., 2020).
 DEFAULT_MASK_RATIO = {"bert": 0.2, "crossbert": 0.5, "electra": 0.15}
-
-# Logical axis -> mesh axes. Every logical name used on a parameter must appear (None = replicated).
-DEFAULT_RULES = (
-  ("batch", ("data", "fsdp")),  # the batch is split over both data-parallel axes
-  ("embed", "fsdp"),  # FSDP: parameters sharded along their model dimension
-  ("mlp", "tensor"),  # tensor parallel: FFN hidden, heads and vocabulary
-  ("heads", "tensor"),
-  ("vocab", "tensor"),
-  ("kv", None),  # per-head width stays whole
-  ("seq", None),  # no sequence parallelism
-)
 
 
 def parse_arg(arg: str | None, **defaults):
@@ -62,240 +57,19 @@ def parse_arg(arg: str | None, **defaults):
 
 
 def base_config() -> ml_collections.ConfigDict:
-  """Every field, with its default and what it means. Experiment files override these."""
-  c = ml_collections.ConfigDict()
-  c.name = "run"  # run name: the default workdir is runs/<name>
-  c.model_name = "crossbert"  # bert | crossbert | electra
-  c.seed = 0  # init, data order and masking all derive from it
-  c.total_steps = 1000  # optimizer steps
-  c.batch_size = 32  # global batch, in rows of data.seq_len tokens
-  c.log_every = 10  # steps between metric lines (also the non-finite check)
-  c.checkpoint_every = 200  # steps between checkpoints (also saved at the end and on SIGTERM)
-  c.keep_checkpoints = 2  # how many recent checkpoints to keep
-  c.eval_every = 0  # steps between validation-loss evals; 0 = only at the end
-  c.eval_batches = 4  # validation batches per eval (fixed rows, fixed masks)
-  c.final_validation = True  # at the end of a run: the training loss on every validation row,
-  # masks from a fixed key (cbert_jax/run/validation.py) -> workdir/eval/val_full-step_<N>.json
-  c.val_full_every = 0  # steps between full-split validations during the run (the same metric
-  # and file per step; val_full/* rows in metrics.jsonl); 0 = only the final one
-  c.stop_after_step = 0  # > 0: checkpoint and exit after this step, as on preemption
-  c.allow_config_change = False  # resume a workdir whose config.json differs in fields that
-  # change the run (the error lists them; cbert_jax/run/workdir.py)
-  c.restart_from_scratch = False  # start at step 0 when checkpoints were moved aside as damaged
-  # (checkpoints.unreadable/) and none is left to resume from;
-  # without it that run is refused (cbert_jax/run/checkpoint.py)
-  c.num_devices = 0  # use only the first N devices (0 = all): debugging, tests
-  c.peak_flops = 0.0  # per-device peak FLOP/s for MFU; 0 = table (TPU/GPU) or measured (CPU)
-  c.compilation_cache_dir = ""  # JAX persistent compilation cache ("" = off)
-  c.plot = True  # write workdir/metrics.png at the end
-
-  c.mode = "train"  # train | eval (the offline probe suite on the workdir's latest
-  # checkpoint) | sweep (every member of config.sweep.experiment)
-
-  c.evals = (
-    ml_collections.ConfigDict()
-  )  # frozen-feature probes (--config.mode=eval, or during training)
-  c.evals.tasks = (
-    "sentiment,news_topic,tweet_source,genre,graded_sentiment,nli,"
-    "question_passage,entailment_retrieval"
-  )  # task-kit tasks (cbert_jax/data/TASKS.md)
-  c.evals.every = 0  # during training: run the probes every N steps (0 = off)
-  c.evals.probes = "ridge,knn"  # which probes on classification/regression/pair tasks
-  c.evals.layers = "final"  # final | all (layer-wise ridge table)
-  c.evals.layer = -1  # the layer every evaluator reads: -1 = final (normalised);
-  # l in [0, num_layers] = residual stream after block l (0 = embeddings)
-  c.evals.seq_len = 64  # tokens per text (longer texts are truncated)
-  c.evals.batch_size = 128  # texts per feature batch
-  c.evals.max_train = 5000  # cap on training examples per task (probe fit cost on CPU)
-  c.evals.max_eval = 2000  # cap on dev/test examples (and retrieval queries) per task
-  c.evals.init = "checkpoint"  # checkpoint | random (a randomly initialised encoder: the floor)
-  c.evals.pooler = "none"  # retrieval with a contrastive pooler trained on dev pairs:
-  # none | frozen | unfrozen | frozen,unfrozen
-  c.evals.pooler_steps = 200  # pooler training steps (InfoNCE, in-batch negatives)
-  c.evals.pooler_lr = 1e-3  # pooler learning rate
-  c.evals.pooler_backbone_lr = 2e-5  # backbone learning rate when unfrozen
-  c.evals.pooler_temperature = 0.05  # InfoNCE temperature
-  c.evals.pooler_init = "fresh"  # fresh (the same new pooler on every backbone) | predictor
-  # (warm start from CrossBERT's predictor cross-attention)
-  # Suites of --config.mode=eval (online probing during training always uses `offline`).
-  c.evals.suites = "offline"  # comma list of offline (the task kit) | glue | mteb;
-  # glue and mteb download their data once (internet)
-  c.evals.glue_tasks = ""  # GLUE tasks; "" = cola,sst2,mrpc,qqp,stsb,mnli,qnli,rte (+ wnli)
-  c.evals.glue_data_dir = ""  # TFDS data dir for GLUE; "" = <data.cache_dir>/tfds
-  c.evals.mteb_benchmark = "MTEB(eng, v2)"  # benchmark name as mteb.get_benchmark knows it
-  c.evals.mteb_tasks = ""  # subset of the benchmark's task names; "" = all of them
-  c.evals.mteb_embedding = "mean"  # mean (mean-pooled final layer) | pooler (a frozen contrastive
-  # pooler trained first on the dev pairs of the
-  # retrieval tasks in evals.tasks)
-
-  c.model = ml_collections.ConfigDict()
-  c.model.size = "d128L4"  # a rung of models/sizes.py; "" = use d_model/num_layers/num_heads
-  c.model.d_model = 0  # residual width (set from size when 0)
-  c.model.num_layers = 0  # encoder depth (set from size when 0)
-  c.model.num_heads = 0  # attention heads (set from size when 0)
-  c.model.head_dim = 0  # per-head width; 0 = d_model // num_heads
-  c.model.ffn_dim = 0  # SwiGLU hidden; 0 = 256 * ceil(8d/3 / 256)
-  c.model.vocab_size = 0  # set from the tokenizer
-  c.model.norm_eps = 1e-5  # RMSNorm epsilon
-  c.model.rope_theta = 10000.0  # RoPE base
-  c.model.init_std = 0.0  # input-projection init std; 0 = d_model ** -0.5
-  c.model.init_scale = 1.0  # global multiplier on every init std (smaller for very large models)
-  c.model.depth_init = "none"  # output-projection std divisor: none | global | current
-  c.model.tie_embeddings = False  # output head = embedding table transposed
-  c.model.compute_dtype = (
-    "float32"  # bfloat16 on TPU/GPU; float32 on CPU (bf16 is not faster there)
-  )
-  c.model.param_dtype = "float32"  # parameters and optimizer state
-  c.model.remat = "none"  # activation recomputation per block: none | full | dots (keep
-  # matmul outputs, recompute the rest); trades FLOPs for memory
-  c.model.ce_chunk = 0  # vocab projection + cross-entropy over this many target positions
-  # at a time, recomputed in backward (0 = all logits at once);
-  # saves the [B, K, V] logits' memory (CMS: K = T/2 per view)
-  c.model.attention_impl = "auto"  # auto (= xla) | xla | cudnn (fused; GPU with bf16/fp16 only,
-  # opt-in: not yet verified with our masks on a GPU)
-  c.model.fused_projections = False  # one [d, 3HD] matmul for q, k, v and one [d, 2F] for
-  # SwiGLU's gate and up (weights concatenated per step; same parameters, same maths)
-  c.model.predictor_layers = -1  # CrossBERT predictor depth; -1 = max(1, num_layers // 4)
-  c.model.predictor_d_model = 0  # predictor width; 0 = d_model
-  c.model.predictor_heads = 0  # predictor heads; 0 = num_heads (or width // head_dim if narrower)
-  c.model.predictor_self_attn = False  # let predictor queries attend to each other (ablation)
-  c.model.predictor_positions = "rope"  # rope | learned (absolute position table added to queries
-  # and keys, no RoPE in the predictor; an ablation)
-  c.model.max_positions = 0  # learned position table size; 0 = data.seq_len
-  c.model.generator_width = 0.25  # ELECTRA generator width as a fraction of d_model (whole heads)
-  c.model.generator_depth = 1.0  # ELECTRA generator depth as a fraction of num_layers
-  c.model.generator_shared_embeddings = (
-    True  # ELECTRA: generator and discriminator share embeddings
-  )
-  c.model.disc_weight = 50.0  # ELECTRA: weight of the replaced-token-detection loss
-
-  c.masking = ml_collections.ConfigDict()
-  c.masking.mask_ratio = -1.0  # fraction of tokens predicted; -1 = 0.2 (bert) / 0.5 (crossbert)
-  # / 0.15 (electra, the generator's targets)
-  c.masking.p_mask = 0.8  # BERT, ELECTRA's generator: share of targets replaced by [MASK]
-  c.masking.p_random = 0.1  # ... share replaced by a random token (the rest unchanged)
-  c.masking.cms = True  # CrossBERT: complementary masking (needs mask_ratio 0.5)
-  c.masking.cms_form = "gather"  # gather (two rows of T/2, efficient) | inplace (masks; reference)
-
-  c.data = ml_collections.ConfigDict()
-  c.data.seq_len = 128  # tokens per packed row
-  c.data.corpus = "offline_small"  # offline_small (18 MB) | offline_full (79 MB): registry-package English, probe texts removed;
-  # gutenberg (18 books) | files (data.corpus_files) | sources (data.sources, pod scale)
-  c.data.corpus_files = (
-    ""  # comma-separated text files or globs (corpus=files); blank-line paragraphs
-  )
-  c.data.max_docs = 0  # use only the first N documents (0 = all)
-  c.data.val_fraction = 0.02  # documents held out for validation (by hash, deterministic)
-  c.data.split_seed = 0  # seed of the train/validation split
-  c.data.cache_dir = ""  # "" = $CBERT_JAX_CACHE or ~/.cache/cbert_jax
-  c.data.tokenizer_path = ""  # an existing SentencePiece model; "" = train one on the corpus
-  c.data.vocab_size = 8192  # vocabulary of a trained tokenizer
-  c.data.tokenizer_type = "bpe"  # bpe | unigram
-  c.data.tokenizer_sample_chars = 20_000_000  # cap on tokenizer training text
-  c.data.verify_cache = (
-    "sample"  # cache entries (tokenizer, packed arrays, shards) are checked against their
-  )
-  # sha256 sidecar on read: sample (size + first/middle/last MiB, cheap) | full
-  # (whole-file sha256, seconds per GB); a damaged entry is moved aside and rebuilt
-  # corpus=sources: pod-scale corpora, preprocessed into sharded ArrayRecord rows (data/preprocess.py)
-  c.data.sources = ""  # "pattern[:weight],...": paths/globs (local or epath URLs) of .txt/.jsonl/.jsonl.zst/.parquet/.array_record
-  c.data.text_field = "text"  # JSON key / Parquet column holding the document text
-  c.data.text_mode = "paragraphs"  # plain text: paragraphs (blank-line split, as corpus=files) | file (one doc per file)
-  c.data.record_format = (
-    "text"  # ArrayRecord input records: text (UTF-8 document) | json (object with text_field)
-  )
-  c.data.on_bad_record = (
-    "error"  # error (stop, naming file and line) | skip (skip and count in the manifest)
-  )
-  c.data.preprocess_workers = (
-    0  # tokenize/pack worker processes; 0 = all cores (output is the same for any count)
-  )
-  c.data.shard_input_mb = 256  # input MiB per task / output shard (part of the cache key)
-
-  c.faults = (
-    ml_collections.ConfigDict()
-  )  # numerical faults (cbert_jax/step/guard.py); non-finite always stops
-  c.faults.spike = "warn"  # on a loss spike: off | warn | skip (do not apply that update) |
-  # rollback (last checkpoint, data advanced past the batch);
-  # every spike also writes workdir/diagnostics/step_<n>/
-  c.faults.threshold = 6.0  # spike: loss above its running mean by > threshold running stds
-  c.faults.min_jump = 0.1  # ... and by > this fraction of the running mean
-  c.faults.ema = 0.98  # decay of the running mean and variance of the loss
-  c.faults.warmup = 50  # steps of statistics before spikes are judged
-  c.faults.max_rollbacks = 3  # rollback: stop with an error after this many in one run
-  c.faults.plant_nan_step = 0  # tests: update N's loss (and gradients) become NaN; 0 = off
-  c.faults.plant_spike_batches = ""  # tests: these 1-based global batches (e.g. "9,12") are
-  # corrupted (every token -> the last vocabulary id): a data spike
-
-  c.optim = ml_collections.ConfigDict()
-  c.optim.lr = 3e-3  # peak learning rate
-  c.optim.b1 = 0.9  # AdamW beta1
-  c.optim.b2 = 0.95  # AdamW beta2
-  c.optim.eps = 1e-8  # AdamW epsilon
-  c.optim.weight_decay = 0.1  # decoupled weight decay, matrices only
-  c.optim.clip_norm = 1.0  # global gradient-norm clip; 0 = off
-  c.optim.schedule = "wsd"  # wsd (warmup-stable-decay) | cosine | constant
-  c.optim.warmup_frac = 0.02  # warmup as a fraction of total_steps (used when warmup_steps = 0)
-  c.optim.warmup_steps = 0  # explicit warmup steps (> 0 overrides warmup_frac)
-  c.optim.decay_frac = 0.2  # wsd: decay over the last fraction of the run
-  c.optim.decay_shape = "linear"  # wsd decay: linear | cosine
-  c.optim.final_lr_frac = 0.0  # LR at the end, as a fraction of the peak
-  c.optim.microbatches = 1  # gradient accumulation: split each global batch into this many
-  # micro-batches inside the step (same batch, LR and data order;
-  # less activation memory); 1 = off
-
-  # Scaling sweeps (experiments/sweep.py, cbert_jax/scaling/). A member (tokens_per_param > 0) has
-  # total_steps, batch_size, optim.lr, checkpoint_every and eval_every derived in `resolve` from
-  # its token budget and the hyperparameter laws; set the sweep.* inputs, not those fields.
-  c.sweep = ml_collections.ConfigDict()
-  c.sweep.scale = ""  # paper | cpu | quick | auto (auto: cpu on a CPU-only machine,
-  # paper otherwise); "" = not part of a sweep
-  c.sweep.experiment = ""  # the sweep's experiment file (mode=sweep reads its members)
-  c.sweep.arg = ""  # the experiment file's arg this config came from
-  c.sweep.models = ""  # mode=sweep: only these members' models, comma list ("" = all)
-  c.sweep.sizes = ""  # mode=sweep: only these sizes, comma list ("" = all)
-  c.sweep.probe = True  # mode=sweep: the offline probe suite on every final checkpoint
-  c.sweep.report = True  # mode=sweep: write the scaling report at the end
-  c.sweep.tokens_per_param = 0.0  # > 0: a sweep member trained on tokens_per_param x N tokens
-  c.sweep.n_definition = "non_embedding"  # which parameters N counts: non_embedding (blocks +
-  # predictor / generator) | total | encoder
-  c.sweep.laws = ""  # JSON of fitted lr(C), B(C) laws (cbert_jax.report.grid fit);
-  # "shipped:<name>" = a fit shipped in cbert_jax/scaling/fitted/ (cpu-bert, cpu-crossbert);
-  # "{model}" in it = the member's family ("shipped:cpu-{model}": each family its own fit);
-  # "" = the published defaults (DeepSeek LLM's; cbert_jax/scaling/laws.py says why)
-  c.sweep.law_axis = "compute"  # the laws' x: compute (training FLOPs) | params (N)
-  c.sweep.batch_size = 0  # rows per step; 0 = from the batch-size law
-  c.sweep.lr = 0.0  # peak LR; 0 = from the LR law
-  c.sweep.lr_scale = 1.0  # multiplier on the law's LR (grid experiments)
-  c.sweep.batch_multiple = 1  # round the law's batch to a multiple of this (data parallelism)
-  c.sweep.target_devices = 0  # devices the member is planned for (the compile check's mesh);
-  # 0 = whatever this machine has
-  c.sweep.chip = ""  # the chip the member is planned for (a key of
-  # cbert_jax/scaling/memory.py:CHIPS: v4 v5e v5p v6e a100 h100
-  # h200 b200); "" = no memory plan
-  c.sweep.memory = "auto"  # with sweep.chip: auto (the memory planner sets model.remat,
-  # model.ce_chunk and optim.microbatches to the least costly
-  # setting that fits) | check (keep them; record the verdict)
-  c.sweep.checkpoints = 10  # checkpoints per run (checkpoint_every = steps / this)
-  c.sweep.evals = 20  # validation-loss evals per run (eval_every = steps / this)
-  # Derived by `resolve` for a member (recorded in config.json; inputs above):
-  c.sweep.n_params = 0  # N under n_definition
-  c.sweep.compute = 0.0  # training FLOPs of the run: FLOPs per data token x tokens
-  c.sweep.target_tokens = 0  # tokens_per_param x N
-  c.sweep.tokens = 0  # steps x batch_size x seq_len (>= target_tokens)
-  c.sweep.laws_source = ""  # where the LR and batch laws came from
-  c.sweep.memory_setting = (
-    ""  # the memory plan's setting: "remat=..., ce_chunk=..., microbatches=..."
-  )
-  c.sweep.memory_verdict = ""  # fits | needs microbatches=k | needs more chips (on sweep.chip)
-  c.sweep.memory_bytes = 0.0  # predicted peak bytes per device of that setting
-  c.sweep.memory_budget = 0.0  # usable bytes per device of sweep.chip
-
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # ICI sizes; one -1 = fill
-  c.mesh_dcn = ml_collections.ConfigDict(
-    dict(data=1, fsdp=1, tensor=1)
-  )  # sizes across slices/hosts
-  c.sharding_rules = DEFAULT_RULES  # logical axis -> mesh axes
+  """Every field a user sets, with its default and what it means (cbert_jax/config_groups.py, one
+  builder per group). Experiment files override these."""
+  c = config_groups.run()
+  c.evals = config_groups.evals()  # frozen-feature probes
+  c.model = config_groups.model()  # the encoder's shape, init and numerics
+  c.masking = config_groups.masking()  # which tokens are predicted
+  c.data = config_groups.data()  # corpus, split, tokenizer, cache
+  c.faults = config_groups.faults()  # loss spikes and planted test faults
+  c.optim = config_groups.optim()  # AdamW, clipping, schedule, accumulation
+  c.sweep = config_groups.sweep()  # a scaling-sweep member's inputs
+  c.mesh = config_groups.mesh()  # ICI mesh sizes; one -1 = fill
+  c.mesh_dcn = config_groups.mesh_dcn()  # sizes across slices/hosts
+  c.sharding_rules = config_groups.DEFAULT_RULES  # logical axis -> mesh axes
   return c
 
 
@@ -303,14 +77,20 @@ def check_fields(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError for a field `base_config` lacks or a value of the wrong type.
 
   ml_collections accepts both inside an experiment file: a new key (`c.batchsize = 64`, a typo)
-  and None or a bool for a number. Command-line overrides are checked by the flag parser.
+  and None or a bool for a number. The derived record of a sweep member (`SWEEP_DERIVED`) is
+  accepted only on a member (sweep.tokens_per_param > 0), where `resolve` computes it.
   """
-  _check_fields(config, base_config(), "")
+  member = float(config.get("sweep", {}).get("tokens_per_param", 0) or 0) > 0
+  _check_fields(config, base_config(), "", member)
 
 
-def _check_fields(node, base, prefix: str) -> None:
+def _check_fields(node, base, prefix: str, member: bool) -> None:
   for key in node.keys():
     path, value = prefix + key, node[key]
+    if path.startswith("sweep.") and key in config_groups.SWEEP_DERIVED:
+      if not member:
+        raise ConfigError(derived_field(path))
+      continue
     if key not in base:
       raise ConfigError(unknown_field(path))
     want = base[key]
@@ -319,9 +99,18 @@ def _check_fields(node, base, prefix: str) -> None:
         raise ConfigError(
           f"{path}: expected a group of fields ({', '.join(want.keys())}), got {value!r}"
         )
-      _check_fields(value, want, path + ".")
+      _check_fields(value, want, path + ".", member)
     elif not _type_ok(value, want):
       raise ConfigError(f"{path}: expected {_type_name(want)}, got {value!r}")
+
+
+def derived_field(path: str) -> str:
+  """The message for setting a field that a sweep member's `resolve` derives."""
+  what = config_groups.SWEEP_DERIVED[path.rsplit(".", 1)[-1]]
+  return (
+    f"{path} ({what}) is derived for a sweep member, not a setting: set its inputs "
+    "(sweep.tokens_per_param, sweep.n_definition, sweep.laws, sweep.chip, ...) instead"
+  )
 
 
 def _type_ok(value, want) -> bool:
@@ -363,10 +152,131 @@ def unknown_field(path: str) -> str:
     path, same_leaf or known, n=1, cutoff=0.0 if same_leaf else 0.75
   )
   hint = f" (did you mean {guess[0]!r}?)" if guess else ""
-  return (
-    f"unknown config field {path!r}{hint}; every field is listed in "
-    "cbert_jax/config_lib.py:base_config"
-  )
+  return f"unknown config field {path!r}{hint}; every field is listed in cbert_jax/config_groups.py"
+
+
+# ------------------------------------------------------------------------- the command line ---
+def import_experiment(path: str, *, field: str = "--config", needs=("get_config",)):
+  """The experiment file `path` as a module (experiments/ is not a package): the one loader of
+  experiment files (the CLI, the sweep runner, launch.sweep, launch.compile_check, the planner,
+  hparam_grid.py). ConfigError naming `field` when the file is missing, does not import (with the
+  file's line that raised) or lacks a function of `needs`."""
+  if not path or not os.path.isfile(path):
+    raise ConfigError(f"{field}: no such experiment file {path!r}")
+  name = "cbert_experiment_" + os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  if spec is None or spec.loader is None:
+    raise ConfigError(f"{field}: {path!r} is not a Python file")
+  module = importlib.util.module_from_spec(spec)
+  try:
+    spec.loader.exec_module(module)
+  except ConfigError:
+    raise
+  except Exception as e:  # a syntax error, an import that fails, a module body that raises
+    raise ConfigError(f"{field}: {path} does not load: {_raised_in(e, path)}") from e
+  for fn in needs:
+    if not callable(getattr(module, fn, None)):
+      raise ConfigError(f"{field}: {path} has no {fn}()")
+  return module
+
+
+def load_config(spec: str) -> ml_collections.ConfigDict:
+  """`experiments/x.py[:arg]` -> that file's `get_config(arg)`, its fields checked
+  (`check_fields`). A `get_config` that raises gives a ConfigError naming `spec` and the file's
+  line that raised; a ConfigError from it passes through as it is."""
+  path, sep, arg = spec.partition(":")
+  where = f"--config={spec}"
+  module = import_experiment(path, field=where)
+  try:
+    config = module.get_config(arg) if sep else module.get_config()
+  except ConfigError:
+    raise
+  except Exception as e:
+    raise ConfigError(f"{where}: get_config failed: {_raised_in(e, path)}") from e
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigError(f"{where}: get_config returned a {type(config).__name__}, not a ConfigDict")
+  check_fields(config)
+  return config
+
+
+def _raised_in(e: BaseException, path: str) -> str:
+  """`line 7 (c.total_steps = "300"): TypeError: ...`: the experiment file's innermost line in
+  the exception's traceback, and the exception."""
+  frames = [
+    f
+    for f in traceback.extract_tb(e.__traceback__)
+    if os.path.abspath(f.filename) == os.path.abspath(path)
+  ]
+  line = f"line {frames[-1].lineno} ({_without_comment(frames[-1].line or '')}): " if frames else ""
+  return f"{line}{type(e).__name__}: {' '.join(str(e).split())}"
+
+
+def _without_comment(line: str) -> str:
+  """A source line without its trailing `# comment` (Python's tokenizer finds where it starts)."""
+  try:
+    for tok in tokenize.generate_tokens(io.StringIO(line.strip()).readline):
+      if tok.type == tokenize.COMMENT:
+        return line.strip()[: tok.start[1]].rstrip()
+  except (tokenize.TokenError, SyntaxError):
+    pass
+  return line.strip()
+
+
+def override(
+  config: ml_collections.ConfigDict, path: str, text: str | None, where: str = ""
+) -> None:
+  """Sets the field at dotted `path` from its command-line text (`--config.PATH=TEXT`; None for a
+  bare `--config.PATH`, true for a boolean field), parsed as the type `base_config` gives it.
+
+  Raises ConfigError starting with `where` (default: the flag as typed) for an unknown or derived
+  field and for text that does not parse as the field's type.
+  """
+  where = where or f"--config.{path}" + ("" if text is None else f"={text}")
+  if path.startswith("sweep.") and path.split(".", 1)[1] in config_groups.SWEEP_DERIVED:
+    raise ConfigError(f"{where}: {derived_field(path)}")
+  want = dict(leaves(base_config())).get(path, _MISSING)
+  if want is _MISSING:
+    raise ConfigError(f"{where}: {unknown_field(path)}")
+  value = _parse_value(text, want)
+  if value is _MISSING:
+    raise ConfigError(f"{where}: expected {_type_name(want)}, got {text!r}")
+  *groups, leaf = path.split(".")
+  node = config
+  with config.unlocked():
+    for name in groups:
+      if name not in node:
+        node[name] = ml_collections.ConfigDict()
+      node = node[name]
+    node[leaf] = value
+
+
+_MISSING = object()
+_TRUE, _FALSE = ("true", "t", "1"), ("false", "f", "0")  # as absl reads a boolean flag
+
+
+def _parse_value(text: str | None, want):
+  """`text` as the type of the default `want`, or _MISSING when it does not parse as one."""
+  if isinstance(want, bool):
+    text = "true" if text is None else text.strip().lower()
+    return True if text in _TRUE else False if text in _FALSE else _MISSING
+  if text is None:
+    return _MISSING
+  try:
+    if isinstance(want, int):
+      return int(text.strip(), 0)
+    if isinstance(want, float):
+      return float(text)
+    if isinstance(want, (tuple, list)):
+      value = ast.literal_eval(text)
+      return tuple(value) if isinstance(value, (tuple, list)) else _MISSING
+  except (ValueError, SyntaxError):
+    return _MISSING
+  return text
+
+
+def is_bool_field(path: str) -> bool:
+  """Whether the field at dotted `path` is a boolean (`--config.PATH` alone sets it)."""
+  return isinstance(dict(leaves(base_config())).get(path), bool)
 
 
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -555,7 +465,7 @@ def _check_rules(rules, mesh_axes: tuple[str, ...]) -> None:
         f"sharding_rules: expected (logical name, mesh axes) pairs, the mesh axes "
         f"None or among {', '.join(mesh_axes)}; got {rule!r}"
       )
-  missing = [n for n, _ in DEFAULT_RULES if n not in {r[0] for r in rules}]
+  missing = [n for n, _ in config_groups.DEFAULT_RULES if n not in {r[0] for r in rules}]
   if missing:
     raise ConfigError(
       f"sharding_rules: no rule for {', '.join(missing)} (every logical axis "

@@ -8,15 +8,16 @@ that all are present and run the same code and config (`cbert_jax/run/distribute
 """
 
 import os
-import re
 import sys
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from cbert_jax.errors import CheckpointError, ConfigError, WorkdirError
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment file[:arg]", lock_config=True)
+_CONFIG = flags.DEFINE_string(
+  "config", None, "experiment file[:arg]; --config.FIELD=VALUE overrides one of its fields"
+)
+_LOADED = None  # the config _parse_flags loaded from --config and its overrides
 _WORKDIR = flags.DEFINE_string("workdir", None, "where checkpoints, metrics and config.json go")
 _MULTIPROCESS = flags.DEFINE_bool(
   "multiprocess", False, "call jax.distributed.initialize() (auto-detected on TPU pods / SLURM)"
@@ -53,7 +54,7 @@ def main(argv):
   logging.get_absl_handler().addFilter(_QuietLibraries())
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = _CONFIG.value
+  config = _LOADED
   if config is None:
     raise app.UsageError("--config is required, e.g. --config experiments/smoke.py")
   # imported after flag parsing (it imports jax), so XLA_FLAGS from the env apply
@@ -138,92 +139,59 @@ def main(argv):
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl flag parsing, with bad `--config` input reported in one line and exit status 2.
-
-  ml_collections raises these as tracebacks or multi-line flag errors: an unknown `--config.FIELD`
-  (a bare AttributeError/KeyError), a value that does not parse as the field's type, a wrong type
-  or a ConfigError inside the experiment file, and an experiment file that does not exist.
-  """
+  """absl reads the other flags; `--config` (the experiment file[:arg]) and every
+  `--config.FIELD=VALUE` are read by config_lib, and any mistake in them (a missing or failing
+  experiment file, an unknown field, a value of the wrong type) is one `config error:` line and
+  exit status 2 (config_lib raises ConfigError naming the flag or file)."""
+  config_args, rest = _split_config_args(argv)
   try:
-    rest = flags.FLAGS(argv)
+    rest = flags.FLAGS(rest)
   except flags.Error as e:
-    message = _flag_error_message(str(e), argv)
-    if message:
-      _config_error(message)
     print(
       f"FATAL Flags parsing error: {e}\nPass --helpshort or --helpfull to see help on flags.",
       file=sys.stderr,
     )
     sys.exit(1)
-  except OSError as e:  # an override (--config.X=V) of an experiment file that failed to load
-    _config_error(_flag_error_message(str(e), argv) or f"--config={_config_spec(argv)}: {e}")
-  except (AttributeError, KeyError) as e:
-    from cbert_jax import config_lib  # pylint: disable=g-import-not-at-top (the error path only)
+  if _CONFIG.value is None:
+    if config_args:
+      _config_error(f"{config_args[0][0]}: needs --config=EXPERIMENT_FILE[:ARG] to override")
+    return rest
+  from cbert_jax import config_lib  # pylint: disable=g-import-not-at-top (imports the models)
 
-    # ml_collections' message may carry a suggestion on a second line ("'total_step'\nDid you
-    # mean ..."); the field name is the first line, without its quotes.
-    while e.args and isinstance(e.args[0], BaseException):  # AttributeError(KeyError(...))
-      e = e.args[0]
-    raw = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
-    name = raw.strip().splitlines()[0].strip("\"' ") if raw.strip() else raw
-    args = [a for a in argv if a.startswith("--config.") and name in a.split("=")[0]]
-    unknown = [a for a in args if config_lib.expected_type(_field_path(a)) is None]
-    culprit = (unknown or args or [None])[0]
-    where = culprit or _config_spec(argv)
-    _config_error(f"{where}: {config_lib.unknown_field(_field_path(culprit) if culprit else name)}")
+  global _LOADED
   try:
-    if _CONFIG.value is not None:
-      _CONFIG.value.keys()  # an experiment file that failed to load raises here, not while parsing
-  except OSError as e:
-    _config_error(_flag_error_message(str(e), argv) or f"--config={_config_spec(argv)}: {e}")
+    config = config_lib.load_config(_CONFIG.value)
+    for typed, path, text in config_args:
+      config_lib.override(config, path, text, where=typed)
+  except ConfigError as e:
+    _config_error(str(e))
+  config.lock()  # code that adds a field says so (config.unlocked())
+  _LOADED = config
   return rest
 
 
-def _flag_error_message(text: str, argv: list[str]) -> str | None:
-  """The one-line message for an absl/ml_collections flag error about `--config`, or None."""
-  marker = "cbert_jax.errors.ConfigError: "  # an experiment file's get_config raised ConfigError
-  if marker in text:
-    return text.split(marker)[-1].strip()
-  if "Failed loading config file" in text:
-    detail = text.strip().splitlines()[-1].strip()
-    return f"--config={_config_spec(argv)}: cannot load the experiment file ({detail})"
-  cast = re.search(
-    r"Could not override field '(\w+)' \(reference\)\. (.*) is of original type "
-    r"<class '(\w+)'> and cannot be casted to type <class '([\w.]+)'>",
-    text,
-  )
-  if cast:  # the experiment file assigned a value of another type
-    field, value, got, want = cast.groups()
-    return (
-      f"{_config_spec(argv)} sets {field} to {value} ({got}); expected "
-      f"{'true or false' if want == 'bool' else want.rsplit('.', 1)[-1]}"
-    )
-  flag = re.match(r"flag --config\.([\w.]+)=", text.strip())
-  if flag:  # a --config.FIELD=VALUE that does not parse as the field's type
-    from cbert_jax import config_lib  # pylint: disable=g-import-not-at-top (the error path only)
+def _split_config_args(argv: list[str]) -> tuple[list[tuple[str, str, str | None]], list[str]]:
+  """([(as typed, dotted field, value text or None)], the other arguments) of the command line:
+  `--config.F=V`, `--config.F V`, `--config.F` (a boolean: true) and `--noconfig.F` (false)."""
+  from cbert_jax import config_lib  # pylint: disable=g-import-not-at-top
 
-    path = flag.group(1)
-    given = [a for a in argv if a.startswith(f"--config.{path}=") and f"flag {a}: " in text]
-    value = given[-1].split("=", 1)[1] if given else text.strip()[flag.end() :].split(": ")[0]
-    expected = config_lib.expected_type(path)
-    if expected:
-      return f"--config.{path}={value}: expected {expected}, got {value!r}"
-  return None
-
-
-def _field_path(arg: str) -> str:
-  """`--config.model.size=d64L2` -> `model.size`."""
-  return arg[len("--config.") :].split("=", 1)[0]
-
-
-def _config_spec(argv: list[str]) -> str:
-  """The `--config` value (the experiment file[:arg]) as the user typed it."""
-  for i in reversed(range(len(argv))):  # absl keeps the last one
-    if argv[i].startswith("--config="):
-      return argv[i].split("=", 1)[1]
-    if argv[i] == "--config" and i + 1 < len(argv):
-      return argv[i + 1]
-  return "the experiment file"
+  found, rest, i = [], argv[:1], 1
+  while i < len(argv):
+    arg = argv[i]
+    if arg == "--":
+      rest += argv[i:]
+      break
+    if arg.startswith("--noconfig."):
+      found.append((arg, arg[len("--noconfig.") :], "false"))
+    elif arg.startswith("--config."):
+      path, eq, text = arg[len("--config.") :].partition("=")
+      if not eq and not config_lib.is_bool_field(path) and i + 1 < len(argv):
+        i, text, arg = i + 1, argv[i + 1], f"{arg} {argv[i + 1]}"  # `--config.F V`
+      found.append((arg, path, text if eq or text else None))
+    else:
+      rest.append(arg)
+    i += 1
+  return found, rest
 
 
 def _config_error(message: str) -> None:

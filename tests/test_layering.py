@@ -7,7 +7,8 @@ exactly one layer, bottom to top:
   1  models/ (the model families, masking, FLOPs), data/ (corpora, tokenizer, task kit)
   2  step/ (what gets compiled: state, steps, optimizer, guard, mesh and sharding)
   3  scaling/ (JAX-free maths: plans, budgets, laws, memory, fits), evaluators/ (probes)
-  4  config_lib (the config, resolved with scaling/'s plan)
+  4  config_groups (the fields, one builder per group), config_lib (the config: loaded, checked,
+     resolved with scaling/'s plan)
   5  run/ (a run's life on hosts and disk, and reading a run back)
   6  train, evaluate, embed, export/, report/ (what a run or a set of runs produces)
   7  sweep/ (experiment, planner, runner: trains, probes and reports members)
@@ -34,6 +35,7 @@ LAYER = {  # a cbert_jax folder or top-level module, or a launch module -> its l
   "cbert_jax.step": 2,
   "cbert_jax.scaling": 3,
   "cbert_jax.evaluators": 3,
+  "cbert_jax.config_groups": 4,
   "cbert_jax.config_lib": 4,
   "cbert_jax.run": 5,
   "cbert_jax.train": 6,

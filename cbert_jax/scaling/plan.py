@@ -36,8 +36,9 @@ def model_config(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MaskCo
 
 
 def derive(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Fills total_steps, batch_size, optim.lr, checkpoint_every, eval_every and the derived
-  sweep.* fields of a resolved member config, in place."""
+  """Fills total_steps, batch_size, optim.lr, checkpoint_every, eval_every and the member's derived
+  record (`config_groups.SWEEP_DERIVED`, in its sweep group) of a resolved member config, in
+  place."""
   s = config.sweep
   for name in ("checkpoints", "evals", "batch_multiple"):
     if s[name] < (1 if name != "evals" else 0):
@@ -81,6 +82,8 @@ def derive(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       if explicit
       else laws.source
     )
+    # the memory plan's record (config_groups.SWEEP_DERIVED): set by plan_memory with sweep.chip
+    s.memory_setting, s.memory_verdict, s.memory_bytes, s.memory_budget = "", "", 0.0, 0.0
   if s.chip:
     plan_memory(config)
   return config

@@ -10,7 +10,6 @@ resolves and validates *all* of them, so a bad field fails in seconds, not after
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 
@@ -40,19 +39,8 @@ def load_experiment(
   field: str = "sweep.experiment",
   needs: tuple[str, ...] = ("get_config", "get_sweep"),
 ):
-  """The experiment file `path` as a module (experiments/ is not a package): the one loader of
-  experiment files (the sweep driver, launch.sweep, launch.compile_check, hparam_grid.py).
-  ConfigError naming `field` when the file is missing or lacks a function of `needs`."""
-  if not path or not os.path.exists(path):
-    raise ConfigError(f"{field}: no such experiment file {path!r}")
-  name = "cbert_experiment_" + os.path.splitext(os.path.basename(path))[0]
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  for fn in needs:
-    if not callable(getattr(module, fn, None)):
-      raise ConfigError(f"{field}: {path} has no {fn}()")
-  return module
+  """The sweep experiment file `path` as a module (config_lib.import_experiment)."""
+  return config_lib.import_experiment(path, field=field, needs=needs)
 
 
 def resolve_scale(scale: str) -> str:

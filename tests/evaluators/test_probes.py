@@ -12,7 +12,7 @@ from flax import nnx
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression, Ridge
 
-from cbert_jax import config_lib
+from cbert_jax import config_groups
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import features as features_lib
 from cbert_jax.evaluators import knn, logreg, probes, ridge
@@ -450,11 +450,11 @@ def test_featurizer_on_a_mesh():
   mesh = sharding.make_mesh({"data": -1})
   params = jax.device_put(params, sharding.replicated(mesh))
   feat = features_lib.Featurizer(
-    graphdef, params, batch_size=8, seq_len=12, mesh=mesh, rules=config_lib.DEFAULT_RULES
+    graphdef, params, batch_size=8, seq_len=12, mesh=mesh, rules=config_groups.DEFAULT_RULES
   )
   np.testing.assert_allclose(feat(rows), _by_hand(model, rows)[0], rtol=1e-4, atol=1e-5)
   assert feat.num_traces == 1
   with pytest.raises(ConfigError, match="batch_size"):
     features_lib.Featurizer(
-      graphdef, params, batch_size=6, seq_len=12, mesh=mesh, rules=config_lib.DEFAULT_RULES
+      graphdef, params, batch_size=6, seq_len=12, mesh=mesh, rules=config_groups.DEFAULT_RULES
     )

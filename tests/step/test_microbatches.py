@@ -19,13 +19,13 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from cbert_jax import config_lib
+from cbert_jax import config_groups, config_lib
 from cbert_jax.errors import ConfigError
 from cbert_jax.step import guard, optim, sharding, steps
 from tests import helpers
 
 B, T, STEPS = 32, 16, 3
-RULES = config_lib.DEFAULT_RULES
+RULES = config_groups.DEFAULT_RULES
 MODELS = {
   "bert": ("bert", {}),
   "crossbert_cms": ("crossbert", {"cms": True}),

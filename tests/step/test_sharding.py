@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from cbert_jax import config_lib
+from cbert_jax import config_groups, config_lib
 from cbert_jax.errors import ConfigError
 from cbert_jax.models import FAMILIES
 from cbert_jax.step import optim, sharding
@@ -35,7 +35,7 @@ def test_mesh_shape_fills_minus_one_and_rejects_mismatches():
 @pytest.mark.parametrize("model_name", ["bert", "crossbert"])
 def test_params_and_adam_state_follow_the_rules(model_name):
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-  rules = config_lib.DEFAULT_RULES
+  rules = config_groups.DEFAULT_RULES
   tx, _ = optim.make_optimizer(config_lib.base_config().optim, 10)
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     abs_model = nnx.eval_shape(
