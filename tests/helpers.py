@@ -1,17 +1,24 @@
-"""Tiny models, packed batches and fake archives shared by the tests (no network)."""
+"""Tiny models, packed batches, tiny training runs and fake archives shared by the tests (no
+network). Shared test code lives here and in the sibling modules `cli_helpers` (command lines and
+subprocesses), `launch_helpers` (launch.sweep renders) and `package_archives` (the task kit's and
+the offline corpus's fake packages): a test module never imports another test module."""
 
 import dataclasses
 import gzip
 import io
+import os
 import struct
 import tarfile
+import zipfile
 import zlib
 
 import numpy as np
 from flax import nnx
 
+from cbert_jax import config_lib
 from cbert_jax.models import FAMILIES
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
+from cbert_jax.run import metrics as metrics_lib
 
 SPECIAL = (0, 2, 3, 4)  # pad, bos, eos, [MASK] as the SentencePiece tokenizer numbers them
 MASK_ID = 4
@@ -88,6 +95,66 @@ def write_tgz(path, files: dict[str, bytes]) -> str:
       info.size = len(data)
       tar.addfile(info, io.BytesIO(data))
   return str(path)
+
+
+def write_zip(path, files: dict) -> str:
+  """A zip archive at `path` holding `files` (member name -> bytes or str), like a wheel."""
+  with zipfile.ZipFile(path, "w") as z:
+    for name, data in files.items():
+      z.writestr(name, data)
+  return str(path)
+
+
+# ------------------------------------------------------------------- tiny training runs ---
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_corpus.txt")  # the committed tiny corpus
+
+
+def tiny_config(cache_dir, model="crossbert", **overrides):
+  """The config of an 8-step d32L2 run on TINY; `overrides` are dotted config keys."""
+  c = config_lib.base_config()
+  c.model_name = model
+  c.model.size = "d32L2"
+  c.total_steps = 8
+  c.batch_size = 8
+  c.log_every = 1
+  c.checkpoint_every = 4
+  c.eval_batches = 1
+  c.data.seq_len = 32
+  c.data.corpus = "files"
+  c.data.corpus_files = TINY
+  c.data.vocab_size = 400
+  c.data.cache_dir = cache_dir
+  c.optim.warmup_steps = 2
+  c.peak_flops = 1e11  # skip the start-up matmul measurement in tests
+  c.plot = False
+  c.final_validation = False  # tests/run/test_validation.py and the trained_run fixture turn it on
+  for key, value in overrides.items():
+    node = c
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def eval_config(cache, **kw):
+  """tiny_config for 2 steps, probed on the synthetic tasks (the `toy_tasks` fixture)."""
+  c = tiny_config(cache, total_steps=2, checkpoint_every=2, **kw)
+  c.evals.tasks = "toy_cls,toy_reg,toy_pair,toy_retrieval"
+  c.evals.probes = "ridge,logreg,knn"
+  c.evals.seq_len = 16
+  c.evals.batch_size = 32
+  return c
+
+
+def losses(workdir):
+  """{step: train/loss} of a run's metrics.jsonl."""
+  return {
+    r["step"]: r["train/loss"]
+    for r in metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    if "train/loss" in r
+  }
 
 
 # ---------------------------------------------------------------- synthetic probe tasks ---
@@ -236,7 +303,7 @@ class StubRegistry:
     self._server.server_close()
 
 
-# --- Debian archives (tests/data/test_debian_sources.py, tests/data/test_offline_corpus.py) ------------
+# --- Debian archives (test_debian_sources.py, package_archives.py) ---------------------------------
 
 _B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 

@@ -11,7 +11,7 @@ import pytest
 from cbert_jax import embed
 from cbert_jax.evaluators import features, pooler
 from cbert_jax.run import trained
-from tests.e2e.test_train import TINY
+from tests.helpers import TINY
 
 
 @pytest.fixture(scope="module")

@@ -6,37 +6,11 @@ test instead of going unnoticed in a process where JAX is already loaded.
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.launch.test_launch_sweep import BACKEND_ARGS
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Packages a launcher host should not need to import.
-HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "tensorflow", "sentencepiece", "matplotlib")
-
-
-def run_without_jax(code: str, *args: str) -> subprocess.CompletedProcess:
-  """Runs `code` in a fresh interpreter (repository root as cwd) in which JAX cannot be imported;
-  prints the heavy packages that got imported anyway as the last line: `heavy: [...]`."""
-  prologue = "import sys\nsys.modules['jax'] = None\n"
-  # The blocked `jax` entry is None: only modules that were really imported count.
-  epilogue = (
-    "\nprint('heavy:', sorted({name.split('.')[0] for name, module in sys.modules.items()"
-    f" if module is not None}} & set({HEAVY!r})))\n"
-  )
-  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  return subprocess.run(
-    [sys.executable, "-c", prologue + code + epilogue, *args],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
+from tests.cli_helpers import run_without_jax
+from tests.launch_helpers import BACKEND_ARGS
 
 
 def test_jax_is_blocked_in_the_subprocess():

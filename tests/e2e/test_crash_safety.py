@@ -14,8 +14,8 @@ import pytest
 
 from cbert_jax import train
 from cbert_jax.errors import CheckpointError
-from tests.e2e.test_cli import ROOT, cli, cli_env, run_cli
-from tests.e2e.test_train import losses, tiny_config
+from tests.cli_helpers import cli, cli_env, run_cli
+from tests.helpers import ROOT, losses, tiny_config
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax writes here, then renames to <step> when complete
 STEPS = 16

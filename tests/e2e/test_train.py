@@ -6,48 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from cbert_jax import config_lib, train
+from cbert_jax import train
 from cbert_jax.errors import ConfigError
 from cbert_jax.run import metrics as metrics_lib
-
-TINY = os.path.join(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "tiny_corpus.txt"
-)
-
-
-def tiny_config(cache_dir, model="crossbert", **overrides):
-  c = config_lib.base_config()
-  c.model_name = model
-  c.model.size = "d32L2"
-  c.total_steps = 8
-  c.batch_size = 8
-  c.log_every = 1
-  c.checkpoint_every = 4
-  c.eval_batches = 1
-  c.data.seq_len = 32
-  c.data.corpus = "files"
-  c.data.corpus_files = TINY
-  c.data.vocab_size = 400
-  c.data.cache_dir = cache_dir
-  c.optim.warmup_steps = 2
-  c.peak_flops = 1e11  # skip the start-up matmul measurement in tests
-  c.plot = False
-  c.final_validation = False  # tests/run/test_validation.py and the trained_run fixture turn it on
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
-
-
-def losses(workdir):
-  return {
-    r["step"]: r["train/loss"]
-    for r in metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"))
-    if "train/loss" in r
-  }
+from tests.helpers import losses, tiny_config
 
 
 @pytest.mark.parametrize("model", ["crossbert", "bert"])

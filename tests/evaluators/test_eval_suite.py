@@ -12,17 +12,7 @@ from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import pooler as pooler_lib
 from cbert_jax.evaluators import retrieval, suite
 from tests import helpers
-from tests.e2e.test_train import tiny_config
-from tests.helpers import WORDS
-
-
-def eval_config(cache, **kw):
-  c = tiny_config(cache, total_steps=2, checkpoint_every=2, **kw)
-  c.evals.tasks = "toy_cls,toy_reg,toy_pair,toy_retrieval"
-  c.evals.probes = "ridge,logreg,knn"
-  c.evals.seq_len = 16
-  c.evals.batch_size = 32
-  return c
+from tests.helpers import WORDS, eval_config
 
 
 def test_mode_eval_on_a_trained_checkpoint_writes_json_and_table(

@@ -22,8 +22,7 @@ from cbert_jax import config_lib, evaluate
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import glue
 from tests import helpers
-from tests.evaluators.test_eval_suite import eval_config
-from tests.helpers import WORDS
+from tests.helpers import WORDS, eval_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -23,8 +23,7 @@ from cbert_jax import config_lib, evaluate
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import mteb_encoder, retrieval
 from tests import helpers
-from tests.evaluators.test_eval_suite import eval_config
-from tests.helpers import WORDS
+from tests.helpers import WORDS, eval_config
 
 KEYS = [f"k{i}" for i in range(20)]  # retrieval's rare words
 

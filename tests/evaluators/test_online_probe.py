@@ -6,7 +6,7 @@ from cbert_jax import train
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import online
 from cbert_jax.run import metrics as metrics_lib
-from tests.evaluators.test_eval_suite import eval_config
+from tests.helpers import eval_config
 
 
 def test_online_probes_are_logged_every_n_steps(tmp_path, tmp_path_factory, toy_tasks):

@@ -38,7 +38,7 @@ from cbert_jax.export import __main__ as export_cli
 from cbert_jax.export import card as card_lib
 from cbert_jax.export import hf_tokenizer, llama
 from cbert_jax.run import trained
-from tests.e2e.test_train import TINY
+from tests.helpers import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAMILIES = ("bert", "crossbert", "electra")

@@ -14,7 +14,7 @@ import pytest
 
 from cbert_jax.run import status as status_lib
 from launch import members, snapshot, sweep
-from tests.launch.test_launch_sweep import EXP, FIRST, build, job, run_main
+from tests.launch_helpers import EXP, FIRST, build, job, run_main
 
 # ------------------------------------------------------------------------- local --execute ---
 

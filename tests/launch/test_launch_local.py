@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from launch import jobs
-from tests.e2e.test_train import TINY
+from tests.helpers import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ERROR = "config error: model_name: unknown model 'gpt'; expected one of bert, crossbert, electra"

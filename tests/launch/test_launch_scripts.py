@@ -15,7 +15,7 @@ import pytest
 
 from cbert_jax.run import status as status_lib
 from launch import backends
-from tests.launch.test_launch_sweep import EXP, build
+from tests.launch_helpers import EXP, build
 from tests.stubs import simlib
 
 # -------------------------------------------------------------------------- sbatch quoting ---

@@ -47,7 +47,7 @@ import pytest
 
 from cbert_jax.run import status as status_lib
 from launch import sweep
-from tests.e2e.test_train import losses
+from tests.helpers import losses
 from tests.stubs import simlib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

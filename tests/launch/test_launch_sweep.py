@@ -1,8 +1,8 @@
 """launch.sweep: golden renders per backend, a shared root, and dry runs that start nothing.
 
 Nothing trains: the paper members resolve analytically (no data). The rendered scripts run under a
-shell in test_launch_scripts.py; --execute, status and bad input are in test_launch_execute.py,
-which import the helpers here (as does test_light_imports.py: BACKEND_ARGS).
+shell in test_launch_scripts.py; --execute, status and bad input are in test_launch_execute.py;
+the three share tests/launch_helpers.py.
 """
 
 import os
@@ -13,37 +13,7 @@ import subprocess
 import pytest
 
 from launch import backends, members, snapshot, sweep
-
-EXP = "experiments/sweep.py"
-
-
-FIRST = "scale=paper,model=bert,size=d384L6"  # the first paper member, bert_d384L6
-
-
-def build(root, *argv):
-  """Renders a launch (nothing runs) -> the Launch."""
-  launch, _ = sweep.build(["--workdir_root", str(root), *argv])
-  return launch
-
-
-def job(launch, name):
-  return next(j for j in launch.jobs if j.member.name == name)
-
-
-def run_main(capsys, *argv):
-  """sweep.main in this process -> (exit status, stdout, stderr)."""
-  rc = sweep.main([str(a) for a in argv])
-  out = capsys.readouterr()
-  return rc, out.out, out.err
-
-
-BACKEND_ARGS = {
-  "local": [],
-  "slurm": [],
-  "tpu-vm": ["--zone", "z", "--project", "p"],
-  "xpk": ["--cluster", "c", "--docker_image", "img"],
-}
-
+from tests.launch_helpers import BACKEND_ARGS, EXP, FIRST, build, job, run_main
 
 # ---------------------------------------------------------------------------------- golden ---
 

@@ -12,7 +12,7 @@ from cbert_jax import train
 from cbert_jax.models import electra
 from cbert_jax.run import metrics as metrics_lib
 from tests import helpers
-from tests.e2e.test_train import tiny_config
+from tests.helpers import tiny_config
 
 
 def _batch(**kw):

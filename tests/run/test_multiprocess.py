@@ -12,65 +12,18 @@ import glob
 import os
 import re
 import shutil
-import socket
-import subprocess
 import time
 
 import numpy as np
 import pytest
 
 from cbert_jax.run import distributed
-from tests.e2e.test_cli import ROOT, cli
-from tests.e2e.test_train import losses
+from tests.cli_helpers import cli, launch, two_processes
+from tests.helpers import losses
 
-ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
 STEPS = 6  # total_steps of every run (the learning-rate schedule depends on it)
 STOP = 3  # the 2-process run checkpoints and stops after this step
 PROGRESS = re.compile(r"step (\d+)/\d+ \([^)]*\) \| loss (\S+)")
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def launch(commands, log_dir, timeout=240, env=None):
-  """Run `commands` concurrently -> [(returncode, stderr)], killing any still running at the end."""
-  os.makedirs(log_dir, exist_ok=True)
-  logs = [open(os.path.join(log_dir, f"p{i}.log"), "w+") for i in range(len(commands))]
-  procs = [
-    subprocess.Popen(c, cwd=ROOT, env=env or ENV, stdout=subprocess.DEVNULL, stderr=f, text=True)
-    for c, f in zip(commands, logs)
-  ]
-  try:
-    deadline = time.time() + timeout
-    for p in procs:
-      p.wait(timeout=max(deadline - time.time(), 1))
-    out = []
-    for p, f in zip(procs, logs):
-      f.seek(0)
-      out.append((p.returncode, f.read()))
-    return out, [p.pid for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-    for f in logs:
-      f.close()
-
-
-def two_processes(workdir, cache, *extra, per_process=((), ()), init_timeout=60):
-  """The CLI commands of process 0 and 1 of a localhost 2-process run."""
-  flags = [
-    f"--coordinator_address=127.0.0.1:{free_port()}",
-    "--num_processes=2",
-    f"--init_timeout={init_timeout}",
-  ]
-  return [
-    cli(workdir, cache, *extra, *flags, f"--process_id={i}", *per_process[i]) for i in range(2)
-  ]
 
 
 def progress_losses(stderr: str) -> dict[int, str]:

@@ -18,8 +18,8 @@ import time
 import pytest
 
 from cbert_jax.run import distributed, peer_watch
-from tests.e2e.test_cli import ROOT, cli
-from tests.run.test_multiprocess import free_port
+from tests.cli_helpers import cli, free_port
+from tests.helpers import ROOT, tiny_config
 
 PEER_TIMEOUT_S = 6  # JAX sends heartbeats every 3 s; a process silent for 6 s is declared dead
 BOUND_S = PEER_TIMEOUT_S + 2 + 8  # the documented bound (timeout + 2 s) + a margin for busy CPUs
@@ -41,7 +41,6 @@ CRASH = re.compile(
 def cache(tmp_path_factory):
   """A data cache filled here, so the two processes of a run do not both build the tokenizer."""
   from cbert_jax.data import prepare, settings
-  from tests.e2e.test_train import tiny_config
 
   path = str(tmp_path_factory.mktemp("peer_cache"))
   prepare.prepare(settings.data_config(tiny_config(path)), 32)

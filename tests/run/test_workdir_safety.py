@@ -17,7 +17,7 @@ import pytest
 from cbert_jax import config_lib, evaluate, train
 from cbert_jax.errors import ConfigError, WorkdirError
 from cbert_jax.run import workdir_lock
-from tests.e2e.test_train import losses, tiny_config
+from tests.helpers import losses, tiny_config
 
 
 def _write_lock(workdir, **info):

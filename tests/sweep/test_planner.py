@@ -307,7 +307,7 @@ def test_json_has_the_numbers_of_the_table(tmp_path, capsys):
 
 def test_the_planner_runs_without_jax():
   """Configs, counts, FLOPs and memory are arithmetic: a launcher host without JAX can plan."""
-  from tests.test_light_imports import run_without_jax  # pylint: disable=import-outside-toplevel
+  from tests.cli_helpers import run_without_jax  # pylint: disable=import-outside-toplevel
 
   r = run_without_jax(
     "from cbert_jax.sweep import planner\n"

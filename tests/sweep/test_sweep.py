@@ -12,7 +12,7 @@ from cbert_jax.models import flops
 from cbert_jax.scaling import laws as laws_lib
 from cbert_jax.scaling import plan
 from cbert_jax.sweep import experiment as experiment_lib
-from tests.e2e.test_train import TINY
+from tests.helpers import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -14,7 +14,7 @@ from cbert_jax import train
 from cbert_jax.report import archive
 from cbert_jax.run import status
 from cbert_jax.sweep import experiment, runner
-from tests.e2e.test_train import TINY
+from tests.helpers import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SWEEP = os.path.join(ROOT, "experiments", "sweep.py")
