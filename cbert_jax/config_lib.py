@@ -414,24 +414,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     raise ConfigError(f"faults.max_rollbacks must be >= 0, got {config.faults.max_rollbacks}")
   if config.optim.schedule not in ("wsd", "cosine", "constant"):
     raise ConfigError(f"optim.schedule must be wsd|cosine|constant, got {config.optim.schedule!r}")
-  # pylint: disable-next=g-import-not-at-top  (sentencepiece, numpy: config files stay light)
-  from cbert_jax.data import corpus as corpus_lib
-  from cbert_jax.data import settings  # pylint: disable=g-import-not-at-top
-  from cbert_jax.data import sources as sources_lib
-  from cbert_jax.data import tokenizer as tokenizer_lib
+  from cbert_jax.data import settings  # pylint: disable=g-import-not-at-top (config files stay light)
 
-  data_cfg = settings.data_config(config)
-  if data_cfg.corpus not in (*corpus_lib.CORPUS_KINDS, "sources"):
-    raise ConfigError(
-      f"data.corpus must be one of "
-      f"{', '.join(repr(k) for k in (*corpus_lib.CORPUS_KINDS, 'sources'))}, "
-      f"got {data_cfg.corpus!r}"
-    )
-  if data_cfg.corpus == "sources":  # the data package validates its own fields
-    sources_lib.check_sources_config(data_cfg)
-  else:
-    corpus_lib.check_corpus_config(data_cfg)
-  tokenizer_lib.check_tokenizer_config(data_cfg)
+  settings.check(settings.data_config(config))
   _check_rules(config.sharding_rules, sharding.AXES)
   # Mesh against the devices, and the batch against the data-parallel part of the mesh.
   ici, dcn = sharding.mesh_shape(config.mesh, num_devices, config.mesh_dcn)

@@ -240,6 +240,7 @@ def prepare(cfg: Any, seq_len: int) -> packing.PackedData:
     or (seq_len < MIN_SEQ_LEN)
   ):
     raise ConfigError(f"data.seq_len must be an int >= {MIN_SEQ_LEN}, got {seq_len!r}.")
+  settings.check(cfg)
   seq_len = int(seq_len)
   # One preparation per host at a time (build_lock): the first fills the cache, the others wait
   # and then read it (`prepare_once` also lets process 0 go first across hosts).
@@ -253,8 +254,6 @@ def _prepare(cfg: Any, seq_len: int) -> packing.PackedData:
     # Corpora too big for memory: parallel, resumable preprocessing into ArrayRecord
     # shards under <cache>/packed/<key>/, read back lazily by the pipeline.
     return preprocess.prepare_sources(cfg, seq_len)
-  corpus_lib.check_corpus_config(cfg)
-  tokenizer_lib.check_tokenizer_config(cfg)
   timings: dict[str, float] = {}
 
   start = time.perf_counter()
