@@ -279,7 +279,7 @@ def sweep() -> ml_collections.ConfigDict:
   c.batch_multiple = 1  # round the law's batch to a multiple of this (data parallelism)
   # Devices the member is planned for (the compile check's mesh); 0 = what this machine has.
   c.target_devices = 0
-  # The chip the member is planned for (a key of cbert_jax/scaling/memory.py:CHIPS: v4 v5e v5p
+  # The chip the member is planned for (a key of cbert_jax/scaling/chips.py:CHIPS: v4 v5e v5p
   # v6e a100 h100 h200 b200); "" = no memory plan.
   c.chip = ""
   # With sweep.chip: auto (the memory planner sets model.remat, model.ce_chunk and

@@ -65,7 +65,7 @@ PAPER_DEVICES = {
   "d2048L32": 64,
   "d2304L32": 64,
 }
-# The chip the paper members are planned for (cbert_jax/scaling/memory.py:CHIPS); another with
+# The chip the paper members are planned for (cbert_jax/scaling/chips.py:CHIPS); another with
 # --config.sweep.chip=h100 (launch.sweep sets it from --tpu_generation / --gpu_type).
 PAPER_CHIP = "v5p"
 CPU_SIZES = ("d32L2", "d64L2", "d96L3", "d128L3")

@@ -54,10 +54,8 @@ import time
 from typing import Any
 
 import jax  # the parent never starts a jax backend: each child gets its XLA_FLAGS first
-from absl import flags
 from flax import nnx
 from jax.experimental import topologies
-from ml_collections import config_flags
 
 from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
@@ -82,9 +80,7 @@ NEEDS_LIBTPU = (
 
 def _load_module(path: str):
   """The experiment file as a module (for get_sweep / workdir_name)."""
-  from cbert_jax.sweep import experiment as experiment_lib  # pylint: disable=import-outside-toplevel
-
-  return experiment_lib.load_experiment(path, field="--config", needs=("get_config",))
+  return config_lib.import_experiment(path, field="--config", needs=("get_config",))
 
 
 def member_args(config_spec: str) -> tuple[Any, list[str]]:
@@ -99,27 +95,14 @@ def member_args(config_spec: str) -> tuple[Any, list[str]]:
 
 def load_member(config_spec: str, module, arg: str, overrides: list[str]):
   """(member name, its resolved config) with the `--config.X=V` overrides applied as the trainer's
-  command line applies them (ml_collections' config flags)."""
+  command line applies them (config_lib.load_config and config_lib.override)."""
   path = config_spec.partition(":")[0]
-  argv = ["compile_check", f"--config={path}:{arg}" if arg else f"--config={path}", *overrides]
-  values = flags.FlagValues()  # private: never touches absl's global FLAGS
-  config_flags.DEFINE_config_file(
-    "config", None, "experiment", flag_values=values, lock_config=False, sys_argv=argv
-  )  # overrides read from argv
-  try:
-    values(argv)
-    config = values.config
-  except ConfigError:
-    raise
-  except (KeyError, AttributeError) as e:  # ml_collections: an unknown --config.FIELD
-    found = re.search(r"[\w.]+", str(e))  # str(e): "'name'" (+ absl's "Did you mean ...")
-    field = found.group(0) if found else str(e)
-    bad = [o for o in overrides if field in o.split("=")[0]] or [f"--config.{field}"]
-    path_ = bad[0].split("=")[0].removeprefix("--config.")
-    raise ConfigError(f"{bad[0]}: {config_lib.unknown_field(path_)}") from e
-  except Exception as e:  # pylint: disable=broad-except (absl / ml_collections parse errors)
-    message = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-    raise ConfigError(f"{arg or path}: {message.split('ConfigError: ')[-1]}") from e
+  config = config_lib.load_config(f"{path}:{arg}" if arg else path)
+  for override in overrides:
+    field, eq, text = override.removeprefix("--config.").partition("=")
+    if not override.startswith("--config.") or not eq:
+      raise ConfigError(f"--override={override}: expected --config.FIELD=VALUE")
+    config_lib.override(config, field, text, where=override)
   config = config_lib.resolve(config)
   name = (
     module.workdir_name(arg)
@@ -184,7 +167,7 @@ def compile_member(config, devices, placeholder: str, row: dict[str, Any]) -> No
 def memory_plan(config, num_devices: int) -> dict[str, Any] | None:
   """The member's memory plan on its chip (`sweep.chip`, as `plan.derive` recorded it) with the
   analytic prediction of the setting it compiles with; None without a chip."""
-  if not config.sweep.chip:
+  if not config.sweep.get("memory_verdict"):  # no chip, or not a member (plan.derive)
     return None
   shape = plan.memory_shape(config, num_devices)
   setting = plan.current_setting(config)

@@ -29,7 +29,6 @@ host needs neither JAX nor an accelerator.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import os
 import re
@@ -81,9 +80,11 @@ class Member:
       f"; memory on {c.sweep.chip}: {c.sweep.memory_setting}, "
       f"{c.sweep.memory_bytes / 2**30:.1f} of {c.sweep.memory_budget / 2**30:.1f} GiB "
       f"({c.sweep.memory_verdict})"
-      if c.sweep.chip
+      if c.sweep.get("memory_verdict")  # a member planned for sweep.chip (plan.derive)
       else ""
     )
+    if "n_params" not in c.sweep:  # not a sweep member: no token budget, no derived record
+      return f"{c.total_steps} steps x {c.batch_size} rows, {devices}{memory}"
     return (
       f"{c.sweep.n_params / 1e6:.1f}M params, {c.total_steps} steps x {c.batch_size} rows, "
       f"{c.sweep.compute:.3g} FLOPs, {devices}{memory}"
@@ -134,24 +135,6 @@ def command_path(path: str) -> str:
   return full if rel.startswith("..") else rel
 
 
-def parse_value(text: str, current: Any) -> Any:
-  """An override's value, read as the type of the field's current value."""
-  if isinstance(current, bool):
-    if text.lower() not in ("true", "false", "1", "0"):
-      raise ValueError(text)
-    return text.lower() in ("true", "1")
-  if isinstance(current, str):
-    return text
-  value = ast.literal_eval(text)  # numbers and tuples, as Python literals
-  if isinstance(current, tuple) and isinstance(value, list):
-    value = tuple(value)  # [a, b] for a tuple field is (a, b)
-  if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-    value = float(value)  # 3 for a float field is 3.0
-  if not isinstance(value, type(current)) or isinstance(value, bool):
-    raise ValueError(text)
-  return value
-
-
 def check_override(override: str) -> None:
   """An override is a trainer flag, and not one the launcher sets itself."""
   if not override.startswith("--"):
@@ -167,31 +150,21 @@ def check_override(override: str) -> None:
 
 
 def apply_override(config, override: str) -> None:
-  """Sets one `--config.X=V` override on `config`; other flags are passed through unchecked."""
+  """Sets one `--config.X=V` override on `config` as the trainer's command line reads it
+  (config_lib.override); other flags are passed through unchecked."""
   from cbert_jax import config_lib  # pylint: disable=import-outside-toplevel (loads the models' sizes)
+  from cbert_jax.errors import ConfigError  # pylint: disable=import-outside-toplevel
 
   check_override(override)
   if not override.startswith("--config."):
     return
   path, eq, text = override[len("--config.") :].partition("=")
-  node = config
-  *groups, leaf = path.split(".")
-  try:
-    for g in groups:
-      node = node[g]  # KeyError: no such group
-    current = node[leaf]  # KeyError: no such field
-  except (KeyError, AttributeError, TypeError):
-    raise LaunchError(f"--override={override}: {config_lib.unknown_field(path)}") from None
   if not eq:
     raise LaunchError(f"--override={override}: expected --config.{path}=VALUE")
   try:
-    value = parse_value(text, current)
-  except (ValueError, SyntaxError):
-    raise LaunchError(
-      f"--override={override}: expected {config_lib.expected_type(path)}, got {text!r}"
-    ) from None
-  with node.unlocked():
-    node[leaf] = value
+    config_lib.override(config, path, text, where=f"--override={override}")
+  except ConfigError as e:
+    raise LaunchError(str(e)) from None
 
 
 def select(members: list[Member], only: list[str], what: str) -> list[Member]:

@@ -139,8 +139,8 @@ def member_record(job: Job) -> dict:
     "target_devices": m.target_devices,
     "model": m.config.model_name,
     "size": m.config.model.size,
-    "n_params": int(m.config.sweep.n_params),
-    "compute": float(m.config.sweep.compute),
+    "n_params": int(m.config.sweep.get("n_params", 0)),
+    "compute": float(m.config.sweep.get("compute", 0.0)),
     "total_steps": m.total_steps,
     "batch_size": int(m.config.batch_size),
     "probe": m.probes,  # whether done needs the probe results (grid members: no)

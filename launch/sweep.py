@@ -244,7 +244,7 @@ def effective_overrides(overrides: list[str], shared_root: str) -> list[str]:
 
 
 def planned_chip(ns: argparse.Namespace) -> str:
-  """The chip a backend's members run on (cbert_jax/scaling/memory.py:CHIPS): --gpu_type for
+  """The chip a backend's members run on (cbert_jax/scaling/chips.py:CHIPS): --gpu_type for
   slurm, --tpu_generation for tpu-vm and xpk; "" for local (no memory plan)."""
   return {"slurm": ns.gpu_type, "tpu-vm": ns.tpu_generation, "xpk": ns.tpu_generation}.get(
     ns.backend, ""
@@ -356,7 +356,12 @@ def show(launch: Launch, states: dict, execute: bool, include_running: bool) -> 
   where = launch.code_dir or (REPO if launch.backend == "local" else image)
   print(f"code: {where}" + (" (a snapshot, written with --execute)" if launch.snapshot else ""))
   laws = sorted(
-    {j.member.config.sweep.laws_source for j in launch.jobs if j.member.config is not None} - {""}
+    {
+      j.member.config.sweep.get("laws_source", "")
+      for j in launch.jobs
+      if j.member.config is not None
+    }
+    - {""}
   )
   if laws:
     print(f"LR and batch size from: {'; '.join(laws)}")
@@ -469,7 +474,7 @@ def launch_main(argv: list[str]) -> int:
       print(f"error: {message}", file=sys.stderr)
       return 2
     print(f"warning: {message}; --execute refuses until then", file=sys.stderr)
-  too_big = [m.name for m in resolved if m.config.sweep.memory_verdict == "needs more chips"]
+  too_big = [m.name for m in resolved if m.config.sweep.get("memory_verdict") == "needs more chips"]
   if too_big:  # no remat / ce_chunk / micro-batch setting fits the member's chips
     message = (
       f"{len(too_big)} member(s) do not fit their chips at any memory setting "

@@ -155,9 +155,9 @@ def manifest(scale: str, experiment: str, members) -> dict:
         "model": c.model_name,
         "size": c.model.size,
         "cms": bool(c.masking.cms),
-        "n_params": c.sweep.n_params,
-        "compute": c.sweep.compute,
-        "tokens": c.sweep.tokens,
+        "n_params": c.sweep.get("n_params", 0),
+        "compute": c.sweep.get("compute", 0.0),
+        "tokens": c.sweep.get("tokens", 0),
         "steps": c.total_steps,
         "batch_size": c.batch_size,
         "lr": c.optim.lr,
@@ -172,7 +172,7 @@ def manifest(scale: str, experiment: str, members) -> dict:
 def memory_record(c: ml_collections.ConfigDict) -> dict:
   """A member's memory plan for the manifests (empty without sweep.chip)."""
   s = c.sweep
-  if not s.chip:
+  if not s.get("memory_verdict"):  # no sweep.chip, or not a member (plan.derive records it)
     return {}
   return {
     "memory": {

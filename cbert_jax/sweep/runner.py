@@ -43,7 +43,7 @@ def run(config: ml_collections.ConfigDict, root: str) -> int:
     os.path.join(root, experiment_lib.MANIFEST),
     experiment_lib.manifest(scale, config.sweep.experiment, members),
   )
-  planned = {n: c.sweep.compute for n, _, c in members}
+  planned = {n: c.sweep.get("compute", 0.0) for n, _, c in members}
   total_compute = sum(planned.values())
   logging.info(
     "sweep %s: %d members, %.3g training FLOPs in all; %s",
@@ -52,7 +52,7 @@ def run(config: ml_collections.ConfigDict, root: str) -> int:
     total_compute,
     ", ".join(n for n, _, _ in members),
   )
-  for source in sorted({c.sweep.laws_source for _, _, c in members} - {""}):
+  for source in sorted({c.sweep.get("laws_source", "") for _, _, c in members} - {""}):
     logging.info("LR and batch size from: %s", source)
   start = time.time()
   measured = {"flops": 0.0, "seconds": 0.0}  # members trained (not skipped) in this process
@@ -124,8 +124,8 @@ def run(config: ml_collections.ConfigDict, root: str) -> int:
       cfg.total_steps,
       cfg.batch_size,
       cfg.optim.lr,
-      cfg.sweep.n_params,
-      cfg.sweep.compute,
+      cfg.sweep.get("n_params", 0),
+      cfg.sweep.get("compute", 0.0),
     )
     t0 = time.time()
     try:

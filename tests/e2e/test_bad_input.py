@@ -25,11 +25,13 @@ from cbert_jax import config_lib
 def get_config(arg=None):
   c = config_lib.base_config()
   if arg == "str":
-    c.total_steps = "300"       # ml_collections: TypeError (a traceback before)
+    c.total_steps = "300"       # ml_collections: TypeError (named with its line)
   if arg == "none":
     c.total_steps = None        # accepted by ml_collections
   if arg == "typo":
     c.totalsteps = 300          # a new field: accepted by ml_collections, silently unused before
+  if arg == "syntax":
+    exec("def f(:")             # code that does not compile (a traceback before)
   return c
 """
 
@@ -77,7 +79,7 @@ CLI_CASES = [
   ),
   pytest.param(
     ["--config={exp}:str"],
-    "config error: {exp}:str sets total_steps to 300 (str); expected int",
+    'config error: --config={exp}:str: get_config failed: line 7 (c.total_steps = "300"',
     id="type-experiment-str",
   ),
   pytest.param(
@@ -105,9 +107,19 @@ CLI_CASES = [
   ),
   pytest.param(
     ["--config=experiments/nope.py"],
-    "config error: --config=experiments/nope.py: "
-    "cannot load the experiment file ([Errno 2] No such file or directory",
+    "config error: --config=experiments/nope.py: no such experiment file 'experiments/nope.py'",
     id="experiment-missing",
+  ),
+  pytest.param(
+    ["--config={exp}:syntax"],
+    'config error: --config={exp}:syntax: get_config failed: line 13 (exec("def f(:"))',
+    id="experiment-syntax",
+  ),
+  pytest.param(
+    ["--config.sweep.n_params=4"],
+    "config error: --config.sweep.n_params=4: sweep.n_params (N, the parameters counted under "
+    "sweep.n_definition) is derived for a sweep member, not a setting",
+    id="derived-field",
   ),
   # corpus or tokenizer missing (with an existing workdir: left as it was)
   pytest.param(
