@@ -5,7 +5,6 @@ checkpoint, eval) -> finish. Only process 0 writes files; every process runs the
 """
 
 import dataclasses
-import json
 import math
 import os
 import signal
@@ -162,11 +161,13 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     counts.non_embedding,
     flops_per_token,
   )
-  peak, peak_source = _peak_flops(config, devices, model_cfg.compute_dtype)
+  peak, peak_source = hardware.run_peak(config.peak_flops, devices, model_cfg.compute_dtype)
   if is_primary:
     writer.write_text("parameters", overview)
     workdir_lib.save_tokenizer(workdir, tok.model_path)  # the workdir alone can be evaluated
-    _write_config_json(workdir, config, data.manifest, counts, flops_per_token, peak, peak_source)
+    workdir_lib.write_config_json(
+      workdir, config, data.manifest, counts, flops_per_token, peak, peak_source
+    )
 
   # --------------------------------------------------------------- compile ---
   traces = []
@@ -465,50 +466,6 @@ def _checked_setup(config: ml_collections.ConfigDict, workdir: str, stop: dict):
     eval_suite.task_names(config.evals)
     eval_suite.check_model(config.evals, config.model_name, config.model.num_layers)
   return config, devices
-
-
-def _peak_flops(config: ml_collections.ConfigDict, devices: list, dtype) -> tuple[float, str]:
-  """(per-device peak FLOP/s for MFU, where it came from), logged once."""
-  peak, source = (
-    (config.peak_flops, "config.peak_flops")
-    if config.peak_flops > 0
-    else hardware.device_peak(dtype)
-  )
-  if devices[0].platform == "cpu" and config.peak_flops <= 0 and len(devices) > 1:
-    # Fake CPU devices (xla_force_host_platform_device_count) share the host's cores.
-    peak, source = peak / len(devices), f"{source} / {len(devices)} fake devices"
-  logging.info(
-    "MFU is model FLOPs / (%d x %s at %.3g FLOP/s per device; source: %s)",
-    len(devices),
-    devices[0].device_kind,
-    peak,
-    source,
-  )
-  return peak, source
-
-
-def _write_config_json(workdir, config, manifest, counts, flops_per_token, peak, peak_source):
-  """workdir/config.json: the resolved config, provenance (code, versions, devices, data
-  manifest, peak FLOP/s), parameter counts and training FLOPs per token."""
-  provenance = provenance_lib.provenance(
-    {
-      "data_manifest_hash": manifest["hash"],
-      "data_manifest": manifest,
-      "peak_flops": peak,
-      "peak_source": peak_source,
-    }
-  )
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    json.dump(
-      {
-        "config": json.loads(config.to_json_best_effort()),
-        "provenance": provenance,
-        "param_counts": dataclasses.asdict(counts) | {"non_embedding": counts.non_embedding},
-        "flops_per_token": flops_per_token,
-      },
-      f,
-      indent=2,
-    )
 
 
 def _log_compiled(compiled, timers, analytic_flops_per_step: float) -> float:

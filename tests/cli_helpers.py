@@ -10,13 +10,10 @@ import time
 from tests.helpers import ROOT, TINY
 
 
-def cli(workdir, cache_dir, *extra, config="experiments/smoke.py"):
+def tiny_flags(cache_dir) -> list[str]:
+  """The `--config.*` flags of a tiny run (d32L2, 8 rows of 32 tokens, tests/fixtures' corpus,
+  a 400-piece vocabulary) on the data cache `cache_dir`."""
   return [
-    sys.executable,
-    "-m",
-    "cbert_jax.main",
-    f"--config={config}",
-    f"--workdir={workdir}",
     "--config.model.size=d32L2",
     "--config.batch_size=8",
     "--config.data.seq_len=32",
@@ -25,8 +22,19 @@ def cli(workdir, cache_dir, *extra, config="experiments/smoke.py"):
     "--config.data.vocab_size=400",
     f"--config.data.cache_dir={cache_dir}",
     "--config.peak_flops=1e11",
-    "--config.plot=false",
     "--config.eval_batches=1",
+  ]
+
+
+def cli(workdir, cache_dir, *extra, config="experiments/smoke.py"):
+  return [
+    sys.executable,
+    "-m",
+    "cbert_jax.main",
+    f"--config={config}",
+    f"--workdir={workdir}",
+    *tiny_flags(cache_dir),
+    "--config.plot=false",
     "--config.final_validation=false",  # tested in test_validation.py and test_files_created.py
     *extra,
   ]

@@ -78,7 +78,7 @@ def trained_run(tmp_path_factory, cache_dir):
   def get(model: str = "crossbert") -> str:
     if model not in runs:
       from cbert_jax import train  # pylint: disable=import-outside-toplevel
-      from tests.e2e.test_train import tiny_config  # pylint: disable=import-outside-toplevel
+      from tests.helpers import tiny_config  # pylint: disable=import-outside-toplevel
 
       workdir = shared / f"trained_{model}"
       with open(shared / f"trained_{model}.lock", "w") as lock:

@@ -10,12 +10,6 @@ import glob
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# (test file, test module it imports) still to be moved: tests/report/test_grid.py's member writers
-# are being replaced by tests/members.py (issue 32); delete each entry once its import is gone.
-PENDING = {
-  ("tests/report/test_archive.py", "tests.report.test_grid"),
-  ("tests/scaling/test_shipped_laws.py", "tests.report.test_grid"),
-}
 
 
 def module_name(path: str) -> str:
@@ -61,7 +55,7 @@ def test_no_test_module_imports_another():
     with open(path, encoding="utf-8") as f:
       found = cross_test_imports(f.read(), module_name(path))
     rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
-    bad += [f"{rel}:{line}: {text}" for line, text, target in found if (rel, target) not in PENDING]
+    bad += [f"{rel}:{line}: {text}" for line, text, _ in found]
   assert not bad, (
     "test modules import from other test modules; move the shared code to tests/helpers.py (or a"
     " sibling module such as tests/cli_helpers.py) and import it from there:\n  " + "\n  ".join(bad)

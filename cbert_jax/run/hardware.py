@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from absl import logging as absl_logging  # the trainer's log (run_peak)
 from jaxlib import version as jaxlib_version
 
 from cbert_jax.scaling import chips as chips_lib
@@ -434,3 +435,20 @@ def warn_implausible_mfu(value: float, peak_source: str) -> bool:
     _flagged_sources.add(peak_source)
     logging.warning("%s", flag)
   return bool(flag)
+
+
+def run_peak(setting: float, devices: list, dtype) -> tuple[float, str]:
+  """(per-device peak FLOP/s for a run's MFU, where it came from), logged once: `setting`
+  (config.peak_flops) when > 0, else `device_peak` (the chip table, or measured on a CPU)."""
+  peak, source = (setting, "config.peak_flops") if setting > 0 else device_peak(dtype)
+  if devices[0].platform == "cpu" and setting <= 0 and len(devices) > 1:
+    # Fake CPU devices (xla_force_host_platform_device_count) share the host's cores.
+    peak, source = peak / len(devices), f"{source} / {len(devices)} fake devices"
+  absl_logging.info(
+    "MFU is model FLOPs / (%d x %s at %.3g FLOP/s per device; source: %s)",
+    len(devices),
+    devices[0].device_kind,
+    peak,
+    source,
+  )
+  return peak, source

@@ -24,11 +24,6 @@ from cbert_jax.run import record as record_lib
 
 RUNNING_WINDOW_S = 600.0
 FAILED_FILE = record_lib.FAILED_FILE  # written by `mark_failed`, read by `record.failed`
-# The reader's functions as tests/sweep/test_sweep_runner.py and tests/launch/ still call them here
-# (to go when they call `record`).
-checkpoint_steps = record_lib.checkpoint_steps
-probe_results = record_lib.probe_results
-total_steps = record_lib.total_steps
 STATUS_FILE = "sweep_status.json"
 
 

@@ -13,6 +13,7 @@ Only training resumes a workdir: `--config.mode=eval` (evaluate.py) reads checkp
 `evals.*` settings and does not call this.
 """
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -21,6 +22,7 @@ import ml_collections
 from absl import logging
 
 from cbert_jax.errors import ConfigError
+from cbert_jax.run import provenance as provenance_lib
 
 # Fields that may differ between config.json and a resuming run. A name ending in "." covers the
 # whole group. Each leaves the model, the data, the optimizer and the masking as they were.
@@ -225,3 +227,27 @@ def saved_tokenizer(workdir: str):
       "from the data cache (<cache_dir>/tokenizers/) or delete it to rebuild from the data config."
     )
   return tok
+
+
+def write_config_json(workdir, config, manifest, counts, flops_per_token, peak, peak_source):
+  """workdir/config.json: the resolved config, provenance (code, versions, devices, data
+  manifest, peak FLOP/s), parameter counts and training FLOPs per token."""
+  provenance = provenance_lib.provenance(
+    {
+      "data_manifest_hash": manifest["hash"],
+      "data_manifest": manifest,
+      "peak_flops": peak,
+      "peak_source": peak_source,
+    }
+  )
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(
+      {
+        "config": json.loads(config.to_json_best_effort()),
+        "provenance": provenance,
+        "param_counts": dataclasses.asdict(counts) | {"non_embedding": counts.non_embedding},
+        "flops_per_token": flops_per_token,
+      },
+      f,
+      indent=2,
+    )

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from tests.helpers import TINY
+from tests.cli_helpers import tiny_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SKIP_IN_REPO = {".git", ".venv", ".venv-ci", "__pycache__", ".pytest_cache"}
@@ -58,16 +58,8 @@ def _train(tmp, total_steps: int, plot: bool = True) -> subprocess.CompletedProc
     "cbert_jax.main",
     f"--config={ROOT}/experiments/smoke.py",
     f"--workdir={tmp / 'W'}",
-    "--config.model.size=d32L2",
-    "--config.batch_size=8",
-    "--config.data.seq_len=32",
-    "--config.data.corpus=files",
-    f"--config.data.corpus_files={TINY}",
-    "--config.data.vocab_size=400",
-    f"--config.data.cache_dir={tmp / 'C'}",
-    "--config.peak_flops=1e11",
+    *tiny_flags(tmp / "C"),
     f"--config.plot={str(plot).lower()}",
-    "--config.eval_batches=1",
     f"--config.total_steps={total_steps}",
     "--config.checkpoint_every=2",
     "--config.log_every=1",

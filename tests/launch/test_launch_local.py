@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from launch import jobs
-from tests.helpers import TINY
+from tests.cli_helpers import tiny_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ERROR = "config error: model_name: unknown model 'gpt'; expected one of bert, crossbert, electra"
@@ -15,17 +15,9 @@ ERROR = "config error: model_name: unknown model 'gpt'; expected one of bert, cr
 
 def sweep(root, cache) -> subprocess.CompletedProcess:
   tiny = [
-    "--config.model.size=d32L2",
-    "--config.batch_size=8",
-    "--config.data.seq_len=32",
-    "--config.data.corpus=files",
-    f"--config.data.corpus_files={TINY}",
-    "--config.data.vocab_size=400",
-    f"--config.data.cache_dir={cache}",
-    "--config.peak_flops=1e11",
+    *tiny_flags(cache),
     "--config.plot=false",
     "--config.final_validation=false",
-    "--config.eval_batches=1",
     "--config.total_steps=2",
   ]
   args = [

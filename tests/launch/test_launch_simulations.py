@@ -45,6 +45,7 @@ import time
 import numpy as np
 import pytest
 
+from cbert_jax.run import record
 from cbert_jax.run import status as status_lib
 from launch import sweep
 from tests.helpers import losses
@@ -285,7 +286,7 @@ def check_member(shared, sim, cluster: str, devices: int = 2) -> dict:
     2,
     devices // 2,
   )
-  probe = json.load(open(status_lib.probe_results(wd, STEPS)))
+  probe = json.load(open(record.probe_results(wd, STEPS)))
   assert set(probe["results"]) >= {"toy_cls", "average"}
   found = detections(sim)  # JAX's own cluster detection, in every process it ran
   assert found and {d["cluster"] for d in found} == {cluster}, found
@@ -401,7 +402,7 @@ def test_slurm_tpu_vm_and_xpk_launches_train_the_same_member(tmp_path):
   assert stopped + second.count(f"{MEMBER}: SIGTERM; exit 143 before the probe") == 2, second
   assert second.count("EXIT_CODE=143") == 2 and "offline results written" not in second
   wd = workdir(tmp_path / "xpk" / "shared", "sim4")
-  assert status_lib.checkpoint_steps(wd)[-1] >= k
+  assert record.checkpoint_steps(wd)[-1] >= k
   prov = json.load(open(os.path.join(wd, "config.json")))["provenance"]
   assert (prov["device_count"], prov["process_count"], prov["local_device_count"]) == (4, 2, 2)
   found = detections(sim)

@@ -12,7 +12,7 @@ import pytest
 
 from cbert_jax import train
 from cbert_jax.report import archive
-from cbert_jax.run import status
+from cbert_jax.run import record, status
 from cbert_jax.sweep import experiment, runner
 from tests.helpers import TINY
 
@@ -128,13 +128,13 @@ def test_a_killed_sweep_resumes_the_interrupted_member_and_skips_the_finished_on
   proc = subprocess.Popen(_sweep_cmd(root, cache), cwd=ROOT, env=env, stdout=log, stderr=log)
   second = root / "crossbert_d32L2"
   deadline = time.time() + 240
-  while not status.checkpoint_steps(str(second)) and time.time() < deadline and proc.poll() is None:
+  while not record.checkpoint_steps(str(second)) and time.time() < deadline and proc.poll() is None:
     time.sleep(0.05)
   proc.send_signal(signal.SIGKILL)  # mid-run: no clean shutdown
   proc.wait()
   log.close()
-  killed_at = status.checkpoint_steps(str(second))
-  total = status.total_steps(str(second))
+  killed_at = record.checkpoint_steps(str(second))
+  total = record.total_steps(str(second))
   assert killed_at and total not in killed_at, (tmp_path / "first.log").read_text()[-3000:]
   assert status.is_done(str(root / "bert_d32L2"), probe=False)
   first_mtime = os.path.getmtime(root / "bert_d32L2" / "metrics.jsonl")
