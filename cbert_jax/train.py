@@ -171,7 +171,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
 
   # --------------------------------------------------------------- compile ---
   traces = []
-  train_step = state_lib.make_train_step(st, config.optim.microbatches, traces)
+  train_step = state_lib.jit_train_step(st, config.optim.microbatches, traces)
   eval_step = jax.jit(
     steps.make_eval_step(graphdef), in_shardings=(p_sh, batch_sh, rep), out_shardings=rep
   )

@@ -144,7 +144,7 @@ def check_divisible(abs_params, shardings, mesh) -> None:
 def compile_member(config, devices, placeholder: str, row: dict[str, Any]) -> None:
   """Compiles `config`'s train step on `devices` (real, fake CPU or compile-only TPU ones).
 
-  The trainer's own `state.setup` and `state.make_train_step`, lowered on abstract arrays. Fills `row`'s mesh, params, compile_s and memory as they become known
+  The trainer's own `state.setup` and `state.jit_train_step`, lowered on abstract arrays. Fills `row`'s mesh, params, compile_s and memory as they become known
   (a failure keeps what was known); raises ConfigError for a config that cannot fit the devices
   and whatever jax raises while lowering or compiling.
   """
@@ -155,7 +155,7 @@ def compile_member(config, devices, placeholder: str, row: dict[str, Any]) -> No
   st = state_lib.setup(config, model_cfg, mask_cfg, devices)  # the trainer's own setup
   row["params"] = int(sum(math.prod(x.shape) for x in jax.tree.leaves(st.abs_params)))
   check_divisible(st.abs_params, st.param_shardings, st.mesh)
-  train_step = state_lib.make_train_step(st, config.optim.microbatches)
+  train_step = state_lib.jit_train_step(st, config.optim.microbatches)
   inputs = state_lib.abstract_step_inputs(st, config.batch_size, config.data.seq_len)
   start = time.perf_counter()
   with jax.set_mesh(st.mesh), nnx.logical_axis_rules(st.rules):

@@ -2,7 +2,7 @@
 
 `setup(config, model_cfg, mask_cfg, devices)` builds the mesh, the optimizer, the abstract
 parameters and optimizer state with their shardings, allocating nothing (`State`).
-`make_train_step(state, config)` is the jitted training step with those shardings, and
+`jit_train_step(state, microbatches)` is the jitted training step with those shardings, and
 `abstract_step_inputs` the abstract arguments to lower it with, so `launch.compile_check` compiles
 exactly the step `train.run` runs. `init(state, key)` makes real parameters and optimizer state.
 """
@@ -99,7 +99,7 @@ def init(state: State, key) -> tuple[Any, Any]:
   return jax.jit(init_fn, out_shardings=(state.param_shardings, state.opt_shardings))(key)
 
 
-def make_train_step(state: State, microbatches: int, traces: list | None = None):
+def jit_train_step(state: State, microbatches: int, traces: list | None = None):
   """The jitted train step: (params, opt_state, guard_state, batch, step, key) -> (params,
   opt_state, guard_state, metrics); params, optimizer and guard state are donated."""
   rep = state.replicated

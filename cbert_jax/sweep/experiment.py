@@ -87,7 +87,7 @@ def config_member_name(config: ml_collections.ConfigDict) -> str:
   )
 
 
-def plan(
+def resolve_members(
   config: ml_collections.ConfigDict, root: str
 ) -> tuple[str, list[tuple[str, str, ml_collections.ConfigDict]]]:
   """(scale, [(member name, its arg, its resolved config)]) with the overrides applied; every

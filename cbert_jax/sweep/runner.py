@@ -1,6 +1,6 @@
 """The whole sweep in this process: `python -m cbert_jax.main --config experiments/sweep.py[:scale]`.
 
-Plans the members (`sweep.experiment.plan`: the experiment file, the command line's overrides,
+Plans the members (`sweep.experiment.resolve_members`: the experiment file, the command line's overrides,
 every member resolved and validated before anything trains), writes the sweep manifest
 `<root>/sweep.json`, then for each member, smallest first:
   * skips it when done (checkpoint of its final step + offline probe results: `status.is_done`);
@@ -36,7 +36,7 @@ from cbert_jax.sweep import experiment as experiment_lib
 def run(config: ml_collections.ConfigDict, root: str) -> int:
   """Runs every member not yet done; returns the number of failed members."""
   root = os.path.abspath(root)
-  scale, members = experiment_lib.plan(config, root)
+  scale, members = experiment_lib.resolve_members(config, root)
   experiment_lib.check_manifest(root, scale)
   probe = config.sweep.probe
   status_lib.write_json_atomic(

@@ -173,7 +173,10 @@ def python_command_problems(words: list[str]) -> list[str]:
     module = script
   with open(path, encoding="utf-8") as f:
     source = f.read()
-  has_config_file = bool(re.search(r"""DEFINE_config_file\(\s*["']config["']""", source))
+  # --config.FIELD=VALUE: ml_collections' config flag (the data CLIs) or config_lib.override (main)
+  has_config_file = bool(
+    re.search(r"""DEFINE_config_file\(\s*["']config["']|config_lib\.override\(""", source)
+  )
   problems = []
   for i, word in enumerate(rest):
     if not word.startswith("--") or word == "--":

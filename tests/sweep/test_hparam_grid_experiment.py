@@ -77,7 +77,7 @@ def test_hparam_grid_members_resolve_with_the_b_and_lr_they_name():
   c = exp.get_config("cpu")
   with c.unlocked():
     c.num_devices = 1
-  scale, planned = experiment.plan(c, "/nonexistent/root")
+  scale, planned = experiment.resolve_members(c, "/nonexistent/root")
   assert scale == "cpu" and [n for n, _, _ in planned] == [exp.workdir_name(a) for a in cpu]
   # Bad member args are named.
   from cbert_jax.errors import ConfigError
