@@ -5,10 +5,9 @@ Each check runs in a fresh interpreter where `import jax` raises ImportError
 test instead of going unnoticed in a process where JAX is already loaded.
 """
 
-import json
-
 import pytest
 
+from tests import members as synthetic
 from tests.cli_helpers import run_without_jax
 from tests.launch_helpers import BACKEND_ARGS
 
@@ -78,8 +77,9 @@ def test_sweep_dry_run_without_jax(tmp_path, backend):
 
 def test_sweep_status_without_jax(tmp_path):
   root = tmp_path / "sweep"
-  (root / "bert_d32L2" / "checkpoints" / "2").mkdir(parents=True)
-  (root / "bert_d32L2" / "config.json").write_text(json.dumps({"config": {"total_steps": 4}}))
+  synthetic.write_member(
+    root / "bert_d32L2", synthetic.member_config(total_steps=4), checkpoints=[2]
+  )
   r = run_without_jax(
     "from launch import sweep\n"
     "rc = sweep.main(['status', '--workdir_root', sys.argv[1], '--no-probe'])\n"

@@ -14,6 +14,7 @@ import pytest
 
 from cbert_jax.run import status as status_lib
 from launch import members, snapshot, sweep
+from tests import members as synthetic
 from tests.launch_helpers import EXP, FIRST, build, job, run_main
 
 # ------------------------------------------------------------------------- local --execute ---
@@ -253,8 +254,7 @@ def test_snapshot_holds_an_experiment_file_outside_experiments(tmp_path):
 def test_status_reads_the_runner_manifest_or_member_directories(tmp_path, capsys):
   root = tmp_path / "sweep"
   for name in ("bert_d32L2", "crossbert_d32L2"):
-    (root / name / "checkpoints" / "2").mkdir(parents=True)
-    (root / name / "config.json").write_text(json.dumps({"config": {"total_steps": 4}}))
+    synthetic.write_member(root / name, synthetic.member_config(total_steps=4), checkpoints=[2])
   rc, out, _ = run_main(capsys, "status", "--workdir_root", root)
   assert rc == 0 and "(member directories): 2 members, 0 done, 0 running, 2 pending" in out
   assert "bert_d32L2       pending  2/4" in out

@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from launch import backends, members, snapshot, sweep
+from tests import members as synthetic
 from tests.launch_helpers import BACKEND_ARGS, EXP, FIRST, build, job, run_main
 
 # ---------------------------------------------------------------------------------- golden ---
@@ -510,7 +511,6 @@ def test_grid_members_are_trained_never_probed_and_done_at_their_final_checkpoin
   """A grid member (sweep.probe False: only its final validation loss counts) gets no probe
   step from any backend, and the dry run and `status` count it done at its final checkpoint;
   a sweep member keeps its probe step."""
-  import json
 
   for backend, extra in BACKEND_ARGS.items():
     root = tmp_path / backend
@@ -530,9 +530,11 @@ def test_grid_members_are_trained_never_probed_and_done_at_their_final_checkpoin
   root = tmp_path / "local"
   launch = build(root, "--config", "experiments/hparam_grid.py:paper", "--backend", "local")
   first = launch.jobs[0].member
-  os.makedirs(os.path.join(first.workdir, "checkpoints", str(first.total_steps)))
-  with open(os.path.join(first.workdir, "config.json"), "w") as f:
-    json.dump({"config": {"total_steps": first.total_steps}}, f)
+  synthetic.write_member(
+    first.workdir,
+    synthetic.member_config(total_steps=first.total_steps),
+    checkpoints=[first.total_steps],
+  )
   rc, out, _ = run_main(
     capsys,
     "--config",
