@@ -46,7 +46,9 @@ def main() -> int:
     best = min((p for p in points if (p, 0) in by), key=lambda p: by[(p, 0)])
     centre = (rows, lr)
     if best == centre:
-      verdicts.append(f"{model} {size}: the seed-0 best is the sweep's point; the optimum has not moved")
+      verdicts.append(
+        f"{model} {size}: the seed-0 best is the sweep's point; the optimum has not moved"
+      )
       continue
     pair = [(by.get((best, 0)), by.get((best, 1))), (by.get((centre, 0)), by.get((centre, 1)))]
     if any(v is None for p in pair for v in p):
