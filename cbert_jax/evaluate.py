@@ -25,6 +25,7 @@ from cbert_jax.data import prepare, settings
 from cbert_jax.errors import ConfigError
 from cbert_jax.evaluators import registry, suite
 from cbert_jax.run import checkpoint as ckpt_lib
+from cbert_jax.run import record as record_lib
 from cbert_jax.run import trained
 from cbert_jax.run import workdir as workdir_lib
 from cbert_jax.step import sharding
@@ -158,9 +159,8 @@ def _failed(result) -> bool:
 def _data_manifest(workdir: str) -> dict:
   """The data manifest the workdir's run trained on (config.json's provenance), or {}."""
   try:
-    with open(os.path.join(workdir, "config.json")) as f:
-      return json.load(f)["provenance"]["data_manifest"] or {}
-  except (OSError, ValueError, KeyError, TypeError):
+    return record_lib.read_record(workdir)["provenance"]["data_manifest"] or {}
+  except (record_lib.ConfigFileError, KeyError, TypeError):
     return {}
 
 
@@ -208,10 +208,8 @@ def check_trained_model(workdir: str, config: ml_collections.ConfigDict) -> None
   """ConfigError (before data preparation or any restore) when the workdir's run trained another
   model family or shape than `config` describes; silent when it has no readable config.json (the
   checkpoint's stored shapes are then checked before its arrays are read)."""
-  try:
-    with open(os.path.join(workdir, "config.json")) as f:
-      trained = json.load(f)["config"]
-  except (OSError, ValueError, KeyError, TypeError):
+  trained = record_lib.config_or_none(workdir)
+  if trained is None:
     return
 
   def get(tree, dotted):

@@ -3,11 +3,11 @@ trained and on what data, its probe scores at the exported step, and how to load
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import re
 from typing import Any
+
+from cbert_jax.run import record as record_lib
 
 FAMILY = {
   "bert": "BERT (masked-language-model encoder)",
@@ -28,17 +28,6 @@ NOT_EXPORTED = {
 }
 
 
-def eval_files(workdir: str, step: int) -> list[str]:
-  """The suites' result files of `step`: eval/[<suite>-]step_<N>[-<hash>].json, sorted (not
-  eval/val_full-step_<N>.json, the full-split validation loss of cbert_jax/run/validation.py)."""
-  pattern = re.compile(rf"^(?:[\w.]+-)?step_{step}(?:-[0-9a-f]+)?\.json$")
-  return sorted(
-    p
-    for p in glob.glob(os.path.join(workdir, "eval", "*.json"))
-    if pattern.match(os.path.basename(p)) and not os.path.basename(p).startswith("val_full-")
-  )
-
-
 def _fmt_int(x: float) -> str:
   return f"{int(x):,}"
 
@@ -48,7 +37,7 @@ def _fmt_sci(x: float) -> str:
 
 
 def _eval_section(workdir: str, step: int) -> list[str]:
-  files = eval_files(workdir, step)
+  files = record_lib.suite_results(workdir, step)
   if not files:
     return [
       f"No probe suite was run on step {step} (no `eval/step_{step}*.json` in the run's "

@@ -156,6 +156,17 @@ def val_full_steps(workdir: str) -> list[int]:
   return sorted(int(m.group(1)) for p in paths if (m := re.search(r"step_(\d+)\.json$", p)))
 
 
+def suite_results(workdir: str, step: int) -> list[str]:
+  """Every probe suite's result files of `step`: eval/[<suite>-]step_<N>[-<hash>].json, sorted
+  (not eval/val_full-step_<N>.json, the full-split validation loss of run/validation.py)."""
+  pattern = re.compile(rf"^(?:[\w.]+-)?step_{step}(?:-[0-9a-f]+)?\.json$")
+  return sorted(
+    p
+    for p in glob.glob(os.path.join(workdir, EVAL_DIR, "*.json"))
+    if pattern.match(os.path.basename(p)) and not os.path.basename(p).startswith("val_full-")
+  )
+
+
 def offline_results(workdir: str, step: int) -> tuple[str, dict[str, Any]] | None:
   """(path, record) of the offline probe suite's results at `step` (eval/step_<step>*.json, any
   evals settings; the first by name), or None without one."""

@@ -37,6 +37,7 @@ from cbert_jax.evaluators import features
 from cbert_jax.export import __main__ as export_cli
 from cbert_jax.export import card as card_lib
 from cbert_jax.export import hf_tokenizer, llama
+from cbert_jax.run import record as record_lib
 from cbert_jax.run import trained
 from tests.helpers import TINY
 
@@ -316,7 +317,7 @@ def test_card_shows_the_probe_scores_of_the_exported_step(tmp_path):
     json.dumps({"suite": "mteb", "results": {"average": {"all": 0.25}}})
   )
   (ev / "step_20.json").write_text(json.dumps({"suite": "offline", "results": {}}))
-  assert [os.path.basename(p) for p in card_lib.eval_files(str(tmp_path), 2)] == [
+  assert [os.path.basename(p) for p in record_lib.suite_results(str(tmp_path), 2)] == [
     "mteb-step_2-0123abcd.json",
     "step_2.json",
   ]
