@@ -23,6 +23,7 @@ from absl import logging
 
 from cbert_jax.errors import ConfigError
 from cbert_jax.run import provenance as provenance_lib
+from cbert_jax.run import record as record_lib
 
 # Fields that may differ between config.json and a resuming run. A name ending in "." covers the
 # whole group. Each leaves the model, the data, the optimizer and the masking as they were.
@@ -99,11 +100,9 @@ def check_config(
     "resume with the new config"
   )
   try:
-    with open(path) as f:
-      saved = json.load(f)["config"]
-    if not isinstance(saved, dict):
-      raise TypeError(f"'config' is a {type(saved).__name__}, not an object")
-  except (OSError, ValueError, KeyError, TypeError) as e:
+    saved = record_lib.read_config(workdir)
+  except record_lib.ConfigFileError as err:
+    e = err.cause  # the error reading it, as the message names it
     if not allowed:
       raise ConfigError(
         f"workdir {workdir}: cannot read its config.json ({type(e).__name__}: "
@@ -216,9 +215,8 @@ def saved_tokenizer(workdir: str):
     return None
   tok = tokenizer_lib.Tokenizer(path, field=f"workdir {workdir}: {TOKENIZER}")
   try:
-    with open(os.path.join(workdir, "config.json")) as f:
-      recorded = json.load(f)["provenance"]["data_manifest"]["tokenizer"]["sha256"]
-  except (OSError, ValueError, KeyError, TypeError):
+    recorded = record_lib.read_record(workdir)["provenance"]["data_manifest"]["tokenizer"]["sha256"]
+  except (record_lib.ConfigFileError, KeyError, TypeError):
     recorded = None
   if recorded and recorded != tok.sha256:
     raise ConfigError(
