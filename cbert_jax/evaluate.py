@@ -63,7 +63,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if tok is None:
     tok = prepare.prepare_once(settings.data_config(config), config.data.seq_len).tokenizer
   # The probe tasks the training corpus was not checked against are refused (suite.run).
-  unchecked = suite.unchecked_tasks(_data_manifest(workdir)) if checkpointer else {}
+  unchecked = suite.unchecked_tasks(record_lib.data_manifest(workdir)) if checkpointer else {}
   if "offline" in [s.name for s in suites]:  # the task datasets: process 0 builds, the rest wait
     wanted = [t for t in suite.task_names(config.evals) if t not in unchecked]
     prepare.first_on_process_0(
@@ -154,14 +154,6 @@ class EvalFailed(RuntimeError):
 
 def _failed(result) -> bool:
   return isinstance(result, dict) and "failed" in result
-
-
-def _data_manifest(workdir: str) -> dict:
-  """The data manifest the workdir's run trained on (config.json's provenance), or {}."""
-  try:
-    return record_lib.read_record(workdir)["provenance"]["data_manifest"] or {}
-  except (record_lib.ConfigFileError, KeyError, TypeError):
-    return {}
 
 
 def _scored_before(path: str, step, evals: dict) -> dict:

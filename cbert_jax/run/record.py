@@ -73,6 +73,16 @@ def config_or_none(workdir: str) -> dict[str, Any] | None:
     return None
 
 
+def data_manifest(workdir: str) -> dict[str, Any]:
+  """The manifest of the data the run trained on (config.json's provenance.data_manifest: corpus,
+  tokenizer, rows); {} when config.json or the manifest is absent or unreadable."""
+  try:
+    manifest = read_record(workdir)["provenance"]["data_manifest"]
+  except (ConfigFileError, KeyError, TypeError):
+    return {}
+  return manifest if isinstance(manifest, dict) else {}
+
+
 def total_steps(workdir: str) -> int:
   """The run's planned length (config.json's total_steps); 0 when it has none or no config.json."""
   try:

@@ -214,10 +214,8 @@ def saved_tokenizer(workdir: str):
   if not os.path.isfile(path):
     return None
   tok = tokenizer_lib.Tokenizer(path, field=f"workdir {workdir}: {TOKENIZER}")
-  try:
-    recorded = record_lib.read_record(workdir)["provenance"]["data_manifest"]["tokenizer"]["sha256"]
-  except (record_lib.ConfigFileError, KeyError, TypeError):
-    recorded = None
+  recorded = record_lib.data_manifest(workdir).get("tokenizer")
+  recorded = recorded.get("sha256") if isinstance(recorded, dict) else None
   if recorded and recorded != tok.sha256:
     raise ConfigError(
       f"workdir {workdir}: {TOKENIZER} has sha256 {tok.sha256[:12]}..., but config.json records "
