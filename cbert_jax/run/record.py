@@ -166,10 +166,9 @@ def val_full_steps(workdir: str) -> list[int]:
   return sorted(int(m.group(1)) for p in paths if (m := re.search(r"step_(\d+)\.json$", p)))
 
 
-def suite_results(workdir: str, step: int) -> list[str]:
-  """Every probe suite's result files of `step`: eval/[<suite>-]step_<N>[-<hash>].json, sorted
-  (not eval/val_full-step_<N>.json, the full-split validation loss of run/validation.py)."""
-  pattern = re.compile(rf"^(?:[\w.]+-)?step_{step}(?:-[0-9a-f]+)?\.json$")
+def _results_files(workdir: str, step: int, suite_prefix: str) -> list[str]:
+  """eval/<suite_prefix>step_<step>[-<hash>].json, sorted: exactly `step` (step 1 is not step 12)."""
+  pattern = re.compile(rf"^{suite_prefix}step_{step}(?:-[0-9a-f]+)?\.json$")
   return sorted(
     p
     for p in glob.glob(os.path.join(workdir, EVAL_DIR, "*.json"))
@@ -177,10 +176,16 @@ def suite_results(workdir: str, step: int) -> list[str]:
   )
 
 
+def suite_results(workdir: str, step: int) -> list[str]:
+  """Every probe suite's result files of `step`: eval/[<suite>-]step_<N>[-<hash>].json, sorted
+  (not eval/val_full-step_<N>.json, the full-split validation loss of run/validation.py)."""
+  return _results_files(workdir, step, r"(?:[\w.]+-)?")
+
+
 def offline_results(workdir: str, step: int) -> tuple[str, dict[str, Any]] | None:
-  """(path, record) of the offline probe suite's results at `step` (eval/step_<step>*.json, any
-  evals settings; the first by name), or None without one."""
-  for path in sorted(glob.glob(os.path.join(workdir, EVAL_DIR, f"step_{step}*.json"))):
+  """(path, record) of the offline probe suite's results at `step` (eval/step_<step>[-<hash>].json,
+  any evals settings; the first by name), or None without one."""
+  for path in _results_files(workdir, step, ""):
     try:
       with open(path) as f:
         body = json.load(f)

@@ -155,6 +155,18 @@ def test_the_offline_results_skip_other_suites_and_unreadable_files(tmp_path):
   assert record.offline_results(wd, STEPS) == (path, json.load(open(path)))
 
 
+def test_the_results_of_a_step_are_not_those_of_a_longer_step_number(tmp_path):
+  # step 1's files are not step 12's or step 1x's: the step number is matched whole.
+  wd = _member(tmp_path, "prefix", probes={})
+  twelve = members.write_probes(wd, 12, PROBES)
+  members.write_probes(wd, "step_1x", PROBES)
+  assert record.offline_results(wd, 1) is None and record.probe_results(wd, 1) is None
+  assert record.suite_results(wd, 1) == [] and record.suite_results(wd, 12) == [twelve]
+  one = members.write_probes(wd, 1, PROBES)
+  assert record.offline_results(wd, 1) == (one, json.load(open(one)))
+  assert record.offline_results(wd, 12)[0] == twelve
+
+
 def test_an_unreadable_val_full_record_names_its_file(tmp_path):
   wd = _member(tmp_path, "bad", val_full={STEPS: 8.4})
   with open(record.val_full_path(wd, STEPS), "w") as f:
