@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from tests import xla_flags
 from tests.helpers import ROOT, TINY
 
 
@@ -40,15 +41,10 @@ def cli(workdir, cache_dir, *extra, config="experiments/smoke.py"):
   ]
 
 
-# LLVM at -O0 (as tests/launch/test_launch_simulations.py): the CLI's compiles take about a third less
-# time; every comparison of numbers is between runs started alike (run_cli, cli_env).
-FAST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-
-
 def cli_env(jax_cache=None) -> dict:
   """The environment of a CLI run: 2 fake CPU devices; with `jax_cache`, JAX's persistent
   compilation cache there (runs of one config compile once)."""
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_XLA_FLAGS}")
+  env = dict(os.environ, XLA_FLAGS=xla_flags.flags(2))
   if jax_cache:
     env |= {
       "JAX_COMPILATION_CACHE_DIR": str(jax_cache),
@@ -64,7 +60,7 @@ def run_cli(args, jax_cache=None, **kw):
 
 
 # ---------------------------------------------------------------- localhost processes ---
-TWO_DEVICES_ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+TWO_DEVICES_ENV = dict(os.environ, XLA_FLAGS=xla_flags.flags(2))
 
 
 def free_port() -> int:

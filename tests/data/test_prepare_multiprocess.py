@@ -20,7 +20,7 @@ import pytest
 
 from cbert_jax.data import fetch
 from cbert_jax.run import metrics as metrics_lib
-from tests import helpers
+from tests import helpers, xla_flags
 from tests.cli_helpers import launch, two_processes
 from tests.helpers import ROOT
 from tests.package_archives import MAKERS as TASK_MAKERS
@@ -50,7 +50,7 @@ def fakes(tmp_path):
 def _env(pins_file: str, registry: helpers.StubRegistry) -> dict:
   return dict(
     os.environ,
-    XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    XLA_FLAGS=xla_flags.flags(2),
     PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "tests", "stubs"), ROOT]),
     CBERT_TEST_PINS=pins_file,
     **registry.env(),

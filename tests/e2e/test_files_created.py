@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+from tests import xla_flags
 from tests.cli_helpers import tiny_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -48,9 +49,7 @@ def _train(tmp, total_steps: int, plot: bool = True) -> subprocess.CompletedProc
     "XDG_CONFIG_HOME": str(tmp / "xdg_config"),
     "XDG_DATA_HOME": str(tmp / "xdg_data"),
     "PYTHONPATH": ROOT,
-    # LLVM at -O0 (as tests/launch/test_launch_simulations.py): quicker compiles, same files.
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0 "
-    "--xla_llvm_disable_expensive_passes=true",
+    "XLA_FLAGS": xla_flags.flags(2),
   }
   args = [
     sys.executable,

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from launch import jobs
+from tests import xla_flags
 from tests.cli_helpers import tiny_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,12 +39,7 @@ def sweep(root, cache) -> subprocess.CompletedProcess:
     "--execute",
     *(f"--override={o}" for o in tiny),
   ]
-  # LLVM at -O0 (as tests/launch/test_launch_simulations.py): quicker compiles of the same programs.
-  env = dict(
-    os.environ,
-    XLA_FLAGS="--xla_force_host_platform_device_count=2 "
-    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
-  )
+  env = dict(os.environ, XLA_FLAGS=xla_flags.flags(2))
   return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -48,6 +48,7 @@ import pytest
 from cbert_jax.run import record
 from cbert_jax.run import status as status_lib
 from launch import sweep
+from tests import xla_flags
 from tests.helpers import losses
 from tests.stubs import simlib
 
@@ -72,8 +73,7 @@ def sim_env(tmp, jax_cache, devices: int = 1) -> dict:
     JAX_COMPILATION_CACHE_DIR=str(jax_cache),
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    CBERT_SIM_XLA_FLAGS="--xla_backend_optimization_level=0 "
-    "--xla_llvm_disable_expensive_passes=true",
+    CBERT_SIM_XLA_FLAGS=xla_flags.FAST,
     CBERT_SIM_DEVICES=str(devices),
     HOME=str(tmp),
   )

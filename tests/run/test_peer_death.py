@@ -18,15 +18,14 @@ import time
 import pytest
 
 from cbert_jax.run import distributed, peer_watch
+from tests import xla_flags
 from tests.cli_helpers import cli, free_port
 from tests.helpers import ROOT, tiny_config
 
 PEER_TIMEOUT_S = 6  # JAX sends heartbeats every 3 s; a process silent for 6 s is declared dead
 BOUND_S = PEER_TIMEOUT_S + 2 + 8  # the documented bound (timeout + 2 s) + a margin for busy CPUs
 ENV = dict(
-  os.environ,
-  XLA_FLAGS="--xla_force_host_platform_device_count=2",
-  **{distributed.PEER_TIMEOUT_ENV: str(PEER_TIMEOUT_S)},
+  os.environ, XLA_FLAGS=xla_flags.flags(2), **{distributed.PEER_TIMEOUT_ENV: str(PEER_TIMEOUT_S)}
 )
 TRAINING = re.compile(r"step \d+/\d+ \(")  # a progress line: the process is in the training loop
 # What JAX's own abort prints: an absl FATAL line, a check failure, a stack dump, Python's dump.

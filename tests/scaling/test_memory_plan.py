@@ -65,15 +65,9 @@ def compiled(tmp_path_factory):
   exp = tmp / "settings.py"
   exp.write_text(EXPERIMENT.format(sweep=SWEEP))
   out = tmp / "check.json"
-  # LLVM at -O0 (the child keeps XLA_FLAGS, adding its device count and remat flags): about a
-  # third less compile time; the memory figures are of the optimised HLO's buffer assignment,
-  # byte for byte the same either way.
-  flags = os.environ.get("XLA_FLAGS", "")
-  env = dict(
-    os.environ,
-    XLA_FLAGS=f"{flags} --xla_backend_optimization_level=0 "
-    "--xla_llvm_disable_expensive_passes=true".strip(),
-  )
+  # The child keeps XLA_FLAGS (conftest's, tests/xla_flags.py: LLVM at -O0), adding its device
+  # count and remat flags; the memory figures are of the HLO's buffer assignment, the same either way.
+  env = dict(os.environ)
   proc = subprocess.run(
     [sys.executable, "-m", "launch.compile_check", "--config", str(exp), "--out", str(out)],
     cwd=ROOT,

@@ -67,5 +67,12 @@ def test_the_shipped_cpu_laws_are_the_fit_of_the_archived_cpu_grid(model, tmp_pa
   )
   assert not refit.skipped
   for law in ("lr", "batch_tokens", "lr_n", "batch_tokens_n"):
-    assert getattr(refit.laws, law) == getattr(shipped, law), law
+    # Equal up to float rounding: another CPU's libm/BLAS moves the last bits (1e-15 relative).
+    got, want = getattr(refit.laws, law).to_dict(), getattr(shipped, law).to_dict()
+    assert got.keys() == want.keys(), law
+    for field, value in want.items():
+      if isinstance(value, float) or (isinstance(value, (list, tuple)) and value):
+        assert got[field] == pytest.approx(value, rel=1e-9), (law, field)
+      else:
+        assert got[field] == value, (law, field)
   assert refit.laws.provenance["runs"] == prov["runs"]

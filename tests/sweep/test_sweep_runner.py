@@ -14,6 +14,7 @@ from cbert_jax import train
 from cbert_jax.report import archive
 from cbert_jax.run import record, status
 from cbert_jax.sweep import experiment, runner
+from tests import xla_flags
 from tests.helpers import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -117,13 +118,7 @@ def _sweep_cmd(root, cache):
 
 def test_a_killed_sweep_resumes_the_interrupted_member_and_skips_the_finished_one(tmp_path):
   root, cache = tmp_path / "sweep", tmp_path / "cache"
-  # LLVM at -O0 (as tests/launch/test_launch_simulations.py): quicker compiles, the same HLO programs;
-  # nothing here compares numbers with a run compiled otherwise.
-  env = dict(
-    os.environ,
-    XLA_FLAGS="--xla_force_host_platform_device_count=1 "
-    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
-  )
+  env = dict(os.environ, XLA_FLAGS=xla_flags.flags(1))
   log = open(tmp_path / "first.log", "w")
   proc = subprocess.Popen(_sweep_cmd(root, cache), cwd=ROOT, env=env, stdout=log, stderr=log)
   second = root / "crossbert_d32L2"
