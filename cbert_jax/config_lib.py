@@ -11,6 +11,7 @@ import ast
 import difflib
 import importlib.util
 import io
+import math
 import os
 import tokenize
 import traceback
@@ -412,8 +413,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   guard.planted_batches(config.faults.plant_spike_batches)
   if config.faults.max_rollbacks < 0:
     raise ConfigError(f"faults.max_rollbacks must be >= 0, got {config.faults.max_rollbacks}")
-  if config.optim.schedule not in ("wsd", "cosine", "constant"):
-    raise ConfigError(f"optim.schedule must be wsd|cosine|constant, got {config.optim.schedule!r}")
+  _check_optim(config.optim)
   from cbert_jax.data import settings  # pylint: disable=g-import-not-at-top (config files stay light)
 
   settings.check(settings.data_config(config))
@@ -437,6 +437,40 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
       f"batch_size={config.batch_size} is not divisible by optim.microbatches={k} "
       f"x the data-parallel size {dp} (= {k * dp})"
     )
+
+
+def _check_optim(o: ml_collections.ConfigDict) -> None:
+  """The optimiser's values that cannot train: a learning rate that is not a positive finite
+  number (a negative one trains uphill with exit 0; NaN used to be caught only at step 2), betas
+  outside [0, 1), negative warmup or weight decay, fractions outside [0, 1]."""
+
+  def real(name: str) -> float:
+    value = o[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+      raise ConfigError(f"optim.{name} must be a finite number, got {value!r}")
+    return float(value)
+
+  if real("lr") <= 0:
+    raise ConfigError(f"optim.lr must be positive (the peak learning rate), got {o.lr}")
+  if real("eps") <= 0:
+    raise ConfigError(f"optim.eps must be positive, got {o.eps}")
+  for name in ("b1", "b2"):
+    if not 0 <= real(name) < 1:
+      raise ConfigError(f"optim.{name} must be in [0, 1), got {o[name]}")
+  for name, zero in (
+    ("weight_decay", "off"),
+    ("clip_norm", "off"),
+    ("warmup_steps", "warmup_frac"),
+  ):
+    if real(name) < 0:
+      raise ConfigError(f"optim.{name} must be >= 0 (0 = {zero}), got {o[name]}")
+  for name in ("warmup_frac", "decay_frac", "final_lr_frac"):
+    if not 0 <= real(name) <= 1:
+      raise ConfigError(f"optim.{name} must be in [0, 1], got {o[name]}")
+  if o.schedule not in ("wsd", "cosine", "constant"):
+    raise ConfigError(f"optim.schedule must be wsd|cosine|constant, got {o.schedule!r}")
+  if o.schedule == "wsd" and o.decay_shape not in ("linear", "cosine"):
+    raise ConfigError(f"optim.decay_shape must be linear|cosine, got {o.decay_shape!r}")
 
 
 def _check_rules(rules, mesh_axes: tuple[str, ...]) -> None:

@@ -94,6 +94,11 @@ CLI_CASES = [
     "unknown config field 'model.mask_ratio' (did you mean 'masking.mask_ratio'?)",
     id="unknown-flag",
   ),
+  pytest.param(  # used to train uphill and exit 0
+    ["--config.optim.lr=-0.001"],
+    "config error: optim.lr must be positive (the peak learning rate), got -0.001",
+    id="negative-lr",
+  ),
   pytest.param(  # a top-level field: ml_collections' message carries a suggestion of its own
     ["--config.total_step=10"],
     "config error: --config.total_step=10: "
@@ -321,6 +326,15 @@ def test_workdir_with_an_unreadable_config_json_is_refused_unless_allowed(tmp_pa
       "sharding_rules: no rule for embed, mlp, heads, vocab",
     ),
     ("sharding_rules", (("batch", "pipe"),), "sharding_rules: expected (logical name, mesh axes)"),
+    ("optim.lr", 0.0, "optim.lr must be positive (the peak learning rate), got 0.0"),
+    ("optim.lr", float("nan"), "optim.lr must be a finite number, got nan"),
+    ("optim.lr", float("inf"), "optim.lr must be a finite number, got inf"),
+    ("optim.warmup_steps", -3, "optim.warmup_steps must be >= 0 (0 = warmup_frac), got -3"),
+    ("optim.b2", 1.0, "optim.b2 must be in [0, 1), got 1.0"),
+    ("optim.eps", 0.0, "optim.eps must be positive, got 0.0"),
+    ("optim.weight_decay", -0.1, "optim.weight_decay must be >= 0 (0 = off), got -0.1"),
+    ("optim.decay_frac", 1.5, "optim.decay_frac must be in [0, 1], got 1.5"),
+    ("optim.decay_shape", "step", "optim.decay_shape must be linear|cosine, got 'step'"),
   ],
 )
 def test_counts_and_rules_out_of_range(field, value, expected):
