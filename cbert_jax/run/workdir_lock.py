@@ -17,13 +17,24 @@ A lock that exists is *stale* (taken over with a warning) when
 Otherwise the run is refused with one line naming the other run and the lock file.
 
 Filesystems without working mtimes or O_EXCL (some FUSE mounts) still get the same-host check.
-Why not flock: on Lustre/GCS FUSE it is host-local or missing, and it says nothing about a holder
-on another host; the heartbeat does.
+Why not flock for the lock itself: on Lustre/GCS FUSE it is host-local or missing, and it says
+nothing about a holder on another host; the heartbeat does.
+
+Taking over a stale lock is atomic: two starters that both find it stale can never both win.
+The judgement and the removal run under an exclusive `flock` of the workdir directory (released
+by the kernel if the starter dies, so it never goes stale itself), and the removal renames the
+lock aside and checks that what it moved is the very file it judged (device, inode, mtime); a
+fresh lock another starter wrote in between is put back with `os.link` (which never overwrites)
+and the lock is judged again. Where the filesystem has no flock, the rename-and-check alone
+keeps the second starter out.
 
 Only process 0 of a multi-process run takes the lock; `train.run` shares the outcome with the
 other processes so all of them stop together when it is refused.
 """
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import socket
@@ -173,15 +184,50 @@ class WorkdirLock:
       )
 
   def _read(self) -> dict | None:
+    return self._read_identified()[0]
+
+  def _read_identified(self) -> tuple[dict | None, tuple | None]:
+    """(the lock's contents or None, the identity (dev, inode, mtime) of the file read or None
+    when there is none)."""
     try:
       with open(self.path) as f:
-        return json.load(f)
-    except (OSError, ValueError):
-      return None
+        st = os.fstat(f.fileno())
+        ident = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        try:
+          return json.load(f), ident
+        except ValueError:
+          return None, ident
+    except OSError:
+      return None, None
+
+  @contextlib.contextmanager
+  def _takeover_guard(self):
+    """An exclusive flock of the workdir while a stale lock is judged and removed (nothing where
+    the filesystem has no flock: the identity check in `_remove_judged` then suffices)."""
+    try:
+      fd = os.open(self.workdir, os.O_RDONLY)
+    except OSError:
+      yield
+      return
+    try:
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+      except OSError as e:
+        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EBADF):
+          raise
+      yield
+    finally:
+      os.close(fd)  # releases the flock
 
   def _take_over_if_stale(self) -> None:
     """Move a stale lock away (with a warning); raise WorkdirError for a live one."""
-    info = self._read()
+    with self._takeover_guard():
+      self._judge_and_remove()
+
+  def _judge_and_remove(self) -> None:
+    info, ident = self._read_identified()
+    if ident is None:
+      return  # gone already (its run released it, or another starter took it over): retry
     if info is None:  # being written right now, or garbage: judge it by its age
       try:
         age = time.time() - os.path.getmtime(self.path)
@@ -214,13 +260,30 @@ class WorkdirLock:
           f"{self.path} (it is taken over by itself after {STALE_AFTER_S:.0f} s untouched)"
         )
       why = f"its run ({_describe(info)}) has not touched it for {age:.0f} s"
-    stale = f"{self.path}.stale-{os.getpid()}"
+    _after_judging()
+    if self._remove_judged(ident):
+      logging.warning("taking over the lock of %s: %s", self.workdir, why)
+
+  def _remove_judged(self, ident: tuple) -> bool:
+    """Remove the lock file if it is still the one judged stale (`ident`); True if it was.
+
+    Renames whatever is at the lock's path aside (atomic), then compares: a lock another starter
+    wrote since the judgement is put back with `os.link` (never overwriting) and left alone."""
+    aside = f"{self.path}.stale-{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}"
     try:
-      os.rename(self.path, stale)
+      os.rename(self.path, aside)
     except FileNotFoundError:
-      return  # another starter moved it first; retry the create
-    logging.warning("taking over the lock of %s: %s", self.workdir, why)
-    os.remove(stale)
+      return False  # another starter moved it first; retry the create
+    st = os.stat(aside)
+    if (st.st_dev, st.st_ino, st.st_mtime_ns) != ident:
+      try:
+        os.link(aside, self.path)  # a live lock: back where it was
+      except FileExistsError:
+        logging.warning("the lock of %s changed hands twice during a takeover", self.workdir)
+      os.remove(aside)
+      return False
+    os.remove(aside)
+    return True
 
   def _heartbeat(self) -> None:
     while not self._stop.wait(HEARTBEAT_S):
@@ -228,6 +291,10 @@ class WorkdirLock:
         os.utime(self.path)
       except OSError:
         pass  # a lock removed by hand or a filesystem without mtimes: nothing to refresh
+
+
+def _after_judging() -> None:
+  """Between judging a lock stale and removing it (a seam where a test forces another starter in)."""
 
 
 def lock_for_run(workdir: str, is_primary: bool) -> WorkdirLock | None:

@@ -6,10 +6,12 @@ that nothing was written or moved. (The CLI replay of two runs on one workdir, S
 finished-run rerun is `test_cli.py::test_a_signal_saves_a_checkpoint_and_the_next_run_resumes`.)
 """
 
+import errno
 import json
 import os
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -70,6 +72,57 @@ def test_a_stale_lock_on_this_host_is_taken_over(tmp_path, case, caplog):
   )
   lock.release()
   assert not os.path.exists(lock.path)
+
+
+@pytest.mark.parametrize("flock", ["flock", "no-flock"])
+def test_two_starters_taking_over_one_stale_lock_never_both_win(tmp_path, monkeypatch, flock):
+  # Issue 33: takeover was check-then-act. Starter A judges the stale lock and pauses before
+  # removing it; starter B runs meanwhile. With the workdir's flock, B waits until A is done and
+  # then finds A's live lock; without flock (some FUSE mounts), B takes over first and A's
+  # removal must find that the file is no longer the one it judged. Either way exactly one wins,
+  # and the lock file is the winner's.
+  gone = subprocess.Popen(["true"])
+  gone.wait()
+  _write_lock(tmp_path, pid=gone.pid, pid_start="1")
+  if flock == "no-flock":
+
+    def no_flock(fd, op):
+      raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(workdir_lock.fcntl, "flock", no_flock)
+  a, b = workdir_lock.WorkdirLock(str(tmp_path)), workdir_lock.WorkdirLock(str(tmp_path))
+  outcome = {}
+
+  def start(name, lock):
+    try:
+      lock.acquire()
+      outcome[name] = "won"
+    except WorkdirError as e:
+      outcome[name] = str(e)
+
+  b_thread = threading.Thread(target=start, args=("b", b))
+  paused = []
+
+  def after_judging():  # only A's first judgement pauses: B runs inside it
+    if threading.current_thread() is threading.main_thread() and not paused:
+      paused.append(True)
+      b_thread.start()
+      b_thread.join(timeout=1.5)  # without flock B finishes; with it B waits on A
+
+  monkeypatch.setattr(workdir_lock, "_after_judging", after_judging)
+  start("a", a)
+  b_thread.join(timeout=30)
+  assert paused and not b_thread.is_alive()
+  winners = [n for n in ("a", "b") if outcome[n] == "won"]
+  assert len(winners) == 1, outcome
+  loser = "b" if winners == ["a"] else "a"
+  assert "is in use by another run" in outcome[loser]
+  winner = a if winners == ["a"] else b
+  assert workdir_lock.WorkdirLock(str(tmp_path))._read() == winner._info
+  assert winners == (["a"] if flock == "flock" else ["b"])
+  assert sorted(os.listdir(tmp_path)) == [workdir_lock.LOCK_NAME]  # nothing left aside
+  winner.release()
+  assert os.listdir(tmp_path) == []
 
 
 def test_another_hosts_lock_is_refused_while_fresh_and_taken_over_when_untouched(tmp_path):
