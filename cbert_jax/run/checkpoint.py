@@ -25,7 +25,8 @@ When checkpoints were moved aside (now or by an earlier run) and none is left to
 run is refused with one line saying what was moved and how to put it back, unless
 `restart_from_scratch` is set: a run never silently starts over at step 0.
 
-A full disk while saving raises `CheckpointError` naming the directory and the last complete
+A full disk while saving (Python's OSError, or tensorstore's `ValueError: RESOURCE_EXHAUSTED ...
+[os_error_code='28']`) raises `CheckpointError` naming the directory and the last complete
 checkpoint; the partial write stays in orbax's temporary directory, which is never picked up.
 """
 
@@ -33,6 +34,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import time
 import zlib
@@ -131,9 +133,12 @@ class Checkpointer:
     ENOSPC, EDQUOT, EIO, ... -- becomes one CheckpointError naming the last complete one."""
     try:
       yield
-    except OSError as err:
+    except Exception as err:  # pylint: disable=broad-except  (tensorstore raises ValueError)
+      code = _write_errno(err)
+      if code is None:
+        raise
       cause = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded"}.get(
-        err.errno, f"the write failed ({err})"
+        code, f"the write failed ({type(err).__name__}: {_first_line(err)})"
       )
       done = [s for s in self._mngr.all_steps() if s != step]
       what = f"checkpoint step {step}" if step is not None else "a checkpoint"
@@ -475,6 +480,25 @@ def _classify(e: BaseException) -> str:
   if isinstance(e, (FileNotFoundError, KeyError)) or any(w in text for w in _DAMAGE_WORDS):
     return "damaged"
   return "other"
+
+
+def _write_errno(e: BaseException) -> int | None:
+  """The errno of a failed checkpoint write, or None when `e` is not a storage error.
+
+  Python's writes raise OSError; tensorstore's raise ValueError with a status and the OS error in
+  its text: `RESOURCE_EXHAUSTED: Error writing ... No space left on device [os_error_code='28']`
+  (measured on a full tmpfs)."""
+  if isinstance(e, OSError):
+    return e.errno or errno.EIO
+  text = str(e)
+  found = re.search(r"os_error_code='?(\d+)", text)
+  if found:
+    return int(found.group(1))
+  if "RESOURCE_EXHAUSTED" in text:
+    return errno.ENOSPC
+  if any(w in text for w in _IO_WORDS + ("DATA_LOSS", "INTERNAL: Error writing")):
+    return errno.EIO
+  return None
 
 
 def _first_line(e: BaseException) -> str:

@@ -150,6 +150,13 @@ class WorkdirLock:
           os.remove(self.path)
         except FileNotFoundError:
           pass
+        except OSError as e:  # the workdir became unwritable: never hide the error that stops us
+          logging.warning(
+            "could not remove the lock %s (%s); it names this finished process, so the next run "
+            "takes it over",
+            self.path,
+            e.strerror,
+          )
     if self._created:  # a run that failed before writing anything leaves no empty workdir
       try:
         os.rmdir(self.workdir)  # only succeeds when it is empty
