@@ -18,12 +18,26 @@ Restore failures are classified (`restore_latest`), and only proven damage moves
   `<dir>.unreadable/<step>-<time>` (kept for inspection) and the previous one is tried.
 - another model: the stored array shapes (orbax's metadata, read before any array) differ from
   this config's. ConfigError naming the differing shapes; nothing moved.
-- I/O: a permission or transient error. Retried `IO_ATTEMPTS` times with backoff, then
-  CheckpointError (exit 5); nothing moved.
+- permission: a file or directory of the checkpoint (or the checkpoint directory itself) that
+  this user may not read or enter. Every walk and existence test raises on it (`os.walk` and
+  `os.path.exists` would call it missing, which is damage), so it is CheckpointError (exit 5)
+  naming the path and the `chmod` that fixes it; nothing moved, and the same command resumes from
+  that checkpoint once access is back.
+- I/O: a transient error. Retried `IO_ATTEMPTS` times with backoff, then CheckpointError
+  (exit 5); nothing moved.
 - anything else: CheckpointError naming the error; nothing moved.
 When checkpoints were moved aside (now or by an earlier run) and none is left to resume from, the
 run is refused with one line saying what was moved and how to put it back, unless
 `restart_from_scratch` is set: a run never silently starts over at step 0.
+
+Seal before trust. The newest checkpoint of a run that was killed (kill -9, a double Ctrl-C) has
+no seal yet, and a seal over `CRC_MAX_BYTES` holds sizes only. So each save also records, in the
+checkpoint's metadata, a checksum of every array's values (`array_checksums`: the sum of its bit
+patterns modulo 2**32, computed on the devices; integer sums are exact and independent of the
+mesh, and any one flipped bit changes them). Every restore checks the arrays it read against those
+sums and the metadata for completeness (an unsealed checkpoint written before the sums were
+recorded is checked finite instead); a failed check is damage (moved aside, the previous one
+tried), and an unsealed checkpoint that passes is sealed then.
 
 A full disk while saving (Python's OSError, or tensorstore's `ValueError: RESOURCE_EXHAUSTED ...
 [os_error_code='28']`) raises `CheckpointError` naming the directory and the last complete
@@ -40,6 +54,7 @@ import time
 import zlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
@@ -49,6 +64,7 @@ from jax.experimental import multihost_utils
 from cbert_jax.errors import CheckpointError, ConfigError
 
 SEAL = "seal.json"  # per checkpoint: {"files": {relpath: [bytes, crc32 | null]}}
+CHECKSUMS = "array_checksums"  # the meta item's {array path: bit-pattern sum mod 2**32}
 CRC_MAX_BYTES = 2 << 30  # checkpoints up to this size get a CRC per file (seconds to read)
 IO_ATTEMPTS = 4  # reads tried before an I/O error is reported
 IO_BACKOFF_S = 1.0  # wait before the 2nd attempt; doubles each time
@@ -91,6 +107,14 @@ class _IOFailure(Exception):
   """A checkpoint could not be read for an I/O reason (permission, transient), not damage."""
 
 
+class _NoAccess(_IOFailure):
+  """A checkpoint's file or directory may not be read by this user (EACCES/EPERM): not retried."""
+
+  def __init__(self, path: str, err: OSError):
+    self.path = path
+    super().__init__(f"permission denied on {path} ({_mode(path)})")
+
+
 class Checkpointer:
   """A thin adapter over `ocp.CheckpointManager`, so orbax API churn stays in one file."""
 
@@ -99,7 +123,15 @@ class Checkpointer:
       max_to_keep=keep, create=True, enable_async_checkpointing=async_save
     )
     self._dir = directory
-    self._mngr = ocp.CheckpointManager(directory, options=options)
+    _check_listable(directory)
+    try:
+      self._mngr = ocp.CheckpointManager(directory, options=options)
+    except PermissionError as e:  # orbax lists the directory (and each step's metadata) here
+      raise CheckpointError(
+        _no_access_message(
+          f"the checkpoint directory {directory}", e.filename or directory, directory
+        )
+      ) from e
 
   @property
   def unreadable_dir(self) -> str:
@@ -122,7 +154,9 @@ class Checkpointer:
         args=ocp.args.Composite(
           state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
           data=ocp.args.JsonSave(data_state),
-          meta=ocp.args.JsonSave(meta),
+          meta=ocp.args.JsonSave(
+            {**meta, CHECKSUMS: array_checksums({"params": params, "opt_state": opt_state})}
+          ),
         ),
         force=True,
       )
@@ -155,9 +189,19 @@ class Checkpointer:
     if jax.process_index() != 0:
       return
     for step in self._mngr.all_steps():
+      try:
+        if not self.is_sealed(step):
+          self._seal(step)
+      except PermissionError as e:  # restore names it (and refuses it) if it is ever needed
+        logging.warning("cannot seal checkpoint step %d in %s: %s", step, self._dir, e)
+
+  def is_sealed(self, step: int) -> bool:
+    return _exists(os.path.join(self._dir, str(step), SEAL))
+
+  def _seal(self, step: int) -> None:
+    """Write checkpoint `step`'s seal (sizes and, when small enough, CRC-32 of its files)."""
+    if jax.process_index() == 0:
       step_dir = os.path.join(self._dir, str(step))
-      if os.path.exists(os.path.join(step_dir, SEAL)):
-        continue
       files = _list_files(step_dir)
       with_crc = sum(files.values()) <= CRC_MAX_BYTES
       seal = {
@@ -179,12 +223,13 @@ class Checkpointer:
     """
     step_dir = os.path.join(self._dir, str(step))
     try:
+      _check_access(step_dir)  # a directory we may not enter would otherwise look empty: damage
       for marker in _COMMIT_MARKERS:
-        if not os.path.exists(os.path.join(step_dir, marker)):
+        if not _exists(os.path.join(step_dir, marker)):
           raise _Damaged(f"orbax's commit marker {marker} is missing")
       seal_path = os.path.join(step_dir, SEAL)
-      if not os.path.exists(seal_path):
-        return  # not sealed yet (the run stopped before its next save): the reader decides
+      if not _exists(seal_path):
+        return  # not sealed yet (the run stopped before its next save): checked after reading
       try:
         with open(seal_path) as f:
           listed = json.load(f)["files"]
@@ -200,8 +245,34 @@ class Checkpointer:
           raise _Damaged(f"file {rel} does not match its CRC-32 recorded when written")
     except OSError as e:
       if e.errno in _IO_ERRNOS:
-        raise _IOFailure(f"{type(e).__name__}: {e}") from e
+        raise _io_failure(e) from e
       raise
+
+  def check_values(self, step: int, params, opt_state, data_state, meta, sealed: bool) -> None:
+    """Raise _Damaged unless a restored checkpoint holds what was written.
+
+    Its metadata must be complete (the step, the data state) and its arrays must match the
+    checksums recorded at save time (a sealed checkpoint over `CRC_MAX_BYTES` has only sizes in
+    its seal, so this is what catches a flipped bit there); an unsealed one written before
+    checksums were recorded must at least be finite.
+    """
+    state = "sealed" if sealed else "not sealed"
+    if not isinstance(meta, dict) or meta.get("step") != step or not isinstance(data_state, dict):
+      raise _Damaged(f"it is {state} and its metadata is incomplete (meta: {meta!r:.200})")
+    restored = {"params": params, "opt_state": opt_state}
+    recorded = meta.get(CHECKSUMS)
+    if recorded is None:
+      bad = [] if sealed else [k for k, ok in _all_finite(restored).items() if not ok]
+      if bad:
+        raise _Damaged(f"it is not sealed and holds non-finite values in {_few(bad)}")
+      return
+    now = array_checksums(restored)
+    bad = sorted(k for k in recorded.keys() | now.keys() if recorded.get(k) != now.get(k))
+    if bad:
+      raise _Damaged(
+        f"it is {state} and its arrays differ from the checksums recorded when it was written "
+        f"({_few(bad)})"
+      )
 
   # ----------------------------------------------------------------------------- restore ---
 
@@ -224,13 +295,23 @@ class Checkpointer:
 
         def attempt(step=step):
           self.check_files(step)
+          sealed = self.is_sealed(step)
           self.check_shapes(step, abstract_params, abstract_opt_state)
-          return self._read(step, abstract_params, abstract_opt_state)
+          out = self._read(step, abstract_params, abstract_opt_state)
+          self.check_values(step, *out, sealed=sealed)
+          return sealed, out
 
-        return (
-          step,
-          *self._agree(lambda step=step, attempt=attempt: self._retry_io(step, attempt)),
-        )
+        sealed, out = self._agree(lambda step=step, attempt=attempt: self._retry_io(step, attempt))
+        if not sealed:  # a killed run's newest: worth a line in the log
+          logging.warning(
+            "checkpoint step %d was not sealed (the run stopped before its next save); its arrays "
+            "match the checksums recorded when it was written and its metadata is complete: "
+            "sealed it now",
+            step,
+          )
+          self._seal(step)
+        params, opt_state, data_state, meta = out
+        return step, params, opt_state, data_state, _without_checksums(meta)
       except _Damaged as e:
         aside = self._move_aside(step)
         moved.append(f"step {step} ({e}) -> {aside}")
@@ -242,6 +323,12 @@ class Checkpointer:
           e,
           aside,
         )
+      except _NoAccess as e:
+        raise CheckpointError(
+          _no_access_message(
+            f"checkpoint step {step} in {self._dir}", e.path, os.path.join(self._dir, str(step))
+          )
+        ) from e
       except _IOFailure as e:
         raise CheckpointError(
           f"checkpoint step {step} in {self._dir} could not be read after {IO_ATTEMPTS} "
@@ -274,7 +361,18 @@ class Checkpointer:
 
   def _moved_before(self) -> list[str]:
     """The entries of `<dir>.unreadable/` (checkpoints moved aside by this or an earlier run)."""
-    return sorted(os.listdir(self.unreadable_dir)) if os.path.isdir(self.unreadable_dir) else []
+    try:
+      return sorted(os.listdir(self.unreadable_dir))
+    except FileNotFoundError:
+      return []
+    except OSError as e:
+      raise CheckpointError(
+        _no_access_message(
+          f"the folder of checkpoints moved aside {self.unreadable_dir}",
+          self.unreadable_dir,
+          self.unreadable_dir,
+        )
+      ) from e
 
   def stored_shapes(self, step: int, item_keys=("params", "opt_state")) -> dict[str, tuple]:
     """{"params/encoder/...": shape} of the arrays stored in checkpoint `step` (metadata only)."""
@@ -284,7 +382,7 @@ class Checkpointer:
       )
     except OSError as e:
       if e.errno in _IO_ERRNOS:
-        raise _IOFailure(f"{type(e).__name__}: {e}") from e
+        raise _io_failure(e) from e
       raise _Damaged(f"its array metadata cannot be read ({type(e).__name__}: {e})") from e
     except (ValueError, KeyError, TypeError) as e:
       raise _Damaged(
@@ -329,10 +427,12 @@ class Checkpointer:
     """`restore`, its failure classified: damage -> _Damaged, I/O -> _IOFailure, else
     CheckpointError (nothing moved)."""
     try:
-      return self.restore(step, abstract_params, abstract_opt_state)
+      return self._restore_raw(step, abstract_params, abstract_opt_state)
     except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many types)
       kind = _classify(e)
       if kind == "io":
+        if isinstance(e, OSError):
+          raise _io_failure(e) from e
         raise _IOFailure(f"{type(e).__name__}: {_first_line(e)}") from e
       if kind == "damaged":
         self.check_files(step, full=True)  # a seal names the file when it can
@@ -350,7 +450,7 @@ class Checkpointer:
       try:
         return fn()
       except _IOFailure as e:
-        if attempt == IO_ATTEMPTS:
+        if attempt == IO_ATTEMPTS or isinstance(e, _NoAccess):  # permissions do not heal by waiting
           raise
         logging.warning("reading checkpoint step %d failed (%s); retrying in %.1f s", step, e, wait)
         time.sleep(wait)
@@ -362,7 +462,7 @@ class Checkpointer:
     The checks and reads run on every process (each reads its shards); a process that alone
     failed would otherwise go on to collectives the others never join.
     """
-    kinds = (_Damaged, _IOFailure, ConfigError, CheckpointError)
+    kinds = (_Damaged, _NoAccess, _IOFailure, ConfigError, CheckpointError)
     if jax.process_count() == 1:
       return fn()
     try:
@@ -374,7 +474,10 @@ class Checkpointer:
       raise error
     if codes.any():
       first = int(np.argmax(codes > 0))
-      raise kinds[int(codes[first]) - 1](f"on process {first} (see its log)")
+      kind = kinds[int(codes[first]) - 1]
+      if kind is _NoAccess:
+        raise _NoAccess(f"a file on process {first} (see its log)", PermissionError())
+      raise kind(f"on process {first} (see its log)")
     return out
 
   def _move_aside(self, step: int) -> str:
@@ -389,6 +492,13 @@ class Checkpointer:
 
   def restore(self, step: int, abstract_params, abstract_opt_state):
     """-> (params, opt_state, data_state, meta), arrays laid out as the abstract targets say."""
+    params, opt_state, data_state, meta = self._restore_raw(
+      step, abstract_params, abstract_opt_state
+    )
+    return params, opt_state, data_state, _without_checksums(meta)
+
+  def _restore_raw(self, step: int, abstract_params, abstract_opt_state):
+    """`restore`, the meta item as stored (with its array checksums)."""
     out = self._mngr.restore(
       step,
       args=ocp.args.Composite(
@@ -435,10 +545,143 @@ class Checkpointer:
       self._mngr.close()
 
 
+def _raise(e: OSError) -> None:
+  raise e
+
+
+def _exists(path: str) -> bool:
+  """os.path.exists that raises on a permission or I/O error instead of answering False."""
+  try:
+    os.stat(path)
+  except (FileNotFoundError, NotADirectoryError):
+    return False
+  return True
+
+
+def _check_listable(directory: str) -> None:
+  """CheckpointError when the checkpoint directory exists but this user may not list or enter it."""
+  try:
+    with os.scandir(directory):
+      pass
+  except (FileNotFoundError, NotADirectoryError):
+    return  # orbax creates it (or says what is in the way)
+  except PermissionError as e:
+    raise CheckpointError(
+      _no_access_message(f"the checkpoint directory {directory}", directory, directory)
+    ) from e
+
+
+def _check_access(step_dir: str) -> None:
+  """_NoAccess naming the first directory or file under `step_dir` this user may not read.
+
+  `os.access` answers for the real user (root passes everything); the walk itself raises when a
+  directory cannot be listed.
+  """
+  try:
+    for root, dirs, files in os.walk(step_dir, onerror=_raise):
+      for name in sorted(dirs):
+        path = os.path.join(root, name)
+        if not os.access(path, os.R_OK | os.X_OK):
+          raise _NoAccess(path, PermissionError(errno.EACCES, "Permission denied", path))
+      for name in sorted(files):
+        path = os.path.join(root, name)
+        if not os.access(path, os.R_OK):
+          raise _NoAccess(path, PermissionError(errno.EACCES, "Permission denied", path))
+    if not os.access(step_dir, os.R_OK | os.X_OK):
+      raise _NoAccess(step_dir, PermissionError(errno.EACCES, "Permission denied", step_dir))
+  except (FileNotFoundError, NotADirectoryError):
+    return  # missing files are judged by the caller (damage)
+
+
+def _io_failure(e: OSError) -> _IOFailure:
+  """The _IOFailure for an I/O OSError: _NoAccess (not retried) for a permission error."""
+  if e.errno in (errno.EACCES, errno.EPERM):
+    return _NoAccess(e.filename or "a checkpoint file", e)
+  return _IOFailure(f"{type(e).__name__}: {e}")
+
+
+def _mode(path: str) -> str:
+  """ "mode 000, owner uid 0; this process runs as uid 1000" for a path, or why it cannot be told."""
+  try:
+    st = os.stat(path)
+  except OSError as e:
+    return f"its mode cannot be read: {e.strerror}"
+  return (
+    f"mode {st.st_mode & 0o777:03o}, owner uid {st.st_uid}; this process runs as uid {os.geteuid()}"
+  )
+
+
+def _no_access_message(what: str, path: str, fix: str) -> str:
+  """The one line for a checkpoint (or the checkpoint directory) this user may not read."""
+  return (
+    f"{what} cannot be read: permission denied on {path} ({_mode(path)}). This is a permission "
+    f"problem, not damage, so nothing was moved. Give this user access (for example chmod -R "
+    f"u+rwX {fix}) and rerun the same command to resume from it"
+  )
+
+
+def array_checksums(tree) -> dict[str, int]:
+  """{"params/w": sum of the bit patterns of its values mod 2**32} for every array of `tree`.
+
+  Computed where the arrays live (one jitted reduction per array, a replicated scalar each) and
+  exact: integer addition is associative, so the mesh and device count do not change it; any one
+  flipped bit changes it.
+  """
+  sums = _bit_sums(tree)
+  return {k: int(_local(v)) for k, v in _flat(sums).items()}
+
+
+@jax.jit
+def _bit_sums(tree):
+  def one(x):  # [...] any dtype -> [] uint32
+    if x.dtype == jnp.bool_:
+      x = x.astype(jnp.uint8)
+    uint = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+    return jnp.sum(jax.lax.bitcast_convert_type(x, uint).astype(jnp.uint32), dtype=jnp.uint32)
+
+  return jax.tree.map(one, tree)
+
+
+def _all_finite(tree) -> dict[str, bool]:
+  """{"params/w": all values finite} for every floating array of `tree`."""
+  flags = jax.jit(
+    lambda t: jax.tree.map(
+      lambda x: jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else True, t
+    )
+  )(tree)
+  return {k: bool(_local(v)) for k, v in _flat(flags).items()}
+
+
+def _local(x):
+  """A replicated scalar as a host number (on several hosts: this process's copy)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    x = x.addressable_shards[0].data
+  return np.asarray(x)
+
+
+def _flat(tree) -> dict:
+  return {
+    "/".join(_key_name(k) for k in path): leaf
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
+
+
+def _without_checksums(meta):
+  return {k: v for k, v in meta.items() if k != CHECKSUMS} if isinstance(meta, dict) else meta
+
+
+def _few(names: list[str], shown: int = MAX_SHOWN) -> str:
+  more = f" and {len(names) - shown} more" if len(names) > shown else ""
+  return ", ".join(names[:shown]) + more
+
+
 def _list_files(step_dir: str) -> dict[str, int]:
-  """{relative path: bytes} of every file under a checkpoint directory, the seal excluded."""
+  """{relative path: bytes} of every file under a checkpoint directory, the seal excluded.
+
+  Raises on a directory it cannot list (os.walk would skip it, and its files would look missing).
+  """
   out = {}
-  for root, _, files in os.walk(step_dir):
+  for root, _, files in os.walk(step_dir, onerror=_raise):
     for name in files:
       rel = os.path.relpath(os.path.join(root, name), step_dir)
       if rel != SEAL and not name.startswith(f".{SEAL}"):

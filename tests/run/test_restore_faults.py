@@ -11,6 +11,8 @@ import errno
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -152,16 +154,16 @@ def test_another_models_checkpoint_is_a_config_error_and_nothing_moves(ckpt_dir)
 def test_io_errors_are_retried_then_reported_and_nothing_moves(ckpt_dir, monkeypatch):
   calls = []
 
-  def denied(*a, **k):
+  def failing(*a, **k):
     calls.append(1)
-    raise PermissionError(errno.EACCES, "Permission denied", "state/d/0")
+    raise OSError(errno.EIO, "Input/output error", "state/d/0")
 
-  monkeypatch.setattr(ckpt_lib.Checkpointer, "restore", denied)
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "_restore_raw", failing)
   before = _listing(ckpt_dir)
   with pytest.raises(
     CheckpointError,
     match=r"checkpoint step 2 in .* could not be read after 4 "
-    r"attempts \(PermissionError.*not damage, so nothing was moved",
+    r"attempts \(OSError.*not damage, so nothing was moved",
   ):
     _restore(ckpt_dir)
   assert len(calls) == ckpt_lib.IO_ATTEMPTS
@@ -169,7 +171,7 @@ def test_io_errors_are_retried_then_reported_and_nothing_moves(ckpt_dir, monkeyp
 
 
 def test_a_transient_io_error_is_retried_and_the_newest_restored(ckpt_dir, monkeypatch):
-  real, calls = ckpt_lib.Checkpointer.restore, []
+  real, calls = ckpt_lib.Checkpointer._restore_raw, []
 
   def flaky(self, *a, **k):
     calls.append(1)
@@ -177,7 +179,7 @@ def test_a_transient_io_error_is_retried_and_the_newest_restored(ckpt_dir, monke
       raise OSError(errno.EIO, "Input/output error")
     return real(self, *a, **k)
 
-  monkeypatch.setattr(ckpt_lib.Checkpointer, "restore", flaky)
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "_restore_raw", flaky)
   assert _restore(ckpt_dir)[0] == 2 and len(calls) == 3
 
 
@@ -191,11 +193,125 @@ def test_io_error_while_checking_the_seal_is_not_damage(ckpt_dir, monkeypatch):
   assert sorted(os.listdir(ckpt_dir)) == ["1", "2"]
 
 
+def test_a_permission_error_from_the_reader_is_named_not_retried_and_nothing_moves(
+  ckpt_dir, monkeypatch
+):
+  calls = []
+
+  def denied(*a, **k):
+    calls.append(1)
+    raise PermissionError(errno.EACCES, "Permission denied", os.path.join(ckpt_dir, "2", "state"))
+
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "_restore_raw", denied)
+  before = _listing(ckpt_dir)
+  with pytest.raises(
+    CheckpointError,
+    match=rf"checkpoint step 2 in {ckpt_dir} cannot be read: permission denied on "
+    rf"{ckpt_dir}/2/state \(mode 7\d\d, .*not damage, so nothing was moved.*chmod -R u\+rwX "
+    rf"{ckpt_dir}/2\) and rerun the same command to resume from it",
+  ):
+    _restore(ckpt_dir)
+  assert len(calls) == 1  # waiting does not give permissions back
+  assert _listing(ckpt_dir) == before and not os.path.exists(ckpt_dir + ".unreadable")
+
+
+def test_chmod_000_at_every_level_is_never_damage_and_resumes_once_fixed(ckpt_dir):
+  """The fault script, for real: file modes bind it (as root it drops the override), each level
+  of the newest checkpoint in turn. Before the fix, os.walk/os.path.exists called an unreadable
+  directory missing: the checkpoint was moved aside as damaged, or a PermissionError escaped."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  done = subprocess.run(
+    [sys.executable, "-m", "tests.faults.checkpoint_permissions", "--checkpoints", ckpt_dir],
+    cwd=root,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
+  report = [ln for ln in done.stdout.splitlines() if ln.startswith(("ok", "FAIL"))]
+  assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+  levels = [ln for ln in report if "chmod 000" in ln]
+  assert len(levels) >= 10 and all(ln.startswith("ok") for ln in report), report
+  assert any(ln.endswith("/2/state/d: exit 5") or "/2/state/d:" in ln for ln in levels)
+  assert report[-1].startswith(
+    "ok   permissions back: exit 0; moved aside: False; resumed from step 2: True"
+  )
+
+
+def _unseal(ckpt_dir, step="2"):
+  os.remove(os.path.join(ckpt_dir, step, ckpt_lib.SEAL))
+
+
+def test_an_unsealed_intact_checkpoint_is_verified_restored_and_sealed(ckpt_dir, caplog):
+  _unseal(ckpt_dir)
+  step, params, *_ = _restore(ckpt_dir)
+  assert step == 2
+  np.testing.assert_array_equal(params["w"], _state(2)[0]["w"])
+  assert os.path.exists(os.path.join(ckpt_dir, "2", ckpt_lib.SEAL))  # trusted from now on
+  assert any(
+    "was not sealed" in r.getMessage() and "sealed it now" in r.getMessage() for r in caplog.records
+  )
+
+
+@pytest.mark.parametrize("seal", ["unsealed", "sealed-sizes-only"])
+def test_a_checkpoint_whose_arrays_changed_is_damage(ckpt_dir, caplog, seal):
+  """A killed run's newest checkpoint has no seal, and a seal of a checkpoint over CRC_MAX_BYTES
+  holds sizes only; its array files then hold other values (here: step 1's, which read back
+  cleanly, are finite and have the same sizes) than it was written with. The checksums recorded
+  at save time catch it: before, it was restored as if intact."""
+  _unseal(ckpt_dir)
+  shutil.rmtree(os.path.join(ckpt_dir, "2", "state"))
+  shutil.copytree(os.path.join(ckpt_dir, "1", "state"), os.path.join(ckpt_dir, "2", "state"))
+  if seal == "sealed-sizes-only":  # the seal lists the changed files' names and sizes, no CRCs
+    files = ckpt_lib._list_files(os.path.join(ckpt_dir, "2"))
+    with open(os.path.join(ckpt_dir, "2", ckpt_lib.SEAL), "w") as f:
+      json.dump({"files": {rel: [size, None] for rel, size in files.items()}}, f)
+  step, params, _, data, _ = _restore(ckpt_dir)
+  assert step == 1 and data == {"next_index": 1}
+  np.testing.assert_array_equal(params["w"], _state(1)[0]["w"])
+  assert os.listdir(ckpt_dir + ".unreadable")[0].startswith("2-")
+  assert any(
+    "differ from the checksums recorded" in r.getMessage() and "params/w" in r.getMessage()
+    for r in caplog.records
+  )
+
+
+def test_an_unsealed_checkpoint_without_checksums_must_be_finite(ckpt_dir, caplog):
+  """A checkpoint written before checksums were recorded is checked finite instead."""
+  c = ckpt_lib.Checkpointer(ckpt_dir, keep=3)
+  params, opt = _state(3)
+  c.save(3, {**params, "w": params["w"].at[1, 1].set(jnp.nan)}, opt, {"next_index": 3}, {"step": 3})
+  c.wait()
+  c._mngr.close()  # no close(): that would seal it
+  _unseal(ckpt_dir, "3")
+  meta_file = os.path.join(ckpt_dir, "3", "meta", "metadata")
+  meta = json.load(open(meta_file))
+  del meta[ckpt_lib.CHECKSUMS]
+  json.dump(meta, open(meta_file, "w"))
+  assert _restore(ckpt_dir)[0] == 2
+  assert any("non-finite values in params/w" in r.getMessage() for r in caplog.records)
+
+
+def test_array_checksums_are_exact_whatever_the_layout_and_see_one_flipped_bit():
+  x = jnp.arange(64, dtype=jnp.float32).reshape(8, 8) / 7
+  devices = np.array(jax.devices())
+  mesh = jax.sharding.Mesh(devices.reshape(-1), ("d",))
+  sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d")))
+  tree = {"a": x, "b": jnp.ones((3,), jnp.bfloat16), "n": jnp.int32(7), "m": jnp.array([True])}
+  one = ckpt_lib.array_checksums(tree)
+  assert ckpt_lib.array_checksums({**tree, "a": sharded}) == one  # any mesh, same sums
+  bits = np.asarray(x).view(np.uint32).copy()
+  assert one["a"] == int(bits.astype(np.uint64).sum() % 2**32)  # the definition, on the host
+  bits[3, 5] ^= 1 << 4  # one low mantissa bit
+  flipped = jnp.asarray(bits.view(np.float32))
+  assert ckpt_lib.array_checksums({**tree, "a": flipped})["a"] != one["a"]
+
+
 def test_an_unknown_error_is_reported_and_nothing_moves(ckpt_dir, monkeypatch):
   def weird(*a, **k):
     raise RuntimeError("something orbax has never said")
 
-  monkeypatch.setattr(ckpt_lib.Checkpointer, "restore", weird)
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "_restore_raw", weird)
   with pytest.raises(CheckpointError, match="something orbax has never said.*neither damage"):
     _restore(ckpt_dir)
   assert sorted(os.listdir(ckpt_dir)) == ["1", "2"]
