@@ -28,6 +28,10 @@ from cbert_jax.models.model_config import MaskConfig, ModelConfig
 # Default masking ratio per family: SPEC §2 (BERT 20%, CrossBERT 50%); ELECTRA's generator masks
 # 15% (Clark et al., 2020).
 DEFAULT_MASK_RATIO = {"bert": 0.2, "crossbert": 0.5, "electra": 0.15}
+# The longest row the position scheme can tell apart: RoPE's angles are float32 position x
+# frequency, and float32 holds every integer only up to 2^24 (models/layers.py `apply_rope`).
+# Memory runs out far earlier on any device today; cbert_jax/run/memory_fit.py says so.
+MAX_SEQ_LEN = 2**24
 
 
 def parse_arg(arg: str | None, **defaults):
@@ -161,7 +165,8 @@ def import_experiment(path: str, *, field: str = "--config", needs=("get_config"
   """The experiment file `path` as a module (experiments/ is not a package): the one loader of
   experiment files (the CLI, the sweep runner, launch.sweep, launch.compile_check, the planner,
   hparam_grid.py). ConfigError naming `field` when the file is missing, does not import (with the
-  file's line that raised) or lacks a function of `needs`."""
+  file:line that raised, or of its SyntaxError, and the exception) or lacks a function of
+  `needs`."""
   if not path or not os.path.isfile(path):
     raise ConfigError(f"{field}: no such experiment file {path!r}")
   name = "cbert_experiment_" + os.path.splitext(os.path.basename(path))[0]
@@ -173,8 +178,11 @@ def import_experiment(path: str, *, field: str = "--config", needs=("get_config"
     spec.loader.exec_module(module)
   except ConfigError:
     raise
-  except Exception as e:  # a syntax error, an import that fails, a module body that raises
-    raise ConfigError(f"{field}: {path} does not load: {_raised_in(e, path)}") from e
+  # A syntax error, an import that fails, a module body that raises (or calls sys.exit).
+  except (Exception, SystemExit) as e:
+    detail = _raised_in(e, path)
+    named = detail.startswith(f"{path}:")  # `x.py:3 (...)` names the file already
+    raise ConfigError(f"{field}: {'' if named else f'{path} '}does not load: {detail}") from e
   for fn in needs:
     if not callable(getattr(module, fn, None)):
       raise ConfigError(f"{field}: {path} has no {fn}()")
@@ -183,8 +191,8 @@ def import_experiment(path: str, *, field: str = "--config", needs=("get_config"
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
   """`experiments/x.py[:arg]` -> that file's `get_config(arg)`, its fields checked
-  (`check_fields`). A `get_config` that raises gives a ConfigError naming `spec` and the file's
-  line that raised; a ConfigError from it passes through as it is."""
+  (`check_fields`). A `get_config` that raises gives a ConfigError naming `spec`, the file:line
+  that raised and the exception; a ConfigError from it passes through as it is."""
   path, sep, arg = spec.partition(":")
   where = f"--config={spec}"
   module = import_experiment(path, field=where)
@@ -192,7 +200,7 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
     config = module.get_config(arg) if sep else module.get_config()
   except ConfigError:
     raise
-  except Exception as e:
+  except (Exception, SystemExit) as e:
     raise ConfigError(f"{where}: get_config failed: {_raised_in(e, path)}") from e
   if not isinstance(config, ml_collections.ConfigDict):
     raise ConfigError(f"{where}: get_config returned a {type(config).__name__}, not a ConfigDict")
@@ -201,15 +209,31 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
 
 
 def _raised_in(e: BaseException, path: str) -> str:
-  """`line 7 (c.total_steps = "300"): TypeError: ...`: the experiment file's innermost line in
-  the exception's traceback, and the exception."""
+  """`x.py:7 (c.total_steps = "300"): TypeError: ...`: where the experiment file `path` raised
+  (its innermost line in the exception's traceback), the exception's type and message. A file
+  that does not compile has no such frame: the SyntaxError's own file, line and message then
+  (`x.py:3 (def get_config(:): SyntaxError: invalid syntax`), read from its attributes."""
   frames = [
     f
     for f in traceback.extract_tb(e.__traceback__)
     if os.path.abspath(f.filename) == os.path.abspath(path)
   ]
-  line = f"line {frames[-1].lineno} ({_without_comment(frames[-1].line or '')}): " if frames else ""
-  return f"{line}{type(e).__name__}: {' '.join(str(e).split())}"
+  if frames:
+    where, lineno, text, message = path, frames[-1].lineno, frames[-1].line, _text(e)
+  elif isinstance(e, SyntaxError) and e.lineno:
+    where, lineno, text, message = e.filename or path, e.lineno, e.text, e.msg
+  else:
+    return f"{type(e).__name__}: {_text(e)}"
+  source = _without_comment(text or "")
+  return f"{where}:{lineno}{f' ({source})' if source else ''}: {type(e).__name__}: {message}"
+
+
+def _text(e: BaseException) -> str:
+  """The exception's message on one line (its `str`, which may itself raise)."""
+  try:
+    return " ".join(str(e).split())
+  except Exception:  # pylint: disable=broad-except (a user's exception class)
+    return "(its message cannot be printed)"
 
 
 def _without_comment(line: str) -> str:
@@ -409,6 +433,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     )
   if d.seq_len < 8:
     raise ConfigError(f"data.seq_len must be >= 8, got {d.seq_len}")
+  if d.seq_len > MAX_SEQ_LEN:
+    raise ConfigError(
+      f"data.seq_len must be at most {MAX_SEQ_LEN} (2^24: RoPE computes its angles from float32 "
+      f"positions, which are exact only up to there), got {d.seq_len}"
+    )
   guard.GuardConfig.from_config(config.faults)  # faults.* ranges and names
   guard.planted_batches(config.faults.plant_spike_batches)
   if config.faults.max_rollbacks < 0:

@@ -23,7 +23,15 @@ from cbert_jax import config_lib
 from cbert_jax.data import fetch, pipeline, prepare, settings
 from cbert_jax.models import flops as flops_lib
 from cbert_jax.run import checkpoint as ckpt_lib
-from cbert_jax.run import distributed, hardware, planned_devices, plotting, validation, workdir_lock
+from cbert_jax.run import (
+  distributed,
+  hardware,
+  memory_fit,
+  planned_devices,
+  plotting,
+  validation,
+  workdir_lock,
+)
 from cbert_jax.run import metrics as metrics_lib
 from cbert_jax.run import progress as progress_lib
 from cbert_jax.run import provenance as provenance_lib
@@ -452,6 +460,9 @@ def _checked_setup(config: ml_collections.ConfigDict, workdir: str, stop: dict):
     num_devices_flag=config.num_devices,
   )
   config_lib.validate(config, len(devices))
+  # The memory plan's verdict on these devices (data.seq_len, batch_size vs memory), on every
+  # backend: one line now rather than out of memory after data preparation.
+  memory_fit.check(config, devices, jax.process_index())
   is_primary = jax.process_index() == 0
   # One run per workdir (a lock file; an unusable workdir is reported here, before data work).
   stop["lock"] = workdir_lock.lock_for_run(workdir, is_primary)

@@ -287,16 +287,10 @@ def plan(s: Shape, chip_name: str, fixed: Setting | None = None) -> Plan:
     return per_device % k == 0
 
   if fixed is not None:
-    est = estimate(s, fixed)
-    if est["total"] * MARGIN <= budget:
-      return Plan(chip_name, budget, fixed, est, "fits", step_cost(s, fixed, c))
-    for k in microbatch_counts()[1:]:
-      if (
-        divides(k)
-        and estimate(s, dataclasses.replace(fixed, microbatches=k))["total"] * MARGIN <= budget
-      ):
-        return Plan(chip_name, budget, None, est, f"needs microbatches={k}", 0.0)
-    return Plan(chip_name, budget, None, est, "needs more chips", 0.0)
+    verdict, est = judge(s, fixed, budget)
+    if verdict == "fits":
+      return Plan(chip_name, budget, fixed, est, verdict, step_cost(s, fixed, c))
+    return Plan(chip_name, budget, None, est, verdict, 0.0)
   fitting = [
     (step_cost(s, st, c), i, st)
     for i, st in enumerate(candidates())
@@ -307,3 +301,20 @@ def plan(s: Shape, chip_name: str, fixed: Setting | None = None) -> Plan:
     return Plan(chip_name, budget, None, estimate(s, leanest), "needs more chips", 0.0)
   cost, _, best = min(fitting)
   return Plan(chip_name, budget, best, estimate(s, best), "fits", cost)
+
+
+def judge(s: Shape, setting: Setting, budget: float) -> tuple[str, dict[str, float]]:
+  """(verdict, estimate(s, setting)) of one setting against `budget` bytes per device: "fits"
+  when the estimate x MARGIN is within it, else "needs microbatches=k" (the fewest micro-batches,
+  dividing the rows per device, that would fit), else "needs more chips". `plan(fixed=...)` on a
+  chip's usable memory, and the trainer's check of any run on its own devices
+  (cbert_jax/run/memory_fit.py), both judge with it."""
+  est = estimate(s, setting)
+  if est["total"] * MARGIN <= budget:
+    return "fits", est
+  per_device = s.batch_size // s.data_parallel
+  for k in microbatch_counts():
+    if k > setting.microbatches and per_device % k == 0:
+      if estimate(s, dataclasses.replace(setting, microbatches=k))["total"] * MARGIN <= budget:
+        return f"needs microbatches={k}", est
+  return "needs more chips", est

@@ -9,6 +9,8 @@ cheap range checks run in-process.
 import json
 import logging
 import os
+import re
+import time
 
 import pytest
 
@@ -41,9 +43,25 @@ def cache(tmp_path_factory):
   return str(tmp_path_factory.mktemp("bad_input_cache"))
 
 
+# Experiment files that fail before get_config returns (a traceback before issue 33): "{dir}" in a
+# case is their folder.
+BROKEN_EXPERIMENTS = {
+  "does_not_compile.py": "from cbert_jax import config_lib\n\ndef get_config(arg=None:\n  pass\n",
+  "raises_at_import.py": 'import os\n\nROOT = os.environ["CBERT_NO_SUCH_VARIABLE"]\n',
+  "raises_in_get_config.py": (
+    "from cbert_jax import config_lib\n\n\ndef get_config(arg=None):\n"
+    "  c = config_lib.base_config()\n"
+    '  raise ValueError("no preset named " + repr(arg))  # a mistake of its own\n'
+  ),
+}
+
+
 @pytest.fixture(scope="module")
 def bad_experiment(tmp_path_factory):
-  path = tmp_path_factory.mktemp("experiments") / "bad_experiment.py"
+  folder = tmp_path_factory.mktemp("experiments")
+  for name, text in BROKEN_EXPERIMENTS.items():
+    (folder / name).write_text(text)
+  path = folder / "bad_experiment.py"
   path.write_text(BAD_EXPERIMENT)
   return str(path)
 
@@ -59,7 +77,8 @@ def snapshot(root) -> dict[str, bytes]:
   return out
 
 
-# (extra flags, fragment of the one stderr line). "{exp}" is the bad experiment file.
+# (extra flags, fragment of the one stderr line). "{exp}" is the bad experiment file, "{dir}" its
+# folder (with BROKEN_EXPERIMENTS).
 CLI_CASES = [
   # config field of the wrong type
   pytest.param(
@@ -79,7 +98,8 @@ CLI_CASES = [
   ),
   pytest.param(
     ["--config={exp}:str"],
-    'config error: --config={exp}:str: get_config failed: line 7 (c.total_steps = "300"',
+    'config error: --config={exp}:str: get_config failed: {exp}:7 (c.total_steps = "300"): '
+    "TypeError: ",
     id="type-experiment-str",
   ),
   pytest.param(
@@ -117,8 +137,29 @@ CLI_CASES = [
   ),
   pytest.param(
     ["--config={exp}:syntax"],
-    'config error: --config={exp}:syntax: get_config failed: line 13 (exec("def f(:"))',
+    'config error: --config={exp}:syntax: get_config failed: {exp}:13 (exec("def f(:")): '
+    "SyntaxError: invalid syntax",
     id="experiment-syntax",
+  ),
+  pytest.param(  # the file itself does not compile: the SyntaxError's file:line and message
+    ["--config={dir}/does_not_compile.py"],
+    "config error: --config={dir}/does_not_compile.py: does not load: "
+    "{dir}/does_not_compile.py:3 (def get_config(arg=None:): SyntaxError: invalid syntax",
+    id="experiment-does-not-compile",
+  ),
+  pytest.param(
+    ["--config={dir}/raises_at_import.py"],
+    "config error: --config={dir}/raises_at_import.py: does not load: "
+    '{dir}/raises_at_import.py:3 (ROOT = os.environ["CBERT_NO_SUCH_VARIABLE"]): '
+    "KeyError: 'CBERT_NO_SUCH_VARIABLE'",
+    id="experiment-raises-at-import",
+  ),
+  pytest.param(
+    ["--config={dir}/raises_in_get_config.py:big"],
+    "config error: --config={dir}/raises_in_get_config.py:big: get_config failed: "
+    '{dir}/raises_in_get_config.py:6 (raise ValueError("no preset named " + repr(arg))): '
+    "ValueError: no preset named 'big'",
+    id="experiment-raises-in-get-config",
   ),
   pytest.param(
     ["--config.sweep.n_params=4"],
@@ -148,7 +189,9 @@ def test_cli_bad_input(tmp_path, cache, bad_experiment, flags, expected):
     workdir.mkdir()
     (workdir / "notes.txt").write_text("mine")
   before = snapshot(workdir)
-  flags = [f.replace("{exp}", bad_experiment) for f in flags]
+  folder = os.path.dirname(bad_experiment)
+  fill = lambda text: text.replace("{exp}", bad_experiment).replace("{dir}", folder)
+  flags = [fill(f) for f in flags]
   spec = [f.split("=", 1)[1] for f in flags if f.startswith("--config=")]  # one --config only
   r = run_cli(
     cli(
@@ -159,11 +202,38 @@ def test_cli_bad_input(tmp_path, cache, bad_experiment, flags, expected):
     )
   )
   assert r.returncode == 2, r.stderr[-3000:]
-  assert expected.replace("{exp}", bad_experiment) in r.stderr, r.stderr[-3000:]
+  assert fill(expected) in r.stderr, r.stderr[-3000:]
   assert "Traceback" not in r.stderr
   errors = [l for l in r.stderr.splitlines() if "error" in l.lower()]
   assert len(errors) == 1, errors  # one line
   assert snapshot(workdir) == before and workdir.exists() == existing
+
+
+def test_seq_len_beyond_memory_fails_fast_before_data_preparation(tmp_path):
+  """`data.seq_len=1000000` prepared the data, then died out of memory with a traceback; now the
+  memory plan's verdict on this host's 2 CPU devices (cbert_jax/run/memory_fit.py) is one line,
+  in seconds, before the data cache or the workdir is touched."""
+  cache, workdir = tmp_path / "cache", tmp_path / "w"
+  start = time.monotonic()
+  r = run_cli(cli(workdir, cache, "--config.data.seq_len=1000000"))
+  elapsed = time.monotonic() - start
+  assert r.returncode == 2, r.stderr[-3000:]
+  assert (
+    "config error: data.seq_len=1000000 with batch_size=8 does not fit in memory: the memory "
+    "plan (cbert_jax/scaling/memory.py; remat=none, ce_chunk=0, microbatches=1) needs "
+  ) in r.stderr, r.stderr[-3000:]
+  assert re.search(
+    r"needs [\d.]+ [TPE]iB per device plus a 10% margin, but the budget is [\d.]+ [MGT]iB per "
+    r"device \(80% of this host's [\d.]+ [MGT]iB (available memory|cgroup memory limit|physical "
+    r"memory), shared by its 2 cpu devices\); lower data\.seq_len \(attention's memory grows "
+    r"with its square\) or batch_size$",
+    r.stderr,
+    re.M,
+  ), r.stderr[-3000:]
+  assert "Traceback" not in r.stderr
+  assert len([l for l in r.stderr.splitlines() if "error" in l.lower()]) == 1
+  assert not cache.exists() and not workdir.exists()  # no data prepared, nothing written
+  assert elapsed < 30, elapsed  # ~4 s: the CLI's imports and the check, no data preparation
 
 
 # The same through `train.run` in-process (8 fake devices, conftest.py); main.py prints each as
