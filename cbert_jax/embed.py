@@ -17,6 +17,12 @@ Output: `.npy` (float32 [N, p]) or `.parquet` (columns source, line, id when `--
 embedding; needs pyarrow), written under a temporary name and renamed when complete, with
 `<out>.json` beside it (workdir, step, layer, pooling, counts, tokens/s). An existing output is
 kept unless `--overwrite`.
+
+A directory's entries that are not such files (other suffixes, subdirectories: not descended into)
+are skipped and named in one line (`--input docs/: skipped 3 entries that are not a ... file:
+README.md, notes.csv, old/`, the first 10 then a count). The input is read as UTF-8: a file that
+is not is one line naming it, the byte offset (in the uncompressed text for `.gz`) and the line,
+found in the counting pass before the model is loaded, and nothing is written.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import json
 import os
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -49,12 +56,25 @@ class Record:
   text: str
 
 
-def input_files(path: str) -> list[str]:
-  """The input's files: `path` itself, or the readable files of directory `path`, sorted."""
+def input_files(path: str, log=None) -> list[str]:
+  """The input's files: `path` itself, or the readable files of directory `path`, sorted. `log`
+  (e.g. print) gets one line naming the directory's entries that are skipped, if any."""
   if os.path.isdir(path):
-    files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(SUFFIXES))
+    names = sorted(os.listdir(path))
+    kept = {f for f in names if f.endswith(SUFFIXES) and os.path.isfile(os.path.join(path, f))}
+    files = [os.path.join(path, f) for f in names if f in kept]
+    skipped = [
+      f + ("/" if os.path.isdir(os.path.join(path, f)) else "") for f in names if f not in kept
+    ]
     if not files:
       raise ConfigError(f"--input {path}: the directory holds no {'/'.join(SUFFIXES)} file")
+    if skipped and log is not None:
+      n, shown = len(skipped), ", ".join(skipped[:10])
+      more = f" and {n - 10} more" if n > 10 else ""
+      log(
+        f"--input {path}: skipped {n} {'entry' if n == 1 else 'entries'} that "
+        f"{'is' if n == 1 else 'are'} not a {'/'.join(SUFFIXES)} file: {shown}{more}"
+      )
     return files
   if not os.path.isfile(path):
     raise ConfigError(f"--input {path}: no such file or directory")
@@ -71,6 +91,31 @@ def _open(path: str):
   )
 
 
+def _unreadable(path: str, e: Exception) -> ConfigError:
+  """The one-line error for an input file that cannot be read: not UTF-8 (the first bad byte's
+  offset and line, found by a second, binary pass) or not a readable (gzip) file."""
+  if not isinstance(e, UnicodeDecodeError):
+    return ConfigError(f"--input {path}: cannot read it ({type(e).__name__}: {e})")
+  where = ""
+  offset = 0
+  try:
+    with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
+      for i, line in enumerate(f, start=1):  # a UTF-8 sequence never holds a newline byte
+        try:
+          line.decode("utf-8")
+        except UnicodeDecodeError as bad:
+          where = f"byte 0x{line[bad.start]:02x} at offset {offset + bad.start} (line {i}) "
+          e = bad
+          break
+        offset += len(line)
+  except (OSError, EOFError, zlib.error):
+    pass
+  return ConfigError(
+    f"--input {path}: not UTF-8 text: {where}({e.reason}); convert the file to UTF-8 "
+    "(e.g. iconv -f latin1 -t utf-8)"
+  )
+
+
 def read_records(
   files: list[str], text_field: str = "text", id_field: str = ""
 ) -> Iterator[Record]:
@@ -78,7 +123,7 @@ def read_records(
   for path in files:
     is_jsonl = path.endswith((".jsonl", ".jsonl.gz"))
     with _open(path) as f:
-      for i, line in enumerate(f, start=1):
+      for i, line in _lines(f, path):
         line = line.rstrip("\n")
         if not is_jsonl:
           yield Record(path, i, "", line.rstrip("\r"))
@@ -100,12 +145,25 @@ def read_records(
         yield Record(path, i, str(obj.get(id_field, "")) if id_field else "", text)
 
 
+def _lines(f, path: str) -> Iterator[tuple[int, str]]:
+  """(1-based line number, line) of open text file `f`; ConfigError (`_unreadable`) when `path`
+  is not UTF-8 or not a readable gzip file."""
+  try:
+    yield from enumerate(f, start=1)
+  except (UnicodeDecodeError, OSError, EOFError, zlib.error) as e:
+    raise _unreadable(path, e) from e
+
+
 def count_records(files: list[str]) -> int:
-  """Number of records (lines) in `files`: one cheap pass, so the output can be preallocated."""
+  """Number of records (lines) in `files`: one cheap pass, so the output can be preallocated.
+  ConfigError naming the file (and the offset) when one is not UTF-8 text or cannot be read."""
   n = 0
   for path in files:
-    with _open(path) as f:
-      n += sum(1 for _ in f)
+    try:
+      with _open(path) as f:
+        n += sum(1 for _ in _lines(f, path))
+    except OSError as e:
+      raise _unreadable(path, e) from e
   return n
 
 
@@ -327,9 +385,11 @@ def embed_files(
   chunk_texts: int = 8192,
   log_every_s: float = 30.0,
   log=print,
+  count: int | None = None,
 ) -> dict:
-  """Embeds every record of `files` into `out`; returns the summary written to `<out>.json`."""
-  n = count_records(files)
+  """Embeds every record of `files` into `out`; returns the summary written to `<out>.json`.
+  `count`: `count_records(files)` when the caller has it already."""
+  n = count_records(files) if count is None else count
   writer = _Writer(out, n, embedder.dim, id_field)
   tokens = truncated = 0
   start = last_log = time.perf_counter()
@@ -409,11 +469,12 @@ def main(argv: list[str] | None = None) -> int:
   ns = parser().parse_args(argv)
   try:
     check_out(ns.out, ns.overwrite)  # the cheap checks first, before any JAX work
-    files = input_files(ns.input)
+    files = input_files(ns.input, log=lambda s: print(s, flush=True))
     if ns.seq_len < 0:
       raise ConfigError(f"--seq_len {ns.seq_len}: expected a positive length (0 = the run's)")
     if ns.pooler and not os.path.isfile(ns.pooler):
       raise ConfigError(f"--pooler {ns.pooler}: no such file")
+    count = count_records(files)  # the input is UTF-8 text (one cheap pass), before JAX work
     from cbert_jax.run import trained  # pylint: disable=import-outside-toplevel
 
     run = trained.load(ns.workdir, ns.step)
@@ -439,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
       id_field=ns.id_field,
       log_every_s=ns.log_every_s,
       log=lambda s: print(s, flush=True),
+      count=count,
     )
   except (ConfigError, CheckpointError) as e:
     kind = "checkpoint error" if isinstance(e, CheckpointError) else "config error"

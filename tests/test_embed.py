@@ -1,6 +1,7 @@
 """`python -m cbert_jax.embed`: the same numbers as the probes' feature path, in input order,
 whatever the input format, output format, length bucketing or device count; clear errors."""
 
+import gzip
 import json
 import os
 
@@ -70,7 +71,7 @@ def test_embed_text_file_matches_the_probe_features(tmp_path, trained_run, run, 
   assert [f for f in os.listdir(tmp_path) if f.startswith(".tmp")] == []
 
 
-def test_jsonl_directory_to_parquet_layer_and_normalize(tmp_path, trained_run, run):
+def test_jsonl_directory_to_parquet_layer_and_normalize(tmp_path, trained_run, run, capsys):
   xs = texts(30)
   d = tmp_path / "in"
   d.mkdir()
@@ -78,6 +79,9 @@ def test_jsonl_directory_to_parquet_layer_and_normalize(tmp_path, trained_run, r
     (d / f"part{k}.jsonl").write_text(
       "".join(json.dumps({"doc": f"d{k}-{i}", "body": x}) + "\n" for i, x in enumerate(part))
     )
+  (d / "README.md").write_text("not an input")  # skipped, and said so
+  (d / "notes.csv").write_text("a,b")
+  (d / "old").mkdir()
   out = tmp_path / "emb.parquet"
   assert (
     embed.main(
@@ -98,6 +102,10 @@ def test_jsonl_directory_to_parquet_layer_and_normalize(tmp_path, trained_run, r
       ]
     )
     == 0
+  )
+  assert (
+    f"--input {d}: skipped 3 entries that are not a .txt/.jsonl/.txt.gz/.jsonl.gz file: "
+    "README.md, notes.csv, old/" in capsys.readouterr().out.splitlines()
   )
   table = pq.read_table(out).to_pydict()
   assert table["id"][:2] == ["d0-0", "d0-1"] and table["id"][10] == "d1-0"
@@ -170,3 +178,26 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, trained_run, capsys)
     == 2
   )
   assert "no config.json" in capsys.readouterr().err
+
+
+def test_input_that_is_not_utf8_is_one_line(tmp_path, trained_run, capsys):
+  """A file that is not valid UTF-8 was a traceback (UnicodeDecodeError while counting). Now it is
+  one line naming the file, the byte offset and the line, before the model is loaded; nothing is
+  written. The same inside a .gz and in a folder."""
+  w = trained_run("crossbert")
+  bad = b"fine\nsecond line caf\xe9 au lait\nthird\n"  # latin-1, not UTF-8: byte 20, line 2
+  d = tmp_path / "in"
+  d.mkdir()
+  (d / "a.txt").write_text("good\n")
+  (d / "b.txt").write_bytes(bad)
+  with gzip.open(tmp_path / "bad.txt.gz", "wb") as f:
+    f.write(bad)
+  for src, path in ((d / "b.txt", d / "b.txt"), (d, d / "b.txt"), (tmp_path / "bad.txt.gz",) * 2):
+    out = tmp_path / "e.npy"
+    assert embed.main(["--workdir", w, "--input", str(src), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+      f"config error: --input {path}: not UTF-8 text: byte 0xe9 at offset 20 (line 2) "
+      "(invalid continuation byte); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+    ), err
+    assert sorted(os.listdir(tmp_path)) == ["bad.txt.gz", "in"]  # no output, no temp file

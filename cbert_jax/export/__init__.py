@@ -27,10 +27,15 @@ Not exported: CrossBERT's predictor, the MLM head (unless --mlm_head), ELECTRA's
 discriminator head. The suite's contrastive pooler cannot be packaged with stock
 sentence-transformers modules (`sbert.py` says why); `--pooler` accepts only `mean`.
 
-The output directory must be new or empty. `--overwrite` replaces a previous export in it (the
-files its cbert_export.json lists) and keeps every other file; it refuses to replace a file that
-an export did not write. The export is assembled in a temporary directory beside `--out` and moved
-into place at the end, so a failed export leaves no partial model behind.
+The output directory must be new or empty, or hold an earlier export: a directory counts as an
+export's own when its cbert_export.json (the manifest every export writes last) is a regular file
+that lists the files an export writes. `--overwrite` replaces that earlier export (the files its
+manifest lists) and keeps every other file; it refuses to replace a file that an export did not
+write. A non-empty directory without such a manifest is refused even with `--overwrite`, so an
+export never lands in a folder it did not create (a system directory, a home directory). `--out`
+is resolved (os.path.realpath) before these checks, and an `--out` that is itself a symbolic link
+is refused outright (it could point anywhere). The export is assembled in a temporary directory
+beside `--out` and moved into place at the end, so a failed export leaves no partial model behind.
 """
 
 from __future__ import annotations
@@ -93,6 +98,8 @@ def _listdir(path: str) -> list[str]:
 
 def _previous_export(out: str) -> list[str]:
   """The files a previous export listed in `out`'s manifest ([] when there is none)."""
+  if os.path.islink(os.path.join(out, MANIFEST)):
+    return []  # a manifest an export wrote is a regular file
   try:
     with open(os.path.join(out, MANIFEST)) as f:
       files = json.load(f)["files"]
@@ -103,26 +110,47 @@ def _previous_export(out: str) -> list[str]:
   return [f for f in files if isinstance(f, str) and f in known]
 
 
+def resolve_out(out: str) -> str:
+  """`out` as an absolute path with every link in it resolved. Raises ConfigError when `out`
+  itself is a symbolic link (to a directory, a file or nowhere)."""
+  out = os.path.abspath(out)
+  if os.path.islink(out):
+    raise ConfigError(
+      f"--out {out}: is a symbolic link (to {os.readlink(out)}); pass the directory itself, "
+      "so that the export cannot land somewhere unexpected"
+    )
+  return os.path.realpath(out)
+
+
 def check_out(out: str, planned: list[str], overwrite: bool) -> list[str]:
-  """Checks that `out` can take the export; returns the previous export's files to replace.
+  """Checks that `out` (resolved: `resolve_out`) can take the export; returns the previous
+  export's files to replace.
 
   Raises:
-    ConfigError: `out` is a file; a non-empty directory without `overwrite`; or, with it, a
-      directory holding a file of the same name as one the export writes that no export wrote.
+    ConfigError: `out` is a file; a non-empty directory that holds no earlier export (no
+      cbert_export.json listing its files), with or without `overwrite`; one that holds one,
+      without `overwrite`; or, with it, a directory holding a file of the same name as one the
+      export writes that no export wrote.
   """
   if os.path.exists(out) and not os.path.isdir(out):
     raise ConfigError(f"--out {out}: exists and is not a directory")
   if not os.path.isdir(out) or not _listdir(out):
     return []
   entries = _listdir(out)
+  shown = ", ".join(entries[:4]) + (f", ... ({len(entries)} entries)" if len(entries) > 4 else "")
+  previous = _previous_export(out)
+  if not previous:
+    raise ConfigError(
+      f"--out {out}: the directory is not empty ({shown}) and holds no earlier export (no readable "
+      f"{MANIFEST}); an export goes only into a new or empty directory or over an earlier "
+      "export, even with --overwrite: choose a new directory"
+    )
   if not overwrite:
-    shown = ", ".join(entries[:4]) + (f", ... ({len(entries)} entries)" if len(entries) > 4 else "")
     raise ConfigError(
       f"--out {out}: the directory is not empty ({shown}); pass --overwrite to "
       "replace a previous export there (other files are kept), or choose a new "
       "directory"
     )
-  previous = _previous_export(out)
   clash = [f for f in planned if f not in previous and os.path.lexists(os.path.join(out, f))]
   if clash:
     raise ConfigError(
@@ -221,7 +249,8 @@ def export(
 
   Args:
     workdir: a training run's directory (config.json, checkpoints/, tokenizer.model).
-    out: the export directory (new or empty; see `overwrite`).
+    out: the export directory: new, empty or an earlier export's (see `overwrite`); not a
+      symbolic link.
     fmt: "hf" or "sentence-transformers" (hf plus the sentence-transformers modules).
     dtype: float32 (default), bfloat16 or float16 for model.safetensors.
     normalize: sentence-transformers: add a Normalize module (unit-length embeddings).
@@ -229,7 +258,8 @@ def export(
     max_seq_length: tokens per text for the tokenizer and sentence-transformers (0 = the run's
       data.seq_len).
     mlm_head: BERT only: also write the MLM head as mlm_head.safetensors.
-    overwrite: replace a previous export in a non-empty `out`, keeping other files.
+    overwrite: replace an earlier export in `out` (its cbert_export.json), keeping other files;
+      a non-empty `out` without one is refused all the same.
     devices: where to restore the checkpoint (default: the first JAX device).
 
   Raises:
@@ -239,7 +269,7 @@ def export(
   check_options(
     fmt=fmt, dtype=dtype, pooler=pooler, normalize=normalize, max_seq_length=max_seq_length
   )
-  out = os.path.abspath(out)
+  out = resolve_out(out)
   planned = planned_files(fmt, normalize=normalize, mlm_head=mlm_head)
   previous = check_out(out, planned, overwrite)
   _require_packages()

@@ -16,7 +16,11 @@ def parser() -> argparse.ArgumentParser:
     "format (Llama layout, bidirectional; tokenizer and model card included).",
   )
   p.add_argument("--workdir", required=True, help="a training run's directory")
-  p.add_argument("--out", required=True, help="the export directory (new or empty)")
+  p.add_argument(
+    "--out",
+    required=True,
+    help="the export directory (new, empty or an earlier export's; not a symlink)",
+  )
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
   p.add_argument(
     "--format",
@@ -48,7 +52,8 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument(
     "--overwrite",
     action="store_true",
-    help="replace a previous export in --out (other files are kept)",
+    help="replace an earlier export in --out (recognised by its cbert_export.json; other files "
+    "are kept); a non-empty --out without one is refused even so, and a symlinked --out always",
   )
   return p
 

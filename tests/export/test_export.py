@@ -9,7 +9,8 @@
 * `AutoTokenizer` gives `Tokenizer.encode_batch`'s ids (no BOS/EOS) on real text: the tiny corpus
   and the repository's Markdown (a BPE model, and a unigram one trained here);
 * bad input (no config.json, a missing step, a non-empty --out, an unsupported pooler) is one
-  line and writes nothing; --overwrite replaces a previous export only, never a user's file.
+  line and writes nothing; --overwrite replaces a previous export only, never a user's file, and
+  never exports into a non-empty folder an export did not create or through a symlinked --out.
 
 Padding positions: transformers' bidirectional mask masks padding *keys* only, so a padding
 query attends to the real tokens and gets a finite but meaningless state; our encoder zeroes the
@@ -283,29 +284,63 @@ def test_bad_input_is_one_line_and_never_deletes_user_files(trained_run, tmp_pat
 
   out.mkdir()
   (out / "notes.txt").write_text("mine")
-  one_line_error(capsys, ["--workdir", workdir, "--out", str(out)], "not empty", "--overwrite")
-  (out / "README.md").write_text("my own card")
-  one_line_error(
-    capsys,
-    ["--workdir", workdir, "--out", str(out), "--overwrite"],
-    "README.md",
-    "not replacing user files",
-  )
-  assert (out / "README.md").read_text() == "my own card"
-  (out / "README.md").unlink()
+  for extra in ([], ["--overwrite"]):  # a folder the export did not create: never, even so
+    one_line_error(
+      capsys,
+      ["--workdir", workdir, "--out", str(out)] + extra,
+      "not empty (notes.txt)",
+      "holds no earlier export (no readable cbert_export.json)",
+    )
+  assert os.listdir(out) == ["notes.txt"]
+  (out / "notes.txt").unlink()
 
-  # --overwrite: a previous export is replaced (its stale files too), other files are kept.
-  args = ["--workdir", workdir, "--out", str(out), "--overwrite"]
+  # An empty folder takes an export; a later one needs --overwrite, which replaces the earlier
+  # export (its stale files too) and keeps other files, never a user's file of an export's name.
+  args = ["--workdir", workdir, "--out", str(out)]
   assert export_cli.main(args + ["--format", "sentence-transformers", "--normalize"]) == 0
   assert (out / "2_Normalize").is_dir() and (out / "modules.json").is_file()
-  assert export_cli.main(args) == 0  # now hf only
+  (out / "notes.txt").write_text("mine")
+  one_line_error(capsys, args, "not empty", "--overwrite")
+  assert export_cli.main(args + ["--overwrite"]) == 0  # now hf only
   assert not (out / "modules.json").exists() and not (out / "2_Normalize").exists()
   assert (out / "notes.txt").read_text() == "mine"
+  (out / "modules.json").write_text("my own")
+  one_line_error(
+    capsys,
+    args + ["--overwrite", "--format", "sentence-transformers"],
+    "modules.json",
+    "not replacing user files",
+  )
+  assert (out / "modules.json").read_text() == "my own"
+  (out / "modules.json").unlink()
   with open(out / "cbert_export.json") as f:
     manifest = json.load(f)
   assert manifest["format"] == "hf" and manifest["step"] == 2
   assert sorted(os.listdir(out)) == sorted(["notes.txt"] + manifest["files"])
   assert AutoModel.from_pretrained(str(out)).config.is_causal is False
+
+
+def test_out_that_is_a_symlink_is_refused(trained_run, tmp_path, capsys):
+  """`--out` a symlink to a system directory plus `--overwrite` exported into that directory. Now
+  a symlinked --out is refused outright (to a full folder, an empty one or nowhere), before the
+  workdir is read, and nothing is written through it or beside it."""
+  workdir = trained_run("crossbert")
+  system = tmp_path / "usr_share"
+  system.mkdir()
+  (system / "passwd").write_text("root:x:0:0")
+  (tmp_path / "empty").mkdir()
+  for name, target in (("link", system), ("link_empty", tmp_path / "empty"), ("dangling", "nope")):
+    link = tmp_path / name
+    os.symlink(target, link)
+    one_line_error(
+      capsys,
+      ["--workdir", workdir, "--out", str(link), "--overwrite"],
+      f"--out {link}: is a symbolic link (to {target})",
+    )
+  assert os.listdir(system) == ["passwd"] and os.listdir(tmp_path / "empty") == []
+  assert sorted(os.listdir(tmp_path)) == sorted(
+    ["usr_share", "empty", "link", "link_empty", "dangling"]
+  )
 
 
 def test_card_shows_the_probe_scores_of_the_exported_step(tmp_path):
