@@ -174,12 +174,19 @@ class Checkpointer:
       cause = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded"}.get(
         code, f"the write failed ({type(err).__name__}: {_first_line(err)})"
       )
+      fix = {
+        errno.ENOSPC: "Free space",
+        errno.EDQUOT: "Free space",
+        errno.EACCES: f"Make {self._dir} writable by this user (for example chmod -R u+rwX)",
+        errno.EPERM: f"Make {self._dir} writable by this user (for example chmod -R u+rwX)",
+        errno.EROFS: "Remount the filesystem read-write or pass another --workdir",
+      }.get(code, "Fix the storage")
       done = [s for s in self._mngr.all_steps() if s != step]
       what = f"checkpoint step {step}" if step is not None else "a checkpoint"
       raise CheckpointError(
         f"could not write {what} to {self._dir}: {cause}. The last complete checkpoint is step "
         f"{max(done) if done else None}; the partial write is in a temporary directory that is "
-        "never resumed from. Free space and rerun the same command to resume"
+        f"never resumed from. {fix} and rerun the same command to resume"
       ) from err
 
   # ------------------------------------------------------------------------------- seals ---

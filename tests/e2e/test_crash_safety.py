@@ -209,3 +209,40 @@ def test_disk_full_while_checkpointing(tmp_path, cache_dir, monkeypatch, where):
   assert "4" in os.listdir(tmp_path / "checkpoints")  # nothing written before is lost
   summary = train.run(cfg, str(tmp_path))  # space freed: it resumes
   assert summary.final_step == 12
+
+
+def test_workdir_unwritable_mid_run_is_one_checkpoint_error(tmp_path, cache_dir, monkeypatch):
+  """The workdir turns unwritable mid-run (issue 33): the checkpoint write fails with EACCES and so
+  does removing the lock at exit. Before, the lock release raised and its traceback hid the
+  checkpoint error; now the checkpoint error is what surfaces and the release only warns (the lock
+  names a process that has ended, so the next run takes it over)."""
+  real_save, real_remove = ocp.CheckpointManager.save, os.remove
+  denied = lambda path: PermissionError(errno.EACCES, "Permission denied", str(path))
+
+  def save(self, step, *a, **k):
+    if step == 8:
+      raise denied(tmp_path / "checkpoints" / "8.orbax-checkpoint-tmp")
+    return real_save(self, step, *a, **k)
+
+  def remove(path, *a, **k):
+    if str(path).endswith("run.lock"):
+      raise denied(path)
+    return real_remove(path, *a, **k)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+  monkeypatch.setattr(os, "remove", remove)
+  warnings = []
+  monkeypatch.setattr(
+    "cbert_jax.run.workdir_lock.logging.warning", lambda msg, *a: warnings.append(msg % a)
+  )
+  cfg = tiny_config(cache_dir, total_steps=12, checkpoint_every=4, log_every=4)
+  with pytest.raises(
+    CheckpointError,
+    match=r"could not write checkpoint step 8 .*the write failed \(PermissionError: .*Permission "
+    r"denied.*The last complete checkpoint is step 4; .*Make .*/checkpoints writable by this "
+    r"user \(for example chmod -R u\+rwX\) and rerun the same command to resume",
+  ):
+    train.run(cfg, str(tmp_path))
+  assert any("could not remove the lock" in w and "Permission denied" in w for w in warnings)
+  assert json.load(open(tmp_path / "run.lock"))["pid"] == os.getpid()
+  assert "4" in os.listdir(tmp_path / "checkpoints")

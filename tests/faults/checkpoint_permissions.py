@@ -78,7 +78,6 @@ def _abstract_of(ckpt_dir: str, step: int):
   any permission is taken away)."""
   import jax  # pylint: disable=import-outside-toplevel  (--help needs no JAX)
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-
   from etils import epath  # pylint: disable=import-outside-toplevel
 
   tree = ocp.StandardCheckpointHandler().metadata(epath.Path(ckpt_dir) / str(step) / "state")
