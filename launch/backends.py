@@ -5,11 +5,19 @@ its sbatch script); nothing here starts a process or writes a file.
   local   subprocesses here (launch/jobs.py runs them): train, then probe.
   slurm   one script per member, <root>/slurm/<member>.sbatch (+ <member>.config.json, its
           resolved config): nodes = target_devices / --gpus_per_node, one task per GPU (below),
-          srun'd train then probe with --multiprocess. `--requeue --signal=B:USR1@<--signal_seconds>`:
-          near the time limit the script sends SIGTERM to the running step (the trainer
-          checkpoints and exits) and runs `scontrol requeue`; the requeued job resumes (SLURM may
-          signal up to a minute late: leave time for a step and a checkpoint). A train step that
-          ends without the final checkpoint (stopped by a SIGTERM from elsewhere) is not probed.
+          srun'd train then probe with --multiprocess. `--requeue --signal=B:USR1@<--signal_seconds>`
+          (sbatch(1): "B:" signals "only the batch shell"; "the signal may be sent up to 60
+          seconds earlier than specified"): the script's USR1 trap has Slurm send SIGTERM to the
+          running step's tasks (`scancel --signal=TERM $SLURM_JOB_ID`: every step's tasks, not
+          the batch shell or its srun), the trainers checkpoint and exit, then `scontrol requeue`;
+          the requeued job resumes. Never `kill -TERM <srun>`: srun answers SIGTERM by SIGKILLing
+          its tasks (src/srun/signals.c, "forcing job termination"). A TERM to the script (a
+          preemption, `scancel --batch --signal=TERM`) stops the step the same way and exits
+          143 without a requeue of its own (Slurm requeues a preempted job under
+          PreemptMode=REQUEUE; a cancelled job stays cancelled). Slurm's own preemption signal
+          goes to the tasks (preempt.shtml: "sent SIGCONT and SIGTERM"; flags KILL_STEPS_ONLY):
+          the trainers checkpoint by themselves, if GraceTime leaves them the time. A train step
+          that ends without the final checkpoint (stopped by such a SIGTERM) is not probed.
           A failing step writes the member's FAILED marker. A member on a `data.corpus=sources`
           corpus first prepares its data in one task (`python -m cbert_jax.data.preprocess`):
           G x nodes trainer processes would otherwise each tokenise the same corpus, each with all
@@ -21,13 +29,21 @@ its sbatch script); nothing here starts a process or writes a file.
           that runs the member on every host. --execute runs the ssh commands here, all members
           at once (`--parallel` caps it), each one's output in <root>/logs/<member>.log (run the
           launcher in tmux/screen: an ssh that drops stops its member; launching again resumes
-          it); `--create_tpus` runs the create commands first, `--setup_workers` then installs
-          the snapshot (`pip install <copy>[tpu]`, the pinned dependencies) on every worker.
+          it); `--create_tpus` runs the create commands first, `--setup_workers` then sets every
+          worker up (`setup_line`): the images' python3 is Ubuntu 22.04's 3.10, so uv makes
+          ~/cbert_jax-venv with a Python 3.11 of its own, the version is checked (one line, exit 1,
+          nothing installed when it is not >= 3.11), then the snapshot is installed into it
+          (`uv pip install <copy>[tpu]`, the pinned dependencies). Members run on its python.
   xpk     per member `xpk workload create --cluster=... --workload=<name> --tpu-type=...
           --num-slices=1 --docker-image=... --max-restarts=N --termination-grace-period-seconds=S
           [--storage=...] --command='<member wrapper>'`; the image holds this repository at its
-          working directory (or give --code_dir) with its dependencies installed. Workload names
-          are lowercase [a-z0-9-], at most 40 characters, unique (a hash suffix when truncated).
+          working directory (or give --code_dir) with its dependencies installed. The names xpk
+          checks (--cluster, the workload names: its name_type, [a-z]([-a-z0-9]*[a-z0-9])? and
+          at most 40 characters) are checked first, and --xpk_storage by the same rule; workload
+          names are unique (a hash suffix when truncated). With a storage, the member first runs
+          `python -m launch.commit_check <workdir>`: orbax commits a checkpoint by renaming its
+          directory, which a gcsfuse mount allows only with `rename-dir-limit` (the dry run shows
+          the `xpk storage attach ... --mount-options=implicit-dirs,rename-dir-limit=200000`).
 
 Processes per accelerator: what JAX 0.10's `jax.distributed.initialize()` expects (read in
 jax/_src/clusters/*.py). `ClusterEnv.auto_detect_unset_distributed_params` takes the coordinator,
@@ -94,15 +110,30 @@ from cbert_jax.scaling.chips import (
   accelerator_type,
   is_slice,
 )
+from launch.commit_check import MOUNT_OPTIONS
 from launch.members import LOG_DIR, Job, Launch, LaunchError, Member, member_commands
 
 BACKENDS = ("local", "slurm", "tpu-vm", "xpk")
 # TPU generations: their accelerator-type prefix, TensorCores per chip, slice sizes and default TPU
 # VM runtime (TPU_RUNTIME, Cloud TPU's documented software versions) are their records in the one
 # chip table, cbert_jax.scaling.chips; so is GPU_MEM_FRACTION, the GPU memory JAX may take.
-XPK_NAME_MAX = 40  # xpk's limit on workload names
-# Default interpreter per backend: this one here; TPU VM images ship `python3` only.
-DEFAULT_PYTHON = {"local": sys.executable, "slurm": "python", "tpu-vm": "python3", "xpk": "python"}
+# xpk's rule for the names it checks (`--cluster`, `--workload`: xpk/parser/validators.py
+# name_type, xpk 1.16): the whole name matches this, and it is at most 40 characters.
+XPK_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+XPK_NAME_MAX = 40
+# tpu-vm: the environment --setup_workers makes on every worker, with a Python of its own. The TPU
+# VM images' `python3` is Ubuntu 22.04's 3.10; this package and jax 0.10 need 3.11 or newer, so the
+# setup has uv install one (`uv venv --python 3.11`: a managed CPython, whatever the image has).
+TPU_VENV = "~/cbert_jax-venv"
+TPU_SRC = "~/cbert_jax-src"  # the private copy of the code the setup installs from
+TPU_PYTHON = "3.11"
+# Default interpreter per backend: this one here; on a TPU VM the setup's environment.
+DEFAULT_PYTHON = {
+  "local": sys.executable,
+  "slurm": "python",
+  "tpu-vm": f"{TPU_VENV}/bin/python",
+  "xpk": "python",
+}
 # The member wrapper's exit status for a train step stopped before its final step (SIGTERM): 128 +
 # SIGTERM, which xpk's JobSet restarts on (its podFailurePolicy fails the job without a restart
 # unless the exit code is 42 or 127-255: xpk/commands/workload.py get_restart_exit_codes).
@@ -118,11 +149,12 @@ SBATCH_PLAIN = re.compile(r"[A-Za-z0-9_./:@%+,=-]+")
 
 
 def shell_join(argv: list[str]) -> str:
-  """argv as one shell line; `--flag=value` quotes only the value (`--command='a && b'`)."""
+  """argv as one shell line; `--flag=value` quotes only the value (`--command='a && b'`); a word
+  that starts with `~/` keeps it unquoted (the remote shell expands it: ~/cbert_jax-venv/...)."""
   out = []
   for a in argv:
     flag = re.fullmatch(r"(--[\w.-]+=)(.*)", a, re.S)  # keep the flag name outside the quotes
-    out.append(flag.group(1) + shlex.quote(flag.group(2)) if flag else shlex.quote(a))
+    out.append(flag.group(1) + shlex.quote(flag.group(2)) if flag else quote_path(a))
   return " ".join(out)
 
 
@@ -240,8 +272,9 @@ def render_sbatch(
 # Written by launch/sweep.py; the resolved config: {config_json}
 # One task per GPU ({gpus} per node, {nodes * gpus} in all): each task sees the node's {gpus} GPUs
 # and JAX's SLURM detection gives task i of a node the GPU numbered SLURM_LOCALID = i.
-# Near the time limit SLURM sends USR1 to this script: the running step gets SIGTERM (the trainer
-# checkpoints and exits), then the job is requeued and resumes from that checkpoint.
+# Near the time limit SLURM sends USR1 to this script: the running step's tasks get SIGTERM (the
+# trainers checkpoint and exit), then the job is requeued and resumes from that checkpoint. A TERM
+# to this script (a preemption) stops the step the same way; Slurm requeues a preempted job.
 set -uo pipefail
 cd {quote_path(code_dir)} || exit 1
 # JAX preallocates 75% of a GPU's memory by default; the memory plan counts on {frac:.0%} of it.
@@ -252,22 +285,41 @@ cpus=$(( ${{SLURM_CPUS_ON_NODE:-{gpus}}} / {gpus} ))  # the node's CPUs, split o
 if [ "$cpus" -lt 1 ]; then cpus=1; fi
 tasks=(--nodes={nodes} --ntasks-per-node={gpus} --cpus-per-task="$cpus" --gpu-bind=none)
 one=(--nodes=1 --ntasks=1 --cpus-per-task="${{SLURM_CPUS_ON_NODE:-1}}")
-step=""
-on_usr1() {{
+step=""  # the running srun's pid
+stopping=""
+# Signals for the trainers go to the step's tasks through Slurm, never to srun: srun answers SIGTERM
+# (and SIGHUP, SIGQUIT) by SIGKILLing its tasks (src/srun/signals.c: "forcing job termination";
+# srun(1), --ignore-signals: "SIGTERM Forwarded as SIGKILL"), so no trainer would checkpoint.
+# scancel(1): "When --batch is not used but --signal is used, then all job steps will be signaled,
+# but the batch script itself will not be signaled" (the same steps Slurm itself signals on a
+# preemption). Again each second until srun ends: a trainer can miss one SIGTERM.
+stop_step() {{
+  stopping=1
+  [ -n "$step" ] || return 0
+  ( while kill -0 "$step" 2>/dev/null; do scancel --signal=TERM "$SLURM_JOB_ID"; sleep 1; done ) &
+  while kill -0 "$step" 2>/dev/null; do wait "$step"; done  # the trainers checkpoint and exit
+}}
+on_usr1() {{  # --signal=B:USR1@{ns.signal_seconds}: the time limit is near
+  [ -z "$stopping" ] || return 0
   echo "$(date -Is) USR1: time limit near; checkpointing, then requeueing job $SLURM_JOB_ID"
-  if [ -n "$step" ]; then  # srun forwards SIGTERM to its tasks: the trainer checkpoints, exits
-    ( while kill -TERM "$step" 2>/dev/null; do sleep 1; done ) &  # each second: one can be missed
-    wait "$step"
-  fi
+  stop_step
   scontrol requeue "$SLURM_JOB_ID"  # back to the queue; the rerun resumes from the checkpoint
   exit 0
 }}
+on_term() {{  # a preemption or a cancel that reaches this shell
+  [ -z "$stopping" ] || return 0
+  echo "$(date -Is) TERM: checkpointing before job $SLURM_JOB_ID ends (requeued if preempted)"
+  stop_step
+  exit 143
+}}
 trap on_usr1 USR1
+trap on_term TERM
 run_step() {{
-  srun "$@" &  # in the background: USR1 runs the trap during the wait
+  srun "$@" &  # in the background: USR1 and TERM run their traps during the wait
   step=$!
   wait "$step"
   local rc=$?
+  while kill -0 "$step" 2>/dev/null; do wait "$step"; rc=$?; done
   step=""
   return "$rc"
 }}
@@ -279,7 +331,7 @@ echo "$(date -Is) job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $SL
 mkdir -p "$workdir" && rm -f "$workdir/FAILED"
 if [ ! -d "$final" ]; then  # no final checkpoint yet
 {prep}  run_step "${{tasks[@]}}" {shell_join(train)} || fail train $?
-  if [ ! -d "$final" ]; then  # stopped early by a SIGTERM that was not our USR1 trap's
+  if [ ! -d "$final" ]; then  # stopped early by a SIGTERM from Slurm (a preemption) or a user
     echo "$(date -Is) train stopped before step {steps}: not probing; launch again to resume"
     exit 0
   fi
@@ -378,14 +430,17 @@ def xpk_names(prefix: str, members: list[str]) -> dict[str, str]:
   return out
 
 
-def member_wrapper(member: Member, train: list[str], probe: list[str]) -> str:
+def member_wrapper(
+  member: Member, train: list[str], probe: list[str], precheck: list[str] | None = None
+) -> str:
   """The member's train-then-probe as one POSIX-shell line for a pod or a TPU host (module
   docstring): each step runs in the background under a TERM/HUP trap that passes SIGTERM on to
   it, again each second until it ends (`nag`: a trainer can miss one, see the module docstring),
   and waits for it to checkpoint; a train that ends before the final checkpoint, or a SIGTERM
   before the probe, exits STOPPED_EXIT instead of probing; a finished train is not run again
-  (a restart during the probe only probes). No `$(`: Kubernetes
-  would expand `$(NAME)` in a pod's command."""
+  (a restart during the probe only probes). `precheck` (xpk with a storage: launch.commit_check)
+  runs before the train step and ends the line with its status when it fails. No `$(`:
+  Kubernetes would expand `$(NAME)` in a pod's command."""
   final = f"{member.workdir}/checkpoints/{member.total_steps}"
   stopped = (
     f"{member.name}: train stopped before its final step {member.total_steps} "
@@ -402,7 +457,9 @@ def member_wrapper(member: Member, train: list[str], probe: list[str]) -> str:
       'step() { "$@" & child=$!; [ -z "$stop" ] || nag;',
       'wait "$child"; rc=$?; while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?;',
       'done; child=; return "$rc"; };',
-      f'if [ ! -d "$final" ]; then step {shell_join(train)} ||',
+      'if [ ! -d "$final" ]; then'
+      + (f" {shell_join(precheck)} || exit $?;" if precheck else "")
+      + f" step {shell_join(train)} ||",
       '{ rc=$?; [ -n "$stop" ] || exit "$rc"; }; fi;',
       f'if [ ! -d "$final" ]; then echo {double_quote(stopped)} >&2; exit {STOPPED_EXIT}; fi;',
     ]
@@ -418,23 +475,68 @@ def member_wrapper(member: Member, train: list[str], probe: list[str]) -> str:
 
 
 def remote_line(
-  code_dir: str, setup: str, member: Member, train: list[str], probe: list[str]
+  code_dir: str,
+  setup: str,
+  member: Member,
+  train: list[str],
+  probe: list[str],
+  precheck: list[str] | None = None,
 ) -> str:
   """'cd <code> && <setup> || exit 1; <member wrapper>': one shell line for a remote host."""
   parts = [f"cd {quote_path(code_dir)}"] if code_dir else []
   parts += [setup] if setup else []
   head = f"{' && '.join(parts)} || exit 1; " if parts else ""
-  return head + member_wrapper(member, train, probe)
+  return head + member_wrapper(member, train, probe, precheck)
 
 
-def setup_line(code_dir: str, python: list[str], snapshot: str) -> str:
-  """--setup_workers: install the code (and its pinned dependencies, with the `tpu` extra) on a
-  worker from a private copy (pip builds in the source tree; the shared one stays untouched)."""
-  copy = f"/tmp/cbert_jax-{snapshot}"
-  return (
-    f"rm -rf {copy} && cp -r {quote_path(code_dir)} {copy} && "
-    f"{shell_join(python)} -m pip install --quiet {shlex.quote(copy + '[tpu]')}"
+def setup_line(code_dir: str) -> str:
+  """--setup_workers, on every worker: a private copy of the code (pip builds in the source tree;
+  the shared one stays untouched), uv (from PyPI with the image's pip when the worker has none),
+  a fresh TPU_VENV with uv's Python TPU_PYTHON, its version checked (one line and exit 1 when it is
+  not >= 3.11, before anything is installed), then the code with its pinned dependencies and the
+  `tpu` extra installed into it."""
+  py = f"{TPU_VENV}/bin/python"
+  no_uv = "tpu-vm setup: no uv on this worker, and `python3 -m pip install --user uv` failed"
+  too_old = (
+    f"tpu-vm setup: {py} is not Python >= 3.11 (`uv venv --python {TPU_PYTHON}` failed, see "
+    "above): nothing installed"
   )
+  check = (
+    'import sys; v = sys.version_info; print("tpu-vm setup: Python %d.%d.%d" % v[:3]); '
+    "sys.exit(v < (3, 11))"
+  )
+  return " ".join(
+    [
+      f"rm -rf {TPU_SRC} && cp -r {quote_path(code_dir)} {TPU_SRC} || exit 1;",
+      'export PATH="$HOME/.local/bin:$PATH";',  # where pip --user puts uv
+      "command -v uv >/dev/null || python3 -m pip install --quiet --user uv ||",
+      f"{{ echo {shlex.quote(no_uv)} >&2; exit 1; }};",
+      f"rm -rf {TPU_VENV}; uv venv --quiet --python {TPU_PYTHON} {TPU_VENV};",
+      f"{py} -c {shlex.quote(check)} || {{ echo {shlex.quote(too_old)} >&2; exit 1; }};",
+      f"uv pip install --quiet --python {py} {quote_path(TPU_SRC + '[tpu]')}",
+    ]
+  )
+
+
+def venv_check() -> str:
+  """The member line's first test on a TPU VM run with the default interpreter: the setup's
+  environment is there (one line otherwise, not a shell's 'No such file')."""
+  py = f"{TPU_VENV}/bin/python"
+  missing = (
+    f"no {py} on this worker: launch with --setup_workers (it makes {TPU_VENV} with Python "
+    f"{TPU_PYTHON}), or give --python"
+  )
+  return f"{{ [ -x {py} ] || {{ echo {shlex.quote(missing)} >&2; exit 1; }}; }}"
+
+
+def check_xpk_name(flag: str, name: str, what: str) -> None:
+  """One error line when xpk would refuse `name` (its name_type): checked before rendering."""
+  if not XPK_NAME.fullmatch(name) or len(name) > XPK_NAME_MAX:
+    raise LaunchError(
+      f"{flag}={name!r}: xpk refuses this {what} name: it must be lowercase letters, digits "
+      f"and '-', start with a letter, not end with '-', and be at most {XPK_NAME_MAX} "
+      "characters (xpk's name_type)"
+    )
 
 
 def check_prefix(flag: str, prefix: str) -> None:
@@ -454,7 +556,14 @@ def render_tpu_vm(
   types = {m.name: tpu_type(ns.tpu_generation, m.target_devices, m.name) for m in members}
   runtime = ns.runtime_version or TPU_RUNTIME[ns.tpu_generation]
   gcloud = [*shlex.split(ns.gcloud), "compute", "tpus", "tpu-vm"]
-  tag = os.path.basename(launch.code_dir.rstrip("/")) or "code"  # the snapshot's hash
+  default_python = python == [DEFAULT_PYTHON["tpu-vm"]]
+  if ns.setup_workers and not default_python:
+    raise LaunchError(
+      f"--python={shlex.join(python)} with --setup_workers: the setup installs into "
+      f"{DEFAULT_PYTHON['tpu-vm']} (Python {TPU_PYTHON} from uv); leave --python out, or set "
+      "the workers up yourself"
+    )
+  member_setup = " && ".join(filter(None, [venv_check() if default_python else "", ns.setup]))
   jobs = []
   for m in members:
     train, probe = member_commands(python, launch.experiment, m, launch.overrides, True)
@@ -474,7 +583,7 @@ def render_tpu_vm(
       name,
       *where,
       "--worker=all",
-      f"--command={remote_line(launch.code_dir, ns.setup, m, train, probe)}",
+      f"--command={remote_line(launch.code_dir, member_setup, m, train, probe)}",
     ]
     setup = [
       *gcloud,
@@ -482,7 +591,7 @@ def render_tpu_vm(
       name,
       *where,
       "--worker=all",
-      f"--command={setup_line(launch.code_dir, python, tag)}",
+      f"--command={setup_line(launch.code_dir)}",
     ]
     steps = (
       ([("create", create)] if ns.create_tpus else [])
@@ -507,19 +616,22 @@ def render_xpk(
   for flag in ("cluster", "docker_image"):
     if not getattr(ns, flag):
       raise LaunchError(f"--backend xpk needs --{flag}")
+  check_xpk_name("--cluster", ns.cluster, "cluster")
   check_prefix("--workload_prefix", ns.workload_prefix)
   if ns.max_restarts < 0:
     raise LaunchError(f"--max_restarts={ns.max_restarts} must be >= 0")
   if ns.termination_grace_seconds < 1:
     raise LaunchError(f"--termination_grace_seconds={ns.termination_grace_seconds} must be >= 1")
-  for name in ns.xpk_storage:
-    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+  for name in ns.xpk_storage:  # a Kubernetes object's name (xpk's Storage resource): stricter here
+    if not XPK_NAME.fullmatch(name):
       raise LaunchError(
-        f"--xpk_storage={name!r}: expected an xpk storage name ([a-z0-9-], a "
-        "letter first), as given to `xpk storage attach NAME`"
+        f"--xpk_storage={name!r}: expected an xpk storage name (lowercase letters, digits and "
+        "'-', a letter first, not '-' last), as given to `xpk storage attach NAME`"
       )
   types = {m.name: tpu_type(ns.tpu_generation, m.target_devices, m.name) for m in members}
   names = xpk_names(ns.workload_prefix, [m.name for m in members])
+  for m in members:  # xpk_names makes them so; checked as xpk will check them
+    check_xpk_name("--workload", names[m.name], f"workload (member {m.name})")
   jobs = []
   for m in members:
     train, probe = member_commands(python, launch.experiment, m, launch.overrides, True)
@@ -540,7 +652,10 @@ def render_xpk(
       f"--termination-grace-period-seconds={ns.termination_grace_seconds}",
     ]
     cmd += [f"--storage={name}" for name in ns.xpk_storage]
-    cmd += [f"--command={remote_line(ns.code_dir, ns.setup, m, train, probe)}"]
+    # With a storage (a gcsfuse bucket, most often), first check that a checkpoint can commit
+    # there: one line and exit 5 in seconds, instead of at the first checkpoint.
+    check = [*python, "-m", "launch.commit_check", m.workdir] if ns.xpk_storage else None
+    cmd += [f"--command={remote_line(ns.code_dir, ns.setup, m, train, probe, check)}"]
     jobs.append(
       Job(
         m,
@@ -551,6 +666,35 @@ def render_xpk(
       )
     )
   return jobs
+
+
+def xpk_storage_attach(ns: argparse.Namespace, shared_root: str) -> list[list[str]]:
+  """`xpk storage attach` for each --xpk_storage, shown by the dry run (run once, before the
+  workloads; not by the launcher): a gcsfuse bucket (xpk's default bucket: the storage's name)
+  mounted at --shared_root with the mount options under which a checkpoint can commit (orbax
+  renames its directory; launch/commit_check.py). With several storages the first gets
+  --shared_root, the others a mount point of their own (MOUNT_POINT)."""
+  where = [f"--project={ns.project}"] if ns.project else []
+  where += [f"--zone={ns.zone}"] if ns.zone else []
+  out = []
+  for i, name in enumerate(ns.xpk_storage):
+    mount = shared_root if shared_root and i == 0 else "MOUNT_POINT"
+    out.append(
+      [
+        *shlex.split(ns.xpk),
+        "storage",
+        "attach",
+        name,
+        f"--cluster={ns.cluster}",
+        *where,
+        "--type=gcsfuse",
+        f"--mount-point={mount}",
+        "--auto-mount=false",
+        "--readonly=false",
+        f"--mount-options={MOUNT_OPTIONS}",
+      ]
+    )
+  return out
 
 
 def render_local(

@@ -42,7 +42,9 @@ from launch.backends import (
   TPU_RUNTIME,
   describe,
   shell_join,
+  xpk_storage_attach,
 )
+from launch.commit_check import MOUNT_OPTIONS
 from launch.members import LOG_DIR, REPO, Launch, LaunchError, arg_members, load_members
 from launch.snapshot import (
   MANIFEST,
@@ -97,8 +99,9 @@ def launch_parser() -> argparse.ArgumentParser:
   p.add_argument(
     "--python",
     default=None,
-    help="interpreter (a shell-split prefix); default: this one for local, python3 "
-    "for tpu-vm, python for slurm and xpk",
+    help="interpreter (a shell-split prefix); default: this one for local, "
+    "~/cbert_jax-venv/bin/python for tpu-vm (the environment --setup_workers makes, with "
+    "Python 3.11 from uv), python for slurm and xpk",
   )
   p.add_argument(
     "--setup", default="", help="shell line run before the member (e.g. source venv/bin/activate)"
@@ -164,11 +167,18 @@ def launch_parser() -> argparse.ArgumentParser:
   g.add_argument(
     "--setup_workers",
     action="store_true",
-    help="tpu-vm: before the member, pip install the code snapshot with its pinned "
-    "dependencies (the tpu extra) on every worker",
+    help="tpu-vm: before the member, on every worker: uv makes ~/cbert_jax-venv with its own "
+    "Python 3.11 (the images' python3 is 3.10), checks the version (one line and exit 1 if "
+    "not >= 3.11), then installs the code snapshot with its pinned dependencies (the tpu "
+    "extra) into it",
   )
   g.add_argument("--gcloud", default="gcloud", help="the gcloud command (a shell-split prefix)")
-  g.add_argument("--cluster", default="", help="xpk: the GKE cluster")
+  g.add_argument(
+    "--cluster",
+    default="",
+    help="xpk: the GKE cluster (an xpk name: lowercase letters, digits and '-', a letter "
+    "first, at most 40 characters)",
+  )
   g.add_argument("--docker_image", default="", help="xpk: the image holding this repository")
   g.add_argument("--workload_prefix", default="cbert-", help="xpk: workload name = prefix + member")
   g.add_argument(
@@ -190,7 +200,9 @@ def launch_parser() -> argparse.ArgumentParser:
     action="append",
     default=[],
     help="xpk: a storage attached with `xpk storage attach NAME` to mount "
-    "(--storage=NAME; repeat for more); mount --shared_root this way",
+    "(--storage=NAME; repeat for more); mount --shared_root this way. The dry run shows the "
+    "attach command (a gcsfuse bucket needs rename-dir-limit for checkpoints to commit); "
+    "each workload first checks that a checkpoint can commit there",
   )
   g.add_argument("--xpk", default="xpk", help="the xpk command (a shell-split prefix)")
   return p
@@ -339,8 +351,11 @@ def build(argv: list[str]) -> tuple[Launch, argparse.Namespace]:
   return launch, ns
 
 
-def show(launch: Launch, states: dict, execute: bool, include_running: bool) -> None:
-  """Prints the plan: per member its commands or script; skipped members say why."""
+def show(
+  launch: Launch, states: dict, execute: bool, include_running: bool, attach: list = ()
+) -> None:
+  """Prints the plan: per member its commands or script; skipped members say why. `attach`: the
+  `xpk storage attach` commands to run once first (xpk with --xpk_storage)."""
   n = len(launch.jobs)
   if launch.plain:
     print(
@@ -375,6 +390,15 @@ def show(launch: Launch, states: dict, execute: bool, include_running: bool) -> 
       "",
     )
     print(f"shared root: {launch.shared_root} (workdirs {launch.root}, data cache {cache})")
+  if attach:
+    print(
+      "xpk storage, attached once before the workloads (not by the launcher): a gcsfuse bucket "
+      f"needs --mount-options={MOUNT_OPTIONS}, else no checkpoint can commit (orbax renames its "
+      "directory; a hierarchical-namespace bucket renames without it); each workload checks "
+      "first (python -m launch.commit_check)"
+    )
+    for argv in attach:
+      print(f"  {shell_join(argv)}")
   if not execute:
     does = (
       f"runs them, recording them in {os.path.join(launch.root, jobs_lib.STATUS_FILE)}"
@@ -494,7 +518,8 @@ def launch_main(argv: list[str]) -> int:
       file=sys.stderr,
     )
   states = jobs_lib.member_states(launch)
-  show(launch, states, ns.execute, ns.include_running)
+  attach = xpk_storage_attach(ns, launch.shared_root) if launch.backend == "xpk" else []
+  show(launch, states, ns.execute, ns.include_running, attach)
   return execute(launch, ns, states) if ns.execute else 0
 
 

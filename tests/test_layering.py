@@ -13,7 +13,8 @@ exactly one layer, bottom to top:
   6  train, evaluate, embed, export/, report/ (what a run or a set of runs produces)
   7  sweep/ (experiment, planner, runner: trains, probes and reports members)
   8  main
-  9  the launcher (launch/, which starts the package's commands): members, compile_check;
+  9  the launcher (launch/, which starts the package's commands): members, compile_check,
+     commit_check;
      10 backends; 11 snapshot; 12 jobs; 13 sweep (the CLI)
 A module may import its own layer or lower ones. There is no default: a module whose folder (or
 top-level name) is not in `LAYER` fails the test until it is given a layer here.
@@ -48,6 +49,7 @@ LAYER = {  # a cbert_jax folder or top-level module, or a launch module -> its l
   "launch": 9,
   "launch.members": 9,
   "launch.compile_check": 9,
+  "launch.commit_check": 9,
   "launch.backends": 10,
   "launch.snapshot": 11,
   "launch.jobs": 12,

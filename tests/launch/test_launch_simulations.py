@@ -4,23 +4,32 @@ planned for 2 devices (slurm: 1 node x 2 GPUs) or 4 (TPU: no slice has 2 chips; 
 
   slurm   `launch.sweep --backend slurm --execute` writes the sbatch script and submits it to the
           stub sbatch, which runs it with SLURM's batch environment; the stub srun starts 2 tasks
-          (1 node x 2 GPUs, one task per GPU) with SLURM's task environment. Near "the time limit"
-          the test sends USR1 to the batch script: the step gets SIGTERM, the trainer checkpoints,
+          (1 node x 2 GPUs, one task per GPU) with SLURM's task environment; like Slurm's srun
+          it SIGKILLs its tasks on SIGTERM, so only a signal to the tasks themselves lets the
+          trainers checkpoint. Near "the time limit" the test sends USR1 to the batch script: its
+          trap has (stub) scancel send SIGTERM to the step's tasks, the trainers checkpoint,
           `scontrol requeue` is recorded and the job runs again (SLURM_RESTART_COUNT=1): it
-          resumes, finishes and probes.
-  tpu-vm  `--execute` runs `gcloud compute tpus tpu-vm ssh --worker=all --command=...` with the
-          stub gcloud: 2 workers of 2 fake devices, JAX's own GceTpuCluster detection
-          (metadata served by the sitecustomize shim); train then probe, uninterrupted.
+          resumes; a step later the test preempts it (a TERM to the batch script, the job marked
+          for requeue as under PreemptMode=REQUEUE): the trap stops the step the same way, the
+          job runs again (restart 2), resumes from that checkpoint, finishes and probes.
+  tpu-vm  `--execute --setup_workers` first runs the worker setup through the stub gcloud (uv's
+          Python in ~/cbert_jax-venv on each worker, its version checked before the install:
+          the stub uv records both), then `gcloud compute tpus tpu-vm ssh --worker=all
+          --command=...`: 2 workers of 2 fake devices, JAX's own GceTpuCluster detection
+          (metadata served by the sitecustomize shim); train then probe, uninterrupted, on the
+          setup's Python.
   xpk     `--execute` submits `xpk workload create` to the stub xpk: 2 pods run the command inside
-          xpk's container script. The test sends SIGTERM to the pods (an eviction): it reaches
-          the trainers through xpk's trap and the member wrapper, they checkpoint, the wrapper
-          exits 143, and the JobSet (xpk's --max-restarts) restarts the pods, which resume from
-          the checkpoint; then the test deletes the workload (finishing it would repeat the slurm
-          run's resume and the tpu-vm run's probe through the same wrapper).
+          xpk's container script (with --xpk_storage, first `python -m launch.commit_check` on
+          the workdir: a checkpoint can commit there). The test sends SIGTERM to the pods (an
+          eviction): it reaches the trainers through xpk's trap and the member wrapper, they
+          checkpoint, the wrapper exits 143, and the JobSet (xpk's --max-restarts) restarts the
+          pods, which resume from the checkpoint; then the test deletes the workload (finishing
+          it would repeat the slurm run's resume and the tpu-vm run's probe through the same
+          wrapper).
 
 The three run at once, in one test: apart, the interrupted ones would each need their own
 uninterrupted reference run, and pytest-xdist may put separate tests on separate workers. All
-three log the same per-step losses: slurm's interrupted-and-resumed run equals tpu-vm's
+three log the same per-step losses: slurm's twice interrupted-and-resumed run equals tpu-vm's
 uninterrupted one (to rounding: 2 devices against 4), xpk's steps before its stop equal tpu-vm's
 (same 4-device mesh) to float precision. The trainer refuses a member on another device count
 than planned, so a run that trains shows it saw its planned devices; config.json's provenance
@@ -57,7 +66,11 @@ STUBS = os.path.join(REPO, "tests", "stubs")
 EXP = "tests/fixtures/launch_member.py"
 CORPUS = os.path.join(REPO, "tests", "fixtures", "tiny_corpus.txt")
 MEMBER = "bert_d32L2"
-STEPS = 30  # the member's total_steps (tests/fixtures/launch_member.py)
+# The member's total_steps: 60 instead of its 30 (tests/fixtures/launch_member.py), for every
+# backend (the same schedule, so the same losses). A stop lands some steps after its signal (~7 at
+# ~40 ms a step here, more under load); the slurm run stops twice before the end. The extra steps
+# cost ~1-3 s a run; a start (processes, JAX, the cached compile) costs 15-50 s here.
+STEPS = 60
 STOP_AFTER = 3  # signal once this step is logged
 TIMEOUT_S = 420
 
@@ -75,12 +88,14 @@ def sim_env(tmp, jax_cache, devices: int = 1) -> dict:
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
     CBERT_SIM_XLA_FLAGS=xla_flags.FAST,
     CBERT_SIM_DEVICES=str(devices),
+    CBERT_SIM_PYTHON=sys.executable,
     HOME=str(tmp),
   )
   return env
 
 
-def launch_cmd(backend: str, shared, *extra, scale: str = "sim2") -> list[str]:
+def launch_cmd(backend: str, shared, *extra, scale: str = "sim2", python=True) -> list[str]:
+  """python=False: the backend's default interpreter (tpu-vm: the setup's environment)."""
   return [
     sys.executable,
     "-m",
@@ -91,10 +106,10 @@ def launch_cmd(backend: str, shared, *extra, scale: str = "sim2") -> list[str]:
     backend,
     "--shared_root",
     str(shared),
-    "--python",
-    sys.executable,
+    *(["--python", sys.executable] if python else []),
     "--execute",
     f"--override=--config.data.corpus_files={CORPUS}",
+    f"--override=--config.total_steps={STEPS}",
     *extra,
   ]
 
@@ -163,16 +178,31 @@ def run_slurm(tmp, jax_cache, out: dict) -> None:
     + "\n"
     + "".join(tail(p) for p in glob.glob(f"{sim}/*.err") + glob.glob(f"{sim}/*.jsonl"))
   )
+  read_log = lambda: open(log, errors="replace").read() if os.path.exists(log) else ""
   launch_ok("slurm", shared, env, out, "--gpus_per_node", "2")
   start = wait_for(
     "the batch script", lambda: first_event(sim, "slurm", "start"), deadline, diagnose
   )
   wait_for(f"step {STOP_AFTER}", lambda: logged_step(wd) >= STOP_AFTER, deadline, diagnose)
   os.kill(start["pid"], signal.SIGUSR1)  # SLURM's --signal=B:USR1@<s>: time limit near
+  # The requeued job resumes; once it has trained a step past its checkpoint, it is preempted: a
+  # TERM to its batch shell, requeued by Slurm (PreemptMode=REQUEUE) whatever the script does.
+  resumed = wait_for(
+    "the resume after USR1",
+    lambda: re.search(r"resumed from checkpoint at step (\d+)", read_log()),
+    deadline,
+    diagnose,
+  )
+  k = int(resumed.group(1))
+  wait_for(f"step {k + 1}", lambda: logged_step(wd) > k, deadline, diagnose)
+  second = next(e for e in simlib.read_records(str(sim), "slurm") if e.get("restart") == 1)
+  simlib.preempt(second["job"], str(sim))
+  os.kill(second["pid"], signal.SIGTERM)
   out["done"] = wait_for(
     "the requeued job to end", lambda: first_event(sim, "slurm", "done"), deadline, diagnose
   )
-  out["log"] = open(log).read()
+  out["log"] = read_log()
+  out["checkpoints"] = record.checkpoint_steps(wd)
 
 
 def run_tpu_vm(tmp, jax_cache, out: dict) -> None:
@@ -189,7 +219,9 @@ def run_tpu_vm(tmp, jax_cache, out: dict) -> None:
       "sim-",
       "--tpu_generation",
       "v5e",
+      "--setup_workers",  # each worker: uv's Python 3.11 in ~/cbert_jax-venv, checked, installed
       scale="sim4",
+      python=False,
     ),
     cwd=REPO,
     env=env,
@@ -198,6 +230,8 @@ def run_tpu_vm(tmp, jax_cache, out: dict) -> None:
     timeout=TIMEOUT_S,
   )
   out["log"] = open(os.path.join(str(shared), "launch_member_sim4", "logs", f"{MEMBER}.log")).read()
+  setup = os.path.join(str(tmp / "sim"), "tpu_setup.log")
+  out["setup"] = open(setup).read().splitlines() if os.path.exists(setup) else []
 
 
 def run_xpk(tmp, jax_cache, out: dict) -> None:
@@ -302,10 +336,15 @@ def check_member(shared, sim, cluster: str, devices: int = 2) -> dict:
   return got
 
 
-def stopped_step(text: str) -> int:
+def stopped_steps(text: str) -> list[int]:
+  """The steps at which the trainers stopped on SIGTERM (every process logs its stop)."""
   found = re.findall(r"stopping at step (\d+) \(SIGTERM\); saving a checkpoint", text)
   assert found, text[-3000:]
-  return int(found[0])
+  return sorted({int(k) for k in found})
+
+
+def stopped_step(text: str) -> int:
+  return stopped_steps(text)[0]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="process groups and signals as on Linux")
@@ -346,29 +385,51 @@ def test_slurm_tpu_vm_and_xpk_launches_train_the_same_member(tmp_path):
   assert {d["local_device_ids"] is None for d in tpu} == {True}  # JAX never restricts a TPU VM
   assert {d["coordinator"].split(":")[0] for d in tpu} == {"localhost"}  # worker 0's endpoint
   assert "resumed from checkpoint" not in results["tpu-vm"]["log"]
+  # --setup_workers on each worker: uv made the environment, its Python passed the version check
+  # before anything was installed, and the members ran on that Python.
+  setup = results["tpu-vm"]["setup"]
+  for w in ("0", "1"):
+    home = f"{tmp_path}/tpu-vm/tpu-worker{w}"  # the worker's own ~
+    mine = [line.split(" ", 2)[::2] for line in setup if line.split(" ")[1] == w]
+    assert mine == [
+      ["uv", f"venv --python 3.11 {home}/cbert_jax-venv"],
+      ["python", "-c"],  # the version check, before the install
+      ["uv", f"pip install --python {home}/cbert_jax-venv/bin/python '{home}/cbert_jax-src[tpu]'"],
+      ["python", "-m"],  # train, then probe, on the setup's Python
+      ["python", "-m"],
+    ], setup
+  assert "tpu-vm setup: Python 3." in r.stdout + results["tpu-vm"]["log"]
 
-  # slurm: one task per GPU, each with its own GPU; USR1 -> checkpoint -> requeue -> resume.
+  # slurm: one task per GPU, each with its own GPU. USR1 -> the tasks get SIGTERM from scancel
+  # (never srun: it would SIGKILL them) -> checkpoint -> requeue -> resume; then a preemption (TERM
+  # to the batch shell) -> the same, requeued by Slurm -> resume -> finish and probe.
   sim = tmp_path / "slurm" / "sim"
   done = results["slurm"]["done"]
-  assert done["rc"] == 0 and done["restarts"] == 1, done
+  assert done["rc"] == 0 and done["restarts"] == 2, done
   assert [e["argv"] for e in simlib.read_records(str(sim), "scontrol")] == [
     ["requeue", str(done["job"])]
-  ]
+  ]  # the USR1 trap's; a preempted job is requeued by Slurm, not by the script
   log = results["slurm"]["log"]
   assert "USR1: time limit near; checkpointing, then requeueing job" in log
-  forwarded = simlib.read_records(str(sim), "signals")  # the stub srun passed SIGTERM on
-  assert forwarded and {f["signal"] for f in forwarded} == {signal.SIGTERM}, forwarded
-  assert len(forwarded[0]["to"]) == 2  # to both tasks (again each second
-  # until they exit: the trainer can miss one, see launch/backends.py)
+  assert f"TERM: checkpointing before job {done['job']} ends" in log
+  sent = simlib.read_records(str(sim), "scancel")  # again each second until the step ends
+  assert sent and {tuple(e["argv"]) for e in sent} == {("--signal=TERM", str(done["job"]))}
+  assert any(len(e["to"]) == 2 for e in sent)  # both tasks of the step
+  assert not simlib.read_records(str(sim), "signals")  # srun itself was never signalled
+  assert "forcing job termination" not in log
   assert f"job {done['job']} (restart 1) on localhost" in log
-  k = stopped_step(log)
-  assert STOP_AFTER <= k < STEPS and f"resumed from checkpoint at step {k}" in log
+  assert f"job {done['job']} (restart 2) on localhost" in log
+  stops = stopped_steps(log)  # the USR1 stop, then the preemption's
+  assert len(stops) == 2 and STOP_AFTER <= stops[0] < stops[1] < STEPS, stops
+  for k in stops:  # each stop's checkpoint, at the step it stopped, is where the rerun resumed
+    assert f"resumed from checkpoint at step {k}" in log
+  assert results["slurm"]["checkpoints"] == [stops[1], STEPS]  # (keep_checkpoints=2)
   slurm = check_member(tmp_path / "slurm" / "shared", sim, "SlurmCluster")
   for d in detections(sim):  # task i sees GPUs 0,1 and JAX gives it GPU i (SLURM_LOCALID)
     assert d["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert d["local_device_ids"] == [int(d["env"]["SLURM_LOCALID"])] == [d["process_id"]]
-  steps = [e["argv"][:4] for e in simlib.read_records(str(sim), "srun")]  # train, train, probe
-  assert steps == [["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpu-bind=none"]] * 3
+  steps = [e["argv"][:4] for e in simlib.read_records(str(sim), "srun")]  # train x 3, probe
+  assert steps == [["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpu-bind=none"]] * 4
 
   # xpk: SIGTERM to the pods reaches the trainers through xpk's trap and the member wrapper;
   # they checkpoint; the wrapper exits 143; the JobSet restarts the pods, which resume.
@@ -415,6 +476,7 @@ def test_slurm_tpu_vm_and_xpk_launches_train_the_same_member(tmp_path):
     create["termination_grace_period_seconds"],
     create["storage"],
   ) == (10, 120, ["simfs"])
+  assert f"{sys.executable} -m launch.commit_check {wd} || exit $?; step " in create["command"]
   xpk = losses(wd)
   assert sorted(xpk)[:k] == list(range(1, k + 1))
 

@@ -63,8 +63,9 @@ SBATCH = r"""#!/bin/bash
 # Written by launch/sweep.py; the resolved config: ROOT/slurm/bert_d384L6.config.json
 # One task per GPU (8 per node, 8 in all): each task sees the node's 8 GPUs
 # and JAX's SLURM detection gives task i of a node the GPU numbered SLURM_LOCALID = i.
-# Near the time limit SLURM sends USR1 to this script: the running step gets SIGTERM (the trainer
-# checkpoints and exits), then the job is requeued and resumes from that checkpoint.
+# Near the time limit SLURM sends USR1 to this script: the running step's tasks get SIGTERM (the
+# trainers checkpoint and exit), then the job is requeued and resumes from that checkpoint. A TERM
+# to this script (a preemption) stops the step the same way; Slurm requeues a preempted job.
 set -uo pipefail
 cd ROOT/code/CODE || exit 1
 # JAX preallocates 75% of a GPU's memory by default; the memory plan counts on 92% of it.
@@ -76,22 +77,41 @@ cpus=$(( ${SLURM_CPUS_ON_NODE:-8} / 8 ))  # the node's CPUs, split over its 8 ta
 if [ "$cpus" -lt 1 ]; then cpus=1; fi
 tasks=(--nodes=1 --ntasks-per-node=8 --cpus-per-task="$cpus" --gpu-bind=none)
 one=(--nodes=1 --ntasks=1 --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}")
-step=""
-on_usr1() {
+step=""  # the running srun's pid
+stopping=""
+# Signals for the trainers go to the step's tasks through Slurm, never to srun: srun answers SIGTERM
+# (and SIGHUP, SIGQUIT) by SIGKILLing its tasks (src/srun/signals.c: "forcing job termination";
+# srun(1), --ignore-signals: "SIGTERM Forwarded as SIGKILL"), so no trainer would checkpoint.
+# scancel(1): "When --batch is not used but --signal is used, then all job steps will be signaled,
+# but the batch script itself will not be signaled" (the same steps Slurm itself signals on a
+# preemption). Again each second until srun ends: a trainer can miss one SIGTERM.
+stop_step() {
+  stopping=1
+  [ -n "$step" ] || return 0
+  ( while kill -0 "$step" 2>/dev/null; do scancel --signal=TERM "$SLURM_JOB_ID"; sleep 1; done ) &
+  while kill -0 "$step" 2>/dev/null; do wait "$step"; done  # the trainers checkpoint and exit
+}
+on_usr1() {  # --signal=B:USR1@600: the time limit is near
+  [ -z "$stopping" ] || return 0
   echo "$(date -Is) USR1: time limit near; checkpointing, then requeueing job $SLURM_JOB_ID"
-  if [ -n "$step" ]; then  # srun forwards SIGTERM to its tasks: the trainer checkpoints, exits
-    ( while kill -TERM "$step" 2>/dev/null; do sleep 1; done ) &  # each second: one can be missed
-    wait "$step"
-  fi
+  stop_step
   scontrol requeue "$SLURM_JOB_ID"  # back to the queue; the rerun resumes from the checkpoint
   exit 0
 }
+on_term() {  # a preemption or a cancel that reaches this shell
+  [ -z "$stopping" ] || return 0
+  echo "$(date -Is) TERM: checkpointing before job $SLURM_JOB_ID ends (requeued if preempted)"
+  stop_step
+  exit 143
+}
 trap on_usr1 USR1
+trap on_term TERM
 run_step() {
-  srun "$@" &  # in the background: USR1 runs the trap during the wait
+  srun "$@" &  # in the background: USR1 and TERM run their traps during the wait
   step=$!
   wait "$step"
   local rc=$?
+  while kill -0 "$step" 2>/dev/null; do wait "$step"; rc=$?; done
   step=""
   return "$rc"
 }
@@ -104,7 +124,7 @@ mkdir -p "$workdir" && rm -f "$workdir/FAILED"
 if [ ! -d "$final" ]; then  # no final checkpoint yet
   run_step "${one[@]}" python -m cbert_jax.data.preprocess --config=experiments/sweep.py:scale=paper,model=bert,size=d384L6 --config.data.sources=/data/c.jsonl --config.sweep.chip=h100 || fail prepare $?  # the data, once
   run_step "${tasks[@]}" python -m cbert_jax.main --config=experiments/sweep.py:scale=paper,model=bert,size=d384L6 --workdir=ROOT/bert_d384L6 --multiprocess --config.data.sources=/data/c.jsonl --config.sweep.chip=h100 || fail train $?
-  if [ ! -d "$final" ]; then  # stopped early by a SIGTERM that was not our USR1 trap's
+  if [ ! -d "$final" ]; then  # stopped early by a SIGTERM from Slurm (a preemption) or a user
     echo "$(date -Is) train stopped before step STEPS: not probing; launch again to resume"
     exit 0
   fi
@@ -204,12 +224,17 @@ def test_tpu_vm_commands_golden(tmp_path):
     f"--config=experiments/sweep.py:{FIRST} --workdir={root}/bert_d384L6 --multiprocess "
     "--config.data.sources='gs://b/c/*.zst' --config.sweep.chip=v5p"
   )
-  remote = f"cd {root}/code/{snapshot.snapshot_id()} || exit 1; " + wrapper(
+  venv = (  # the default interpreter: the environment --setup_workers makes (uv's Python 3.11)
+    "{ [ -x ~/cbert_jax-venv/bin/python ] || { echo 'no ~/cbert_jax-venv/bin/python on this "
+    "worker: launch with --setup_workers (it makes ~/cbert_jax-venv with Python 3.11), or give "
+    "--python' >&2; exit 1; }; }"
+  )
+  remote = f"cd {root}/code/{snapshot.snapshot_id()} && {venv} || exit 1; " + wrapper(
     "bert_d384L6",
     f"{root}/bert_d384L6",
     j.member.total_steps,
-    f"python3 -m cbert_jax.main {member}",
-    f"python3 -m cbert_jax.main {member} --config.mode=eval",
+    f"~/cbert_jax-venv/bin/python -m cbert_jax.main {member}",
+    f"~/cbert_jax-venv/bin/python -m cbert_jax.main {member} --config.mode=eval",
   )
   assert [k for k, _ in j.steps] == ["ssh"]
   assert backends.shell_join(j.steps[0][1]) == (
@@ -244,6 +269,8 @@ def test_tpu_vm_commands_golden(tmp_path):
     "bert_d1024L16",
     "--setup",
     "source ~/venv/bin/activate",
+    "--python",
+    "python",
   )
   create, ssh = v6e.jobs[0].steps  # --create_tpus: created, then run
   assert create[0] == "create" and create[1][-2:] == [
@@ -289,15 +316,27 @@ def test_tpu_vm_setup_workers_installs_the_snapshot_on_every_worker(tmp_path, ca
     "--project=p",
     "--worker=all",
   ]
-  copy = f"/tmp/cbert_jax-{snapshot.snapshot_id()}"
-  assert setup[9] == (
-    f"--command=rm -rf {copy} && cp -r {code} {copy} && "
-    f"python3 -m pip install --quiet '{copy}[tpu]'"
+  assert setup[9] == "--command=" + backends.setup_line(code)
+  line = backends.setup_line(code)  # (run under bash in test_launch_scripts.py)
+  assert line.startswith(f"rm -rf ~/cbert_jax-src && cp -r {code} ~/cbert_jax-src || exit 1; ")
+  assert "uv venv --quiet --python 3.11 ~/cbert_jax-venv;" in line  # uv's Python, not python3
+  check, install = line.index("~/cbert_jax-venv/bin/python -c"), line.index("uv pip install")
+  assert check < install  # the version check before anything is installed
+  assert line.endswith(
+    "uv pip install --quiet --python ~/cbert_jax-venv/bin/python ~/'cbert_jax-src[tpu]'"
   )
   rc, out, err = run_main(capsys, *args)  # the dry run shows all three
   assert rc == 0, err
-  assert f"--worker=all --command='rm -rf {copy} && cp -r {code} {copy} && python3 -m pip " in out
+  assert f"--worker=all --command='rm -rf ~/cbert_jax-src && cp -r {code} ~/cbert_jax-src " in out
   assert "  gcloud compute tpus tpu-vm create cbert-bert-d384l6 " in out
+  # The setup installs into its own environment, which the members then run: another --python
+  # with --setup_workers is refused.
+  rc, out, err = run_main(capsys, *args, "--python", "python3")
+  assert rc == 2 and err == (
+    "error: --python=python3 with --setup_workers: the setup installs into "
+    "~/cbert_jax-venv/bin/python (Python 3.11 from uv); leave --python out, or set the workers "
+    "up yourself\n"
+  )
 
 
 def test_tpu_type_mapping():

@@ -7,19 +7,35 @@ a process, so that the trainer and JAX's own cluster detection run as they would
             "Submitted batch job <id>" and runs the script in a detached job runner with the batch
             environment (SLURM_JOB_ID, SLURM_JOB_NODELIST=localhost, SLURM_GPUS_ON_NODE, ...,
             SLURM_RESTART_COUNT after a requeue), output appended to --output. The job id is chosen
-            so that the coordinator port JAX derives from it (id % 4096 + 61440) is free. When the
-            script asked `scontrol requeue` the runner runs it again (restart count + 1), as SLURM
-            does. Events (start with the script's pid, end, done) go to <CBERT_SIM_DIR>/slurm.jsonl.
+            so that the coordinator port JAX derives from it (id % 4096 + 61440) is free. The
+            script is its own process group (the batch step). When it exits the job ends: what is
+            left of it and of its steps is SIGKILLed, as Slurm does. When the script asked
+            `scontrol requeue`, or the job was preempted (`preempt`: PreemptMode=REQUEUE), the
+            runner runs it again (restart count + 1), as SLURM does. Events (start with the
+            script's pid, end, done) go to <CBERT_SIM_DIR>/slurm.jsonl.
   srun      starts the step's tasks here (one node) with the environment SLURM gives each task:
             SLURM_STEP_NODELIST, SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NUM_NODES,
             CUDA_VISIBLE_DEVICES=0..G-1 (every GPU of the node: --gpu-bind=none), and 1 fake CPU
-            device per task (XLA_FLAGS); forwards SIGTERM/SIGINT/SIGHUP to the tasks; exits with
-            the highest task status.
+            device per task (XLA_FLAGS). Each task is its own process group, outside the batch
+            script's (slurmstepd runs a step's tasks in the step's container, not under srun).
+            Signals as Slurm's srun (src/srun/signals.c _forward_signal): SIGTERM, SIGHUP and
+            SIGQUIT SIGKILL every task ("srun: forcing job termination"), so no task can handle
+            them; SIGINT, SIGUSR1, SIGUSR2 are passed on as they are. Exits with the highest task
+            status (a killed task: 128 + its signal). Steps (pids) go to <CBERT_SIM_DIR>/steps.jsonl.
+  scancel   `--signal=SIG [--batch | --full] JOB[.STEP]` as scancel(1): by default every step's
+            tasks of JOB (or of JOB.STEP) get SIG, and neither the batch script nor its srun;
+            --batch: the batch shell only; --full: the batch shell's process group (its srun
+            too). Records its arguments in <CBERT_SIM_DIR>/scancel.jsonl.
   scontrol  records its arguments; `requeue <id>` marks the job for a rerun.
   gcloud    `compute tpus tpu-vm create` is recorded; `... ssh NAME --worker=all --command=CMD` runs
-            CMD under `bash -c` as CBERT_SIM_TPU_WORKERS (2) local workers, each with
-            CBERT_SIM_DEVICES (1) fake CPU devices and the TPU VM shim (sitecustomize.py: JAX's
-            GceTpuCluster reads the worker number and endpoints from the "metadata server").
+            CMD under `bash -c` as CBERT_SIM_TPU_WORKERS (2) local workers, each in its own home
+            (<HOME>/tpu-worker<i>, as each TPU VM host has its own), with CBERT_SIM_DEVICES (1)
+            fake CPU devices and the TPU VM shim (sitecustomize.py: JAX's GceTpuCluster reads the
+            worker number and endpoints from the "metadata server").
+  uv        `uv venv --python V DIR` makes DIR/bin/python, which runs CBERT_SIM_PYTHON (the test's); `uv pip install`
+            installs nothing (the members run from their code directory). Both (`uv <worker> <args>`,
+            --quiet left out), and every run of DIR/bin/python (`python <worker> <first arg>`), append a line to
+            <CBERT_SIM_DIR>/tpu_setup.log, in the order they happen.
   xpk       `workload create ... --command=CMD` prints what xpk prints and hands the workload to a
             detached JobSet controller: CBERT_SIM_XPK_PODS (2) pods, each running CMD inside xpk's
             own container script (XPK_CONTAINER, copied from xpk: `(CMD) & PID=$!` under a SIGTERM
@@ -197,10 +213,11 @@ def srun_main(argv: list[str]) -> int:
   per_node = int(opts.get("ntasks-per-node") or opts.get("ntasks") or 1)
   ntasks = int(opts.get("ntasks") or nodes * per_node)
   gpus = int(os.environ.get("SLURM_GPUS_ON_NODE", per_node))
+  job = os.environ.get("SLURM_JOB_ID", "")
   step_id = len(read_records(sim_dir(), "srun"))
-  record("srun", argv=argv, ntasks=ntasks, job=os.environ.get("SLURM_JOB_ID"))
+  record("srun", argv=argv, ntasks=ntasks, job=job)
   procs: list[subprocess.Popen] = []
-  forward_signals(procs)
+  srun_signals(procs)
   for i in range(ntasks):
     env = slurm_task_env(
       os.environ,
@@ -211,8 +228,36 @@ def srun_main(argv: list[str]) -> int:
       gpus_on_node=gpus,
       step_id=step_id,
     )
-    procs.append(subprocess.Popen(command, env=trainer_env(env, 1)))
+    # The step's container, not srun's child in Slurm: its own process group.
+    procs.append(subprocess.Popen(command, env=trainer_env(env, 1), start_new_session=True))
+    record("sessions", pid=procs[-1].pid)
+  record("steps", job=job, step=step_id, srun=os.getpid(), tasks=[p.pid for p in procs])
   return max(wait_all(procs))
+
+
+SRUN_KILLS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # srun: SIGKILL to the tasks
+SRUN_PASSES = (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)  # srun: passed on as they are
+
+
+def srun_signals(procs: list[subprocess.Popen]) -> None:
+  """srun's signal handling (src/srun/signals.c _forward_signal): SIGTERM/SIGHUP/SIGQUIT ->
+  "forcing job termination", SIGKILL to every task; SIGINT/SIGUSR1/SIGUSR2 passed on."""
+
+  def on_signal(signum, frame):
+    del frame
+    live = [p for p in procs if p.poll() is None]
+    sent = signal.SIGKILL if signum in SRUN_KILLS else signum
+    if sent == signal.SIGKILL:
+      print("srun: forcing job termination", file=sys.stderr, flush=True)
+    for p in live:  # to the task's container (slurmstepd signals every process of the step)
+      try:
+        os.killpg(p.pid, sent)
+      except ProcessLookupError:
+        pass
+    record("signals", stub="srun", signal=signum, sent=sent, to=[p.pid for p in live])
+
+  for s in SRUN_KILLS + SRUN_PASSES:
+    signal.signal(s, on_signal)
 
 
 def sbatch_options(script: str) -> dict:
@@ -283,18 +328,106 @@ def run_job(job: str, script: str) -> int:
     output = opts.get("output", os.path.join(os.getcwd(), f"slurm-{job}.out"))
     os.makedirs(os.path.dirname(output), exist_ok=True)
     with open(output, "a" if opts.get("open-mode") == "append" or restart else "w") as log:
-      proc = subprocess.Popen(
-        ["bash", script], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+      proc = subprocess.Popen(  # the batch step: its own process group
+        ["bash", script],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        process_group=0,
       )
+      started = time.time()
       record("slurm", event="start", job=int(job), restart=restart, pid=proc.pid)
       rc = proc.wait()
+    end_job(job, proc.pid, started)
     record("slurm", event="end", job=int(job), restart=restart, rc=rc)
-    if os.path.exists(marker):  # `scontrol requeue`: back in the queue, run again
-      os.unlink(marker)
+    requeue = [m for m in (marker, preempted_marker(job)) if os.path.exists(m)]
+    if requeue:  # `scontrol requeue` or a preemption: back in the queue, run again
+      for m in requeue:
+        os.unlink(m)
       restart += 1
       continue
     record("slurm", event="done", job=int(job), restarts=restart, rc=rc)
     return rc
+
+
+def end_job(job: str, batch_pgid: int, since: float) -> None:
+  """The batch script has exited: the job ends, and Slurm SIGKILLs whatever is left in it (the
+  batch step's process group and the tasks of every step it started since `since`)."""
+  steps = [st for st in job_steps(job) if st["time"] >= since]
+  groups = [batch_pgid] + [t for st in steps for t in st["tasks"]]
+  for pgid in groups:
+    try:
+      os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+      pass
+
+
+def job_steps(job: str, step: int | None = None) -> list[dict]:
+  return [
+    r
+    for r in read_records(sim_dir(), "steps")
+    if r["job"] == str(job) and (step is None or r["step"] == step)
+  ]
+
+
+def batch_pid(job: str) -> int | None:
+  """The running batch shell of `job` (its latest start)."""
+  starts = [
+    r["pid"]
+    for r in read_records(sim_dir(), "slurm")
+    if r["event"] == "start" and str(r["job"]) == str(job)
+  ]
+  return starts[-1] if starts else None
+
+
+def preempted_marker(job, directory: str | None = None) -> str:
+  return os.path.join(directory or sim_dir(), f"preempted-{job}")
+
+
+def preempt(job, directory: str | None = None) -> None:
+  """Marks `job` preempted under PreemptMode=REQUEUE: when its batch script exits, for whatever
+  reason, the job is requeued (preempt.shtml: a job selected for preemption that exits "will be
+  handled according to PreemptMode regardless of why it exited"). The caller sends the signal."""
+  open(preempted_marker(job, directory), "w").close()
+
+
+def scancel_main(argv: list[str]) -> int:
+  """`scancel --signal=SIG [--batch | --full] JOB[.STEP]` (scancel(1)); a cancel without
+  --signal is not simulated."""
+  p = argparse.ArgumentParser(prog="scancel")
+  p.add_argument("-s", "--signal", required=True)
+  p.add_argument("-b", "--batch", action="store_true")
+  p.add_argument("-f", "--full", action="store_true")
+  p.add_argument("ids", nargs="+")
+  args = p.parse_args(argv)
+  name = args.signal.upper()
+  sig = (
+    int(name)
+    if name.isdigit()
+    else signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+  )
+  sent = []
+  for spec in args.ids:
+    job, _, step = spec.partition(".")
+    if args.full or args.batch:  # the batch step only (--full: with its children, srun too)
+      pid = batch_pid(job)
+      if pid is not None and not step:
+        try:
+          (os.killpg if args.full else os.kill)(pid, sig)
+          sent.append(pid)
+        except ProcessLookupError:
+          pass
+      continue
+    for st in job_steps(job, int(step) if step else None):  # every step's tasks
+      for task in st["tasks"]:
+        try:
+          os.killpg(task, sig)  # the task's container: it and its children
+          sent.append(task)
+        except ProcessLookupError:
+          pass
+  record("scancel", argv=argv, signal=int(sig), to=sent)
+  return 0
 
 
 def scontrol_main(argv: list[str]) -> int:
@@ -328,16 +461,47 @@ def gcloud_main(argv: list[str]) -> int:
   forward_signals(procs)
   for i in range(workers):
     env = trainer_env(os.environ, devices)
+    home = os.path.join(os.environ.get("HOME", "/tmp"), f"tpu-worker{i}")  # each host's own
+    os.makedirs(home, exist_ok=True)
     env.update(
       CBERT_SIMULATE_TPU_VM="1",
       CBERT_SIM_TPU_WORKER_ID=str(i),
       CBERT_SIM_TPU_ENDPOINTS=",".join(["localhost"] * workers),
       JAX_COORDINATOR_PORT=str(port),
+      HOME=home,
     )
-    procs.append(
-      subprocess.Popen(["bash", "-c", flags["command"]], env=env, cwd=os.environ.get("HOME", "/"))
-    )
+    procs.append(subprocess.Popen(["bash", "-c", flags["command"]], env=env, cwd=home))
   return max(wait_all(procs))
+
+
+def setup_log(line: str) -> None:
+  with open(os.path.join(sim_dir(), "tpu_setup.log"), "a") as f:
+    f.write(line + "\n")
+
+
+def uv_main(argv: list[str]) -> int:
+  """`uv venv [--quiet] --python V DIR` and `uv pip install [--quiet] --python PY SPEC` (a TPU
+  worker's setup): see the module docstring."""
+  worker = os.environ.get("CBERT_SIM_TPU_WORKER_ID", "-")
+  words = [a for a in argv if a != "--quiet"]
+  if words[:1] == ["venv"] and len(words) == 4 and words[1] == "--python":
+    venv = words[3]
+    os.makedirs(os.path.join(venv, "bin"), exist_ok=True)
+    python = os.path.join(venv, "bin", "python")
+    log = shlex.quote(os.path.join(sim_dir(), "tpu_setup.log"))
+    with open(python, "w") as f:  # this interpreter, each run logged
+      f.write(
+        f'#!/bin/sh\necho "python $CBERT_SIM_TPU_WORKER_ID $1" >> {log}\n'
+        f'exec {shlex.quote(os.environ.get("CBERT_SIM_PYTHON", sys.executable))} "$@"\n'
+      )
+    os.chmod(python, 0o755)
+    setup_log(f"uv {worker} {shlex.join(words)}")
+    return 0
+  if words[:2] == ["pip", "install"] and len(words) == 5 and words[2] == "--python":
+    setup_log(f"uv {worker} {shlex.join(words)}")
+    return 0
+  print(f"stub uv: unsupported: {shlex.join(argv)}", file=sys.stderr)
+  return 2
 
 
 # ---------------------------------------------------------------------- xpk ---
@@ -492,8 +656,10 @@ def kill_all(directory: str) -> None:
 MAINS = {
   "sbatch": sbatch_main,
   "srun": srun_main,
+  "scancel": scancel_main,
   "scontrol": scontrol_main,
   "gcloud": gcloud_main,
+  "uv": uv_main,
   "xpk": xpk_main,
 }
 

@@ -1,4 +1,5 @@
-"""Loaded by every Python process started with tests/stubs on PYTHONPATH; inert unless asked.
+"""Loaded by every Python process started with tests/stubs on PYTHONPATH; inert unless asked. The
+JAX patches below are applied right after the process imports jax (never, in one that does not).
 
 CBERT_SIMULATE_TPU_VM=1: make JAX (0.10) believe it runs on a Cloud TPU VM so that its own TPU
 cluster detection runs: `running_in_cloud_tpu_vm` (jax._src.cloud_tpu_init, and the copies that
@@ -109,9 +110,48 @@ def _pin_test_archives(path: str) -> None:
     fetch.PACKAGES[name] = dataclasses.replace(fetch.PACKAGES[name], **pin)
 
 
+def _once_imported(name: str, patch) -> None:
+  """Runs `patch()` right after module `name` is first imported (at once if it already is), so a
+  process that never imports it (a stub command, the TPU setup's version check, the commit check)
+  does not pay for importing JAX."""
+  import importlib.abc  # pylint: disable=import-outside-toplevel
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  if name in sys.modules:
+    patch()
+    return
+
+  class Hook(importlib.abc.MetaPathFinder):
+    busy = False
+
+    def find_spec(self, fullname, path, target=None):
+      del path, target
+      if fullname != name or self.busy:
+        return None
+      self.busy = True
+      try:
+        spec = importlib.util.find_spec(fullname)  # the module's own finder
+      finally:
+        self.busy = False
+      if spec is None or spec.loader is None:
+        return spec
+      sys.meta_path.remove(self)
+      exec_module = spec.loader.exec_module
+
+      def exec_then_patch(module):
+        exec_module(module)
+        patch()
+
+      spec.loader.exec_module = exec_then_patch
+      return spec
+
+  sys.meta_path.insert(0, Hook())
+
+
 if os.environ.get("CBERT_TEST_PINS"):
   _pin_test_archives(os.environ["CBERT_TEST_PINS"])
 if os.environ.get("CBERT_SIMULATE_TPU_VM") == "1":
-  _simulate_tpu_vm()
+  _once_imported("jax", _simulate_tpu_vm)
 if os.environ.get("CBERT_SIM_RECORD"):
-  _record_detection(os.environ["CBERT_SIM_RECORD"])
+  _once_imported("jax", lambda: _record_detection(os.environ["CBERT_SIM_RECORD"]))
