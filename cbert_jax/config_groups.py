@@ -64,6 +64,16 @@ def run() -> ml_collections.ConfigDict:
   # Start at step 0 when checkpoints were moved aside as damaged (checkpoints.unreadable/) and
   # none is left to resume from; without it that run is refused (cbert_jax/run/checkpoint.py).
   c.restart_from_scratch = False
+  # Start from trained weights instead of a random init: a cbert_jax workdir ("W", its newest
+  # checkpoint, or "W:step"), an export of `python -m cbert_jax.export`, or a Hugging Face folder
+  # with a LlamaModel-layout encoder (config.json + model.safetensors, and the SentencePiece
+  # tokenizer.model it reads text with). The tokenizer comes from there (data.vocab_size must
+  # match it); the optimizer and LR schedule start fresh (step 0, warm-up included); parts the
+  # source lacks (CrossBERT's predictor from a BERT) start fresh. Only a run's step 0: a workdir
+  # with its own checkpoints resumes from them. model.size=from_init takes the encoder's shape
+  # from the source's config.json; total_steps=0 only saves the loaded weights as checkpoint 0
+  # ("" = off; cbert_jax/export/init_from.py).
+  c.init_from = ""
   c.num_devices = 0  # use only the first N devices (0 = all): debugging, tests
   c.peak_flops = 0.0  # per-device peak FLOP/s for MFU; 0 = table (TPU/GPU) or measured (CPU)
   c.compilation_cache_dir = ""  # JAX persistent compilation cache ("" = off)
@@ -119,7 +129,10 @@ def evals() -> ml_collections.ConfigDict:
 def model() -> ml_collections.ConfigDict:
   """The encoder (and CrossBERT's predictor, ELECTRA's generator): shape, init, numerics."""
   c = ml_collections.ConfigDict()
-  c.size = "d128L4"  # a rung of models/sizes.py; "" = use d_model/num_layers/num_heads
+  # A rung of models/sizes.py; "" = use d_model/num_layers/num_heads; "from_init" = the shape of
+  # init_from's encoder (its config.json: width, depth, heads, head and FFN widths, RMSNorm eps,
+  # RoPE base).
+  c.size = "d128L4"
   c.d_model = 0  # residual width (set from size when 0)
   c.num_layers = 0  # encoder depth (set from size when 0)
   c.num_heads = 0  # attention heads (set from size when 0)

@@ -11,6 +11,7 @@ import ast
 import difflib
 import importlib.util
 import io
+import json
 import math
 import os
 import tokenize
@@ -316,6 +317,8 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     )
   with config.unlocked():
     m = config.model
+    if m.size == FROM_INIT:  # the shape of init_from's encoder, then an explicit shape
+      _shape_from_init(config)
     if m.size:
       d, layers, heads = sizes.lookup(m.size)
       m.d_model, m.num_layers, m.num_heads = (
@@ -336,6 +339,99 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
     plan.derive(config)
   return config
+
+
+# model.size=FROM_INIT: the encoder's shape is read from init_from's config.json (`resolve`).
+FROM_INIT = "from_init"
+# The model fields FROM_INIT sets: (ours, the Llama config.json's name). The shape fields must be
+# 0 (unset) or equal; the numerics are taken from the source.
+_INIT_SHAPE = (
+  ("d_model", "hidden_size"),
+  ("num_layers", "num_hidden_layers"),
+  ("num_heads", "num_attention_heads"),
+  ("head_dim", "head_dim"),
+  ("ffn_dim", "intermediate_size"),
+)
+_INIT_NUMERICS = (("norm_eps", "rms_norm_eps"), ("rope_theta", "rope_theta"))
+
+
+def split_init_from(spec: str) -> tuple[str, int | None]:
+  """`init_from`'s value as (folder, checkpoint step or None): "W:300" -> ("W", 300); a path that
+  exists as written is taken whole (even with a colon in it)."""
+  spec = os.path.expanduser(spec)
+  path, sep, step = spec.rpartition(":")
+  if sep and path and step.isdigit() and not os.path.exists(spec):
+    return path, int(step)
+  return spec, None
+
+
+def init_config_json(spec: str, field: str = "init_from") -> dict:
+  """The config.json of init_from's folder (a run's record or a Llama config) as a dict.
+  ConfigError naming `field` when the folder or its config.json is missing or unreadable."""
+  path, _ = split_init_from(spec)
+  if not os.path.exists(path):
+    raise ConfigError(f"init_from: no such file or directory {path!r}")
+  name = os.path.join(path, "config.json")
+  try:
+    with open(name, encoding="utf-8") as f:
+      body = json.load(f)
+  except FileNotFoundError:
+    raise ConfigError(f"{field}: {path} has no config.json to read the model from") from None
+  except (OSError, ValueError) as e:
+    raise ConfigError(f"{field}: cannot read {name} ({type(e).__name__}: {e})") from e
+  if not isinstance(body, dict):
+    raise ConfigError(f"{field}: {name} is not a JSON object")
+  return body
+
+
+def init_model_fields(body: dict) -> dict:
+  """{d_model, num_layers, num_heads, head_dim, ffn_dim, norm_eps, rope_theta} of the encoder a
+  config.json describes: a cbert_jax run's (its resolved `model` group) or a Llama config
+  (head_dim and ffn_dim 0 where they are this codebase's defaults for that width). Missing
+  entries are left out."""
+  if isinstance(body.get("config"), dict):  # a cbert_jax run's config.json
+    model = body["config"].get("model", {})
+    return {k: model[k] for k, _ in _INIT_SHAPE + _INIT_NUMERICS if k in model}
+  out = {ours: body[theirs] for ours, theirs in _INIT_SHAPE + _INIT_NUMERICS if theirs in body}
+  rope = body.get("rope_parameters")
+  if isinstance(rope, dict) and "rope_theta" in rope:  # transformers >= 5
+    out["rope_theta"] = rope["rope_theta"]
+  d, heads = out.get("d_model"), out.get("num_heads")
+  if d and heads and out.get("head_dim") == d // heads:
+    out["head_dim"] = 0
+  if d and out.get("ffn_dim") == model_config_lib.ffn_size_for(d):
+    out["ffn_dim"] = 0
+  return out
+
+
+def _shape_from_init(config: ml_collections.ConfigDict) -> None:
+  """model.size=from_init: the encoder's shape and numerics from init_from's config.json, then
+  model.size "" (config.json records the explicit shape). ConfigError when init_from is unset,
+  unreadable, or a shape field set by hand differs from the source's."""
+  m = config.model
+  if not config.get("init_from"):
+    raise ConfigError(
+      f"model.size={FROM_INIT} needs init_from (the folder whose config.json gives the size)"
+    )
+  found = init_model_fields(init_config_json(config.init_from, field=f"model.size={FROM_INIT}"))
+  missing = [k for k, _ in _INIT_SHAPE[:3] if not found.get(k)]
+  if missing:
+    raise ConfigError(
+      f"model.size={FROM_INIT}: init_from {config.init_from}'s config.json does not give "
+      f"{', '.join(missing)} (hidden_size, num_hidden_layers, num_attention_heads)"
+    )
+  for name, _ in _INIT_SHAPE:
+    value = int(found.get(name) or 0)
+    if m[name] and m[name] != value:
+      raise ConfigError(
+        f"model.{name}={m[name]} conflicts with model.size={FROM_INIT} (init_from's encoder "
+        f"has {value}); leave model.{name} at 0"
+      )
+    m[name] = value
+  for name, _ in _INIT_NUMERICS:
+    if name in found:
+      m[name] = float(found[name])
+  m.size = ""
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
@@ -405,8 +501,17 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   if not (0 <= mk.p_mask and 0 <= mk.p_random and mk.p_mask + mk.p_random <= 1):
     raise ConfigError("masking.p_mask + masking.p_random must be within [0, 1]")
   for name in ("total_steps", "batch_size", "log_every", "checkpoint_every"):
+    if name == "total_steps" and config[name] == 0 and config.init_from:
+      continue  # only saves the loaded weights as checkpoint 0
     if config[name] <= 0:
-      raise ConfigError(f"{name} must be positive, got {config[name]}")
+      raise ConfigError(
+        f"{name} must be positive, got {config[name]}"
+        + (
+          " (0 only with init_from: the loaded weights saved as step 0)"
+          if name == "total_steps"
+          else ""
+        )
+      )
   for name, value in (
     ("keep_checkpoints", config.keep_checkpoints),
     ("eval_batches", config.eval_batches),

@@ -20,7 +20,8 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from cbert_jax import config_lib
-from cbert_jax.data import fetch, pipeline, prepare, settings
+from cbert_jax.data import fetch, pipeline, prepare
+from cbert_jax.export import init_from
 from cbert_jax.models import flops as flops_lib
 from cbert_jax.run import checkpoint as ckpt_lib
 from cbert_jax.run import (
@@ -93,7 +94,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
   """`run`'s body; `stop["signal"]` is set by the SIGTERM handler."""
   # ---------------------------------------------------------------- setup ---
   workdir = os.path.abspath(workdir)  # orbax needs absolute paths
-  config, devices = _checked_setup(config, workdir, stop)
+  config, devices, source = _checked_setup(config, workdir, stop)  # source: init_from, checked
   is_primary = jax.process_index() == 0
   timers = progress_lib.Timers()
 
@@ -106,7 +107,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     # Process 0 first (and one builder per host), then the others read the cache; the online
     # probes' task datasets are prepared here too, so the probe step finds them built.
     probe_tasks = eval_suite.task_names(config.evals) if config.evals.every > 0 else ()
-    data = prepare.prepare_once(settings.data_config(config), config.data.seq_len, probe_tasks)
+    data_cfg = init_from.data_config(config, source)  # init_from's tokenizer when it is set
+    data = prepare.prepare_once(data_cfg, config.data.seq_len, probe_tasks)
   tok = data.tokenizer
   model_cfg, mask_cfg = config_lib.model_configs(
     config, tok.vocab_size, tok.mask_id, tok.special_ids
@@ -159,8 +161,14 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     else:
       params, opt_state = state_lib.init(st, init_key)
       guard_state = guard.init_state()
+    # init_from's weights in place of the random ones (step 0 only; a resumed run keeps its own)
+    params, init_record = init_from.apply(
+      source, params, workdir=workdir, resumed_step=start_step if restored else None
+    )
 
-  writer = metrics_lib.MetricWriter(workdir, is_primary=is_primary, resume_step=start_step or None)
+  writer = metrics_lib.MetricWriter(
+    workdir, is_primary=is_primary, resume_step=start_step if restored else None
+  )
   overview = provenance_lib.parameter_overview(params, include_stats=counts.total < 100_000_000)
   logging.info("parameters:\n%s", overview)
   logging.info(
@@ -174,7 +182,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     writer.write_text("parameters", overview)
     workdir_lib.save_tokenizer(workdir, tok.model_path)  # the workdir alone can be evaluated
     workdir_lib.write_config_json(
-      workdir, config, data.manifest, counts, flops_per_token, peak, peak_source
+      workdir, config, data.manifest, counts, flops_per_token, peak, peak_source, init_record
     )
 
   # --------------------------------------------------------------- compile ---
@@ -187,11 +195,13 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
     k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=batch_sh)
     for k in ("tokens", "positions", "segment_ids")
   }
-  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules), timers.span("compile"):
-    compiled = train_step.lower(
-      params, opt_state, guard_state, abstract_batch, jnp.int32(0), mask_key
-    ).compile()
-  xla_flops = _log_compiled(compiled, timers, flops_per_token * tokens_per_step)
+  compiled, xla_flops = None, float("nan")
+  if start_step < total_steps:  # none for total_steps=0 (init_from's weights saved as step 0)
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(rules), timers.span("compile"):
+      compiled = train_step.lower(
+        params, opt_state, guard_state, abstract_batch, jnp.int32(0), mask_key
+      ).compile()
+    xla_flops = _log_compiled(compiled, timers, flops_per_token * tokens_per_step)
   eval_rows = pipeline.eval_batches(
     data.val,
     global_batch=batch_size,
@@ -285,10 +295,10 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
       )
     back = checkpointer.latest_step()
     with timers.span("checkpoint"), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-      params, opt_state, guard_state = _last_good_state(checkpointer, back, st, init_key)
+      params, opt_state, guard_state = _last_good_state(checkpointer, back, st, init_key, source)
     train_iter.set_state({"next_index": bad_index + 1})
     writer.close()
-    writer = metrics_lib.MetricWriter(workdir, is_primary=is_primary, resume_step=back or None)
+    writer = metrics_lib.MetricWriter(workdir, is_primary=is_primary, resume_step=back)
     logging.warning(
       "rolled back from step %d to step %d; the data continues after the spike's "
       "batch (global batch %d)",
@@ -445,8 +455,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
 def _checked_setup(config: ml_collections.ConfigDict, workdir: str, stop: dict):
   """Everything checkable before data work: the same run on every process, the resolved config,
   the devices (a member planned for N chips trains on exactly N), the workdir's lock (one run per
-  workdir; held in `stop["lock"]`) and its config.json, the online probes' task list. Returns
-  (resolved config, devices)."""
+  workdir; held in `stop["lock"]`) and its config.json, the online probes' task list, init_from's
+  source (its path, kind, step, tokenizer and shapes). Returns (resolved config, devices, the
+  checked init_from source or None)."""
   if jax.process_count() > 1:  # first, so a config bad on one process cannot strand the others
     distributed.check_same_run(config)
   config = config_lib.resolve(config)
@@ -468,6 +479,7 @@ def _checked_setup(config: ml_collections.ConfigDict, workdir: str, stop: dict):
   stop["lock"] = workdir_lock.lock_for_run(workdir, is_primary)
   # A workdir of a run with another config is refused here, before anything is written.
   workdir_lib.check_config(workdir, config, is_primary=is_primary)
+  source = init_from.check(config, workdir)  # reads metadata only; None when unset
   if config.compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
@@ -476,7 +488,7 @@ def _checked_setup(config: ml_collections.ConfigDict, workdir: str, stop: dict):
 
     eval_suite.task_names(config.evals)
     eval_suite.check_model(config.evals, config.model_name, config.model.num_layers)
-  return config, devices
+  return config, devices, source
 
 
 def _log_compiled(compiled, timers, analytic_flops_per_step: float) -> float:
@@ -532,12 +544,14 @@ def _report_faults(found, by_step, batches, workdir, is_primary, guard_cfg, writ
     )
 
 
-def _last_good_state(checkpointer, step: int | None, st, init_key):
-  """(params, opt_state, guard_state) of checkpoint `step`, or the initial state when None."""
-  if step:
+def _last_good_state(checkpointer, step: int | None, st, init_key, source):
+  """(params, opt_state, guard_state) of checkpoint `step`, or the initial state (with init_from's
+  weights when `source` is set) when None."""
+  if step is not None:
     params, opt_state, _, meta = checkpointer.restore(step, st.abs_params, st.abs_opt_state)
     return params, opt_state, guard.state_from_json(meta.get("guard"))
   params, opt_state = state_lib.init(st, init_key)
+  params, _ = init_from.apply(source, params)
   return params, opt_state, guard.init_state()
 
 

@@ -296,11 +296,10 @@ def export(
   flat = llama.flat_params(run.params)
   tensors = llama.llama_tensors(flat, mc.num_layers, dtype)
   head = llama.mlm_head_tensors(flat, model_name, dtype) if mlm_head else None
-  meta = {
-    "cbert_jax_model": model_name,
-    "cbert_jax_step": str(run.step),
-    "cbert_jax_workdir": run.workdir,
-  }
+  # The weights files carry only what describes the weights: where and when they were exported is
+  # in cbert_export.json, so that the same weights export to the same bytes (an export read back
+  # with init_from and exported again gives a byte-identical model.safetensors).
+  meta = {"cbert_jax_model": model_name}
   config = llama.llama_config(
     mc,
     max_positions=max(seq_len, max_len, int(cfg.model.get("max_positions", 0) or 0)),

@@ -54,6 +54,88 @@ def flat_params(params) -> dict[str, np.ndarray]:
   return flat
 
 
+# Inside block i: (our path under encoder/blocks/i/, Llama's name under layers.i.), in the order
+# the tensors are written.
+_BLOCK = (
+  ("attn/wq", "self_attn.q_proj.weight"),
+  ("attn/wk", "self_attn.k_proj.weight"),
+  ("attn/wv", "self_attn.v_proj.weight"),
+  ("attn/wo", "self_attn.o_proj.weight"),
+  ("ffn/w1", "mlp.gate_proj.weight"),
+  ("ffn/w3", "mlp.up_proj.weight"),
+  ("ffn/w2", "mlp.down_proj.weight"),
+  ("attn_norm/scale", "input_layernorm.weight"),
+  ("ffn_norm/scale", "post_attention_layernorm.weight"),
+)
+# Llama state-dict entries that are not weights of the encoder: RoPE's cached frequencies (older
+# checkpoints) and a causal LM's next-token head (LlamaForCausalLM). Reading one back skips them.
+NOT_ENCODER = ("rotary_emb.inv_freq", "lm_head.weight")
+
+
+def name_table(num_layers: int) -> dict[str, str]:
+  """{our name: Llama's name} of every encoder tensor ("encoder/blocks/0/attn/wq" ->
+  "layers.0.self_attn.q_proj.weight"), the table in the module docstring."""
+  t = {"encoder/embed/table": "embed_tokens.weight", "encoder/norm/scale": "norm.weight"}
+  for i in range(num_layers):
+    t |= {f"encoder/blocks/{i}/{ours}": f"layers.{i}.{theirs}" for ours, theirs in _BLOCK}
+  return t
+
+
+def our_name(llama_name: str) -> str | None:
+  """The inverse of `name_table` for one name (any layer index); None when the name is not an
+  encoder tensor of ours (a bias, a tensor of another architecture)."""
+  if llama_name == "embed_tokens.weight":
+    return "encoder/embed/table"
+  if llama_name == "norm.weight":
+    return "encoder/norm/scale"
+  parts = llama_name.split(".", 2)
+  if len(parts) == 3 and parts[0] == "layers" and parts[1].isdigit():
+    for ours, theirs in _BLOCK:
+      if parts[2] == theirs:
+        return f"encoder/blocks/{int(parts[1])}/{ours}"
+  return None
+
+
+def _kind(ours: str) -> str:
+  """How a tensor converts: "heads_in" (wq/wk/wv [d, H, Dh] <-> [H*Dh, d]), "heads_out" (wo
+  [H, Dh, d] <-> [d, H*Dh]), "linear" (a transpose) or "same"."""
+  leaf = ours.rsplit("/", 1)[-1]
+  if leaf in ("wq", "wk", "wv"):
+    return "heads_in"
+  if leaf == "wo":
+    return "heads_out"
+  return "linear" if leaf in ("w1", "w2", "w3") else "same"
+
+
+def llama_shape(ours: str, shape) -> tuple[int, ...]:
+  """The shape Llama's state dict holds our tensor `ours` of `shape` in."""
+  shape, kind = tuple(int(n) for n in shape), _kind(ours)
+  if kind == "heads_in":  # [d, H, Dh] -> [H*Dh, d]
+    return (shape[1] * shape[2], shape[0])
+  if kind == "heads_out":  # [H, Dh, d] -> [d, H*Dh]
+    return (shape[2], shape[0] * shape[1])
+  return shape[::-1] if kind == "linear" else shape
+
+
+def to_llama(ours: str, w: np.ndarray) -> np.ndarray:
+  """Our tensor `ours` in Llama's layout (torch `nn.Linear` is [out, in]; ours is [in, out])."""
+  kind = _kind(ours)
+  if kind == "heads_in":
+    return w.reshape(w.shape[0], -1).T  # [d, H, Dh] -> [d, H*Dh] -> [H*Dh, d]
+  if kind == "heads_out":
+    return w.reshape(-1, w.shape[-1]).T  # [H, Dh, d] -> [H*Dh, d] -> [d, H*Dh]
+  return w.T if kind == "linear" else w
+
+
+def from_llama(ours: str, w: np.ndarray, shape) -> np.ndarray:
+  """The inverse of `to_llama`: Llama's tensor for our `ours`, back in our layout of `shape`
+  (whose `llama_shape` must be `w.shape`)."""
+  kind = _kind(ours)
+  if kind in ("heads_in", "heads_out"):
+    return w.T.reshape(tuple(shape))  # [H*Dh, d] -> [d, H, Dh];  [d, H*Dh] -> [H, Dh, d]
+  return w.T if kind == "linear" else w
+
+
 def llama_tensors(
   flat: dict[str, np.ndarray], num_layers: int, dtype: str = "float32"
 ) -> dict[str, np.ndarray]:
@@ -65,31 +147,13 @@ def llama_tensors(
   if dtype not in DTYPES:
     raise ConfigError(f"--dtype {dtype}: expected one of {', '.join(DTYPES)}")
   out_dtype = numpy_dtype(dtype)
-
-  def get(name: str) -> np.ndarray:
-    try:
-      return np.asarray(flat[f"encoder/{name}"], np.float32)
-    except KeyError:
+  t = {}
+  for ours, theirs in name_table(num_layers).items():
+    if ours not in flat:
       raise ConfigError(
-        f"the checkpoint has no encoder/{name}; expected a cbert_jax BERT/CrossBERT/ELECTRA encoder"
-      ) from None
-
-  def linear(w: np.ndarray) -> np.ndarray:  # ours [in, out] -> torch Linear [out, in]
-    return w.T
-
-  t = {"embed_tokens.weight": get("embed/table"), "norm.weight": get("norm/scale")}
-  for i in range(num_layers):
-    b, p = f"blocks/{i}", f"layers.{i}"
-    for ours, theirs in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj")):
-      w = get(f"{b}/attn/{ours}")  # [d, H, Dh]
-      t[f"{p}.self_attn.{theirs}.weight"] = linear(w.reshape(w.shape[0], -1))  # [H*Dh, d]
-    wo = get(f"{b}/attn/wo")  # [H, Dh, d]
-    t[f"{p}.self_attn.o_proj.weight"] = linear(wo.reshape(-1, wo.shape[-1]))  # [d, H*Dh]
-    t[f"{p}.mlp.gate_proj.weight"] = linear(get(f"{b}/ffn/w1"))  # [F, d]
-    t[f"{p}.mlp.up_proj.weight"] = linear(get(f"{b}/ffn/w3"))  # [F, d]
-    t[f"{p}.mlp.down_proj.weight"] = linear(get(f"{b}/ffn/w2"))  # [d, F]
-    t[f"{p}.input_layernorm.weight"] = get(f"{b}/attn_norm/scale")
-    t[f"{p}.post_attention_layernorm.weight"] = get(f"{b}/ffn_norm/scale")
+        f"the checkpoint has no {ours}; expected a cbert_jax BERT/CrossBERT/ELECTRA encoder"
+      )
+    t[theirs] = to_llama(ours, np.asarray(flat[ours], np.float32))
   extra = sorted(
     k for k in flat if k.startswith("encoder/blocks/") and int(k.split("/")[2]) >= num_layers
   )
@@ -98,6 +162,17 @@ def llama_tensors(
       f"the checkpoint has more encoder blocks than config.json's {num_layers} layers ({extra[0]})"
     )
   return {k: np.ascontiguousarray(v.astype(out_dtype)) for k, v in t.items()}
+
+
+def our_tensors(tensors: dict[str, np.ndarray], shapes: dict[str, tuple]) -> dict[str, np.ndarray]:
+  """The inverse of `llama_tensors`: {our name: array in our layout} of the Llama tensors whose
+  our-name `shapes` lists (their dtype kept; the shapes already checked to correspond)."""
+  out = {}
+  for theirs, w in tensors.items():
+    ours = our_name(theirs)
+    if ours is not None and ours in shapes:
+      out[ours] = np.ascontiguousarray(from_llama(ours, np.asarray(w), shapes[ours]))
+  return out
 
 
 def mlm_head_tensors(

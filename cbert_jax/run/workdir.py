@@ -225,9 +225,12 @@ def saved_tokenizer(workdir: str):
   return tok
 
 
-def write_config_json(workdir, config, manifest, counts, flops_per_token, peak, peak_source):
+def write_config_json(
+  workdir, config, manifest, counts, flops_per_token, peak, peak_source, init_from=None
+):
   """workdir/config.json: the resolved config, provenance (code, versions, devices, data
-  manifest, peak FLOP/s), parameter counts and training FLOPs per token."""
+  manifest, peak FLOP/s), parameter counts, training FLOPs per token and, for a run started with
+  `init_from`, what was loaded from where and what started fresh (cbert_jax/export/init_from.py)."""
   provenance = provenance_lib.provenance(
     {
       "data_manifest_hash": manifest["hash"],
@@ -243,6 +246,7 @@ def write_config_json(workdir, config, manifest, counts, flops_per_token, peak, 
         "provenance": provenance,
         "param_counts": dataclasses.asdict(counts) | {"non_embedding": counts.non_embedding},
         "flops_per_token": flops_per_token,
+        **({"init_from": init_from} if init_from else {}),
       },
       f,
       indent=2,
