@@ -89,6 +89,16 @@ TPU types (`--tpu_generation`, from a member's target_devices = chips): v4 and v
 TensorCores, 2 per chip (8 chips -> v4-16 / v5p-16; slices of whole 4-chip hosts); v5e and v6e
 names count chips (8 chips -> v5litepod-8 / v6e-8; slices of 1, 4, 8, ..., 256 chips).
 
+The chip's XLA flags and variables (`launch_env`: cbert_jax/scaling/chips.py `chip_env` for
+--gpu_type / --tpu_generation, sources in docs/launch.md): XLA_FLAGS (GPU) or LIBTPU_INIT_ARGS
+(TPU) and the chip's other variables, exported by every backend before the member's --setup:
+  slurm   `export` lines in the sbatch script, after XLA_PYTHON_CLIENT_MEM_FRACTION (srun passes
+          the batch shell's environment to the tasks);
+  tpu-vm  `cd <code> && export LIBTPU_INIT_ARGS=... && <setup> || exit 1; <member wrapper>`;
+  xpk     the same at the head of the pod's --command (MaxText's xpk runner exports them there too).
+`--xla_flags=V` replaces the flags (the other variables stay); `--xla_flags=` sets none of them.
+The trainer records what it ran with in config.json (cbert_jax/run/provenance.py `recorded_env`).
+
 Every value ends up in a script line, an #SBATCH line or a remote command: values in #SBATCH
 lines are quoted the way sbatch reads them when they hold anything but [A-Za-z0-9_./:@%+,=-].
 """
@@ -108,6 +118,7 @@ from cbert_jax.scaling.chips import (
   TPU_CORES_PER_CHIP,  # noqa: F401 (the launcher's name of the planner's table, tested the same)
   TPU_RUNTIME,
   accelerator_type,
+  chip_env,
   is_slice,
 )
 from launch.commit_check import MOUNT_OPTIONS
@@ -176,6 +187,35 @@ def sbatch_value(value: str) -> str:
   return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+# --------------------------------------------------------- the chip's flags ---
+
+
+def launch_env(chip: str, xla_flags: str | None = None) -> list[tuple[str, str]]:
+  """The variables every member exports on `chip` (a CHIPS key; "" = none, the local backend):
+  the chip's XLA flags (XLA_FLAGS on a GPU, LIBTPU_INIT_ARGS on a TPU) and its other variables,
+  from the chip table (`chips.chip_env`, sources in docs/launch.md). `--xla_flags` replaces the
+  flags (the other variables stay); an empty `--xla_flags=` sets none of them."""
+  if not chip:
+    return []
+  env = chip_env(CHIPS[chip])
+  if xla_flags is None:
+    return env
+  if not xla_flags.strip():
+    return []
+  var = CHIPS[chip].flags_var
+  return [(var, " ".join(xla_flags.split())), *[(k, v) for k, v in env if k != var]]
+
+
+def export_words(env: list[tuple[str, str]]) -> list[str]:
+  """`NAME=value` words for a shell `export`, each value quoted for the shell."""
+  return [f"{k}={shlex.quote(v)}" for k, v in env]
+
+
+def env_text(env: list[tuple[str, str]]) -> str:
+  """The variables as the dry run shows them: `A='x y' B=1`."""
+  return " ".join(export_words(env))
+
+
 # ------------------------------------------------------------------- slurm ---
 
 
@@ -234,6 +274,7 @@ def render_sbatch(
   code_dir: str,
   root: str,
   prepare: list[str] | None = None,
+  env: list[tuple[str, str]] = (),
 ) -> str:
   """The member's sbatch script: one task per GPU; requeue on the time-limit signal; train (after
   a one-task data preparation for `sources` corpora) then probe, each srun'd in the background."""
@@ -244,6 +285,14 @@ def render_sbatch(
   q = shlex.quote
   setup = f"{ns.setup}\n" if ns.setup else ""  # a line of its own, when given
   frac = GPU_MEM_FRACTION  # the GPU memory JAX may take (cbert_jax.scaling.chips)
+  chip = f"{ns.gpu_type}'s" if getattr(ns, "gpu_type", "") else "the chip's"
+  tuning = (
+    f"# {chip} XLA flags and variables (cbert_jax/scaling/chips.py; their sources: docs/launch.md;\n"
+    "# launch.sweep --xla_flags replaces the flags, --xla_flags= sets none of them):\n"
+    + "".join(f"export {w}\n" for w in export_words(list(env)))
+    if env
+    else "# No XLA flags or variables of the chip (launch.sweep --xla_flags=).\n"
+  )
   head = [
     "#!/bin/bash",
     f"#SBATCH --job-name={sbatch_value(member.name)}",
@@ -279,7 +328,7 @@ set -uo pipefail
 cd {quote_path(code_dir)} || exit 1
 # JAX preallocates 75% of a GPU's memory by default; the memory plan counts on {frac:.0%} of it.
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${{XLA_PYTHON_CLIENT_MEM_FRACTION:-{frac}}}"
-{setup}workdir={q(member.workdir)}
+{tuning}{setup}workdir={q(member.workdir)}
 final="$workdir/checkpoints/{steps}"  # the final checkpoint: train is done
 cpus=$(( ${{SLURM_CPUS_ON_NODE:-{gpus}}} / {gpus} ))  # the node's CPUs, split over its {gpus} tasks
 if [ "$cpus" -lt 1 ]; then cpus=1; fi
@@ -367,7 +416,7 @@ def render_slurm(
       else None
     )
     path = os.path.join(launch.root, "slurm", f"{m.name}.sbatch")
-    script = render_sbatch(m, train, probe, ns, launch.code_dir, launch.root, prepare)
+    script = render_sbatch(m, train, probe, ns, launch.code_dir, launch.root, prepare, launch.env)
     nodes = slurm_nodes(m, ns.gpus_per_node)
     jobs.append(
       Job(
@@ -481,9 +530,12 @@ def remote_line(
   train: list[str],
   probe: list[str],
   precheck: list[str] | None = None,
+  env: list[tuple[str, str]] = (),
 ) -> str:
-  """'cd <code> && <setup> || exit 1; <member wrapper>': one shell line for a remote host."""
+  """'cd <code> && export <the chip's variables> && <setup> || exit 1; <member wrapper>': one shell
+  line for a remote host (the setup runs after the exports, so it can still change them)."""
   parts = [f"cd {quote_path(code_dir)}"] if code_dir else []
+  parts += [f"export {' '.join(export_words(list(env)))}"] if env else []
   parts += [setup] if setup else []
   head = f"{' && '.join(parts)} || exit 1; " if parts else ""
   return head + member_wrapper(member, train, probe, precheck)
@@ -583,7 +635,7 @@ def render_tpu_vm(
       name,
       *where,
       "--worker=all",
-      f"--command={remote_line(launch.code_dir, member_setup, m, train, probe)}",
+      f"--command={remote_line(launch.code_dir, member_setup, m, train, probe, env=launch.env)}",
     ]
     setup = [
       *gcloud,
@@ -628,6 +680,8 @@ def render_xpk(
         f"--xpk_storage={name!r}: expected an xpk storage name (lowercase letters, digits and "
         "'-', a letter first, not '-' last), as given to `xpk storage attach NAME`"
       )
+  if any("$(" in v for _, v in launch.env):  # Kubernetes expands $(NAME) in a pod's command
+    raise LaunchError(f"--xla_flags={ns.xla_flags!r}: holds '$(', which Kubernetes would expand")
   types = {m.name: tpu_type(ns.tpu_generation, m.target_devices, m.name) for m in members}
   names = xpk_names(ns.workload_prefix, [m.name for m in members])
   for m in members:  # xpk_names makes them so; checked as xpk will check them
@@ -655,7 +709,8 @@ def render_xpk(
     # With a storage (a gcsfuse bucket, most often), first check that a checkpoint can commit
     # there: one line and exit 5 in seconds, instead of at the first checkpoint.
     check = [*python, "-m", "launch.commit_check", m.workdir] if ns.xpk_storage else None
-    cmd += [f"--command={remote_line(ns.code_dir, ns.setup, m, train, probe, check)}"]
+    line = remote_line(ns.code_dir, ns.setup, m, train, probe, check, launch.env)
+    cmd += [f"--command={line}"]
     jobs.append(
       Job(
         m,

@@ -119,6 +119,11 @@ class Launch:
   shared_root: str = ""  # --shared_root (workdirs, snapshot and data cache), absolute
   snapshot_extra: tuple = ()  # the experiment file, when outside SNAPSHOT_PATHS (repo-relative)
   plain: bool = False  # members from --args (configs not loaded), not a get_sweep sweep
+  # The variables every member exports (launch.backends.launch_env: the chip's XLA flags and
+  # variables, or --xla_flags), and the chip they are for ("" for local).
+  env: list = dataclasses.field(default_factory=list)
+  chip: str = ""
+  xla_flags_given: bool = False  # --xla_flags replaced the chip's flags
 
 
 def split_config_spec(spec: str) -> tuple[str, str]:

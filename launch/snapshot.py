@@ -126,6 +126,8 @@ def manifest(launch: Launch) -> dict:
     "code_dir": launch.code_dir or REPO,
     "shared_root": launch.shared_root,
     "overrides": launch.overrides,
+    "chip": launch.chip,
+    "environment": dict(launch.env),  # the chip's XLA flags and variables every member exports
     "members": kept + [member_record(j) for j in launch.jobs],
   }
 

@@ -16,6 +16,10 @@ the member wrapper: launch/backends.py; the code snapshot, --shared_root and the
 launch/snapshot.py; members run here (local, tpu-vm), retries, logs and `status`: launch/jobs.py.
 docs/running_on_a_pod.md walks through each backend.
 
+Every member exports its chip's XLA flags and variables (XLA_FLAGS on a GPU, LIBTPU_INIT_ARGS
+on a TPU: cbert_jax/scaling/chips.py, sources in docs/launch.md); the dry run shows them,
+`--xla_flags=V` replaces the flags and `--xla_flags=` sets none of them.
+
 Bad input (a flag, an override, a member that does not fit a backend, a value with a newline:
 every value ends up in a script line, an #SBATCH line or a remote command) is one `error:` line
 naming the flag, before anything is rendered; exit status 2.
@@ -41,6 +45,8 @@ from launch.backends import (
   STOPPED_EXIT,
   TPU_RUNTIME,
   describe,
+  env_text,
+  launch_env,
   shell_join,
   xpk_storage_attach,
 )
@@ -105,6 +111,15 @@ def launch_parser() -> argparse.ArgumentParser:
   )
   p.add_argument(
     "--setup", default="", help="shell line run before the member (e.g. source venv/bin/activate)"
+  )
+  p.add_argument(
+    "--xla_flags",
+    default=None,
+    help="slurm/tpu-vm/xpk: the XLA flags every member runs with, replacing the chip's from "
+    "cbert_jax/scaling/chips.py (XLA_FLAGS on a GPU, LIBTPU_INIT_ARGS on a TPU; the chip's other "
+    "variables, e.g. JAX_OPTIMIZATION_LEVEL, stay). --xla_flags= (empty) sets none of the "
+    "chip's flags or variables. Default: the chip's (--gpu_type, --tpu_generation), shown by the "
+    "dry run; docs/launch.md lists them with their sources",
   )
   p.add_argument(
     "--code_dir",
@@ -230,6 +245,7 @@ ONE_LINE_FLAGS = (
   "docker_image",
   "workload_prefix",
   "xpk",
+  "xla_flags",
 )
 
 
@@ -274,6 +290,11 @@ def check_flags(ns: argparse.Namespace) -> None:
     raise LaunchError(
       f"--retries: --backend {ns.backend} submits the members (slurm requeues "
       "a member, xpk restarts it up to --max_restarts times)"
+    )
+  if ns.xla_flags is not None and ns.backend == "local":
+    raise LaunchError(
+      "--xla_flags: --backend local runs the members with this shell's environment (set "
+      "XLA_FLAGS there); the chip's flags are for slurm, tpu-vm and xpk"
     )
   if ns.args is not None and ns.backend != "local":
     raise LaunchError(
@@ -346,6 +367,11 @@ def build(argv: list[str]) -> tuple[Launch, argparse.Namespace]:
   launch = Launch(
     ns.backend, scale, experiment, root, overrides, [], code_dir, snapshot, shared, extra, plain
   )
+  # The chip's XLA flags and variables (or --xla_flags) every member exports; rendered by each
+  # backend, shown by the dry run, recorded in the manifest and by the trainer (config.json).
+  launch.chip = planned_chip(ns)
+  launch.env = launch_env(launch.chip, ns.xla_flags)
+  launch.xla_flags_given = ns.xla_flags is not None
   python = shlex.split(ns.python) if ns.python is not None else [DEFAULT_PYTHON[ns.backend]]
   launch.jobs = RENDER[ns.backend](launch, members, ns, python)
   return launch, ns
@@ -370,6 +396,8 @@ def show(
   image = "the image's working directory"  # xpk without --code_dir
   where = launch.code_dir or (REPO if launch.backend == "local" else image)
   print(f"code: {where}" + (" (a snapshot, written with --execute)" if launch.snapshot else ""))
+  if launch.chip:
+    print(env_line(launch))
   laws = sorted(
     {
       j.member.config.sweep.get("laws_source", "")
@@ -432,6 +460,21 @@ def show(
     for _, argv in job.steps:
       print(f"  {shell_join(argv)}")
   sys.stdout.flush()
+
+
+def env_line(launch: Launch) -> str:
+  """The dry run's line on what every member exports for its chip."""
+  if not launch.env:
+    return f"environment: none of {launch.chip}'s XLA flags or variables (--xla_flags=)"
+  where = (
+    "XLA flags from --xla_flags, the other variables"
+    if launch.xla_flags_given
+    else "the chip's XLA flags and variables"
+  )
+  return (
+    f"environment ({launch.chip}; {where} from cbert_jax/scaling/chips.py, sources in "
+    f"docs/launch.md; --xla_flags replaces the flags): {env_text(launch.env)}"
+  )
 
 
 def execute(launch: Launch, ns: argparse.Namespace, states: dict) -> int:

@@ -1,7 +1,8 @@
 """What was trained, with what code, on what: the parameter table and the run's provenance.
 
 * `parameter_overview` tabulates the model's parameters (names, shapes, sizes, mean/std).
-* `provenance` records the git commit, package versions, devices and command of a run.
+* `provenance` records the git commit, package versions, devices, command and XLA / NCCL
+  environment of a run.
 
 The trainer writes both into the run directory next to metrics.jsonl.
 """
@@ -72,6 +73,31 @@ _VERSIONED_PACKAGES = (
 )
 
 
+# The environment a run records (`provenance()["environment"]`): the variables launch.sweep
+# exports for the chip (XLA flags, LIBTPU_INIT_ARGS and the chip's others: cbert_jax/scaling/
+# chips.py) and every NCCL_* variable, as the process actually ran with them, whoever set them
+# (the launcher, --xla_flags, --setup, the cluster's modules).
+RECORDED_ENV = (
+  "XLA_FLAGS",
+  "LIBTPU_INIT_ARGS",
+  "XLA_PYTHON_CLIENT_MEM_FRACTION",
+  "JAX_OPTIMIZATION_LEVEL",
+  "CUDA_DEVICE_MAX_CONNECTIONS",
+)
+RECORDED_ENV_PREFIXES = ("NCCL_",)
+
+
+def recorded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+  """The XLA / NCCL variables of `environ` (default: this process's) that a run records,
+  sorted by name; a variable that is not set is left out."""
+  environ = os.environ if environ is None else environ
+  return {
+    k: environ[k]
+    for k in sorted(environ)
+    if k in RECORDED_ENV or k.startswith(RECORDED_ENV_PREFIXES)
+  }
+
+
 def _git(args: Sequence[str], cwd: pathlib.Path) -> str | None:
   """Output of a git command, or None if git or the repository is unavailable."""
   try:
@@ -114,7 +140,8 @@ def provenance(
     git_dirty (True/False; None if unknown; untracked files count as dirty), versions (python,
     cbert_jax and the packages in `_VERSIONED_PACKAGES`, None if not installed), jax_backend,
     device_kind, process_index, process_count, device_count, local_device_count, hostname,
-    time_utc (ISO 8601), argv, command, plus `extra`.
+    time_utc (ISO 8601), argv, command, environment (`recorded_env`: XLA_FLAGS,
+    LIBTPU_INIT_ARGS, NCCL_*, ... as this process has them), plus `extra`.
 
   Raises:
     ValueError: `extra` has a key that is already set.
@@ -138,6 +165,7 @@ def provenance(
     "time_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     "argv": list(sys.argv),
     "command": shlex.join([sys.executable, *sys.argv]),
+    "environment": recorded_env(),
   }
   for key, value in (extra or {}).items():
     if key in info:

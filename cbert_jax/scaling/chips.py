@@ -7,15 +7,19 @@ bandwidth of FSDP's collectives, and for a TPU its Cloud TPU accelerator-type pr
 and TPU VM runtime. Its readers:
 
   memory plan, step cost  cbert_jax/scaling/memory.py: `plan` fills `hbm x usable`; `step_cost`
-                          divides by `bf16` and `link_bytes_per_s` (`memory.CHIPS` is `CHIPS`);
+                          divides by `bf16`, and by `link_bytes_per_s` (NVLink, ICI) or, for
+                          collectives whose devices span nodes (more than `node_devices`),
+                          `dcn_bytes_per_s` (InfiniBand, DCN) (`memory.CHIPS` is `CHIPS`);
   MFU                     cbert_jax/run/hardware.py: `lookup_peak(device_kind)` is
                           `lookup_device_kind`, the denominator `bf16` or `fp32` of that record;
   the planner             cbert_jax/sweep/planner.py: `--chips v5p-64` is `parse`, the wall time
                           divides by `bf16`;
   the launchers           launch/backends.py names TPU slices with `accelerator_type` (and checks
                           them with `is_slice`), picks the TPU VM runtime and exports
-                          GPU_MEM_FRACTION to SLURM jobs; launch/sweep.py offers GPU_CHIPS as
-                          --gpu_type and the TPU generations as --tpu_generation.
+                          GPU_MEM_FRACTION to SLURM jobs; every backend exports the chip's
+                          `chip_env` (`xla_flags` as XLA_FLAGS on a GPU, LIBTPU_INIT_ARGS on a
+                          TPU, then `env`); launch/sweep.py offers GPU_CHIPS as --gpu_type and the
+                          TPU generations as --tpu_generation.
 
 Every number is per JAX device unless said otherwise, and *dense* (the NVIDIA spec sheets
 headline 2:4 structured-sparsity figures, twice the dense ones and never reached by a dense
@@ -40,6 +44,183 @@ HOST_CHIPS = 4
 # JAX preallocates 75% of a GPU's memory by default; the SLURM launcher (launch/backends.py) sets
 # XLA_PYTHON_CLIENT_MEM_FRACTION to this, and a GPU's `usable` stays below it (tested).
 GPU_MEM_FRACTION = 0.92
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+  """One XLA flag ("--name=value") or environment variable ("NAME=value") a launch sets, and the
+  guide or recipe that recommends it."""
+
+  text: str
+  source: str
+
+  @property
+  def name(self) -> str:
+    """The flag's or variable's name, without its value: "--xla_gpu_...", "NCCL_PROTO"."""
+    return self.text.split("=", 1)[0]
+
+  @property
+  def value(self) -> str:
+    return self.text.split("=", 1)[1] if "=" in self.text else ""
+
+
+# --- The chips' XLA flags: what MaxText's recipes and NVIDIA's / JAX's guides set for a dense
+# transformer's training step (docs/launch.md lists them, with what was left out and why). Each
+# flag keeps its source; flags deprecated or removed in recent XLA, and settings the guides
+# disagree on or tie to hardware this project does not assume, are in LEFT_OUT instead.
+_MT = "MaxText (github.com/AI-Hypercomputer/maxtext) "
+_MT_LIB = "benchmarks/xla_flags_library.py "
+# MaxText's flag groups (benchmarks/xla_flags_library.py): continuation fusion (CF) for the
+# all-gathers, and the data-parallel all-reduce overlap.
+_CF_FOR_ALL_GATHER = (
+  "--xla_tpu_enable_async_collective_fusion=true",
+  "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true",
+  "--xla_tpu_enable_async_collective_fusion_multiple_steps=true",
+  "--xla_tpu_overlap_compute_collective_tc=true",
+  "--xla_enable_async_all_gather=true",
+)
+_DATA_PARALLEL_OVERLAP = (
+  "--xla_tpu_enable_data_parallel_all_reduce_opt=true",
+  "--xla_tpu_data_parallel_opt_different_sized_ops=true",
+)
+
+
+def _tpu_flags(recipe: str, *texts: str) -> tuple[Flag, ...]:
+  """The LIBTPU_INIT_ARGS of MaxText's dense recipe `recipe` (src/maxtext/configs/tpu/...), in its
+  order; a flag of one of MaxText's groups names that group too."""
+
+  def group(text: str) -> str:
+    if text in _CF_FOR_ALL_GATHER:
+      return f"; {_MT_LIB}CF_FOR_ALL_GATHER"
+    if text in _DATA_PARALLEL_OVERLAP:
+      return f"; {_MT_LIB}DATA_PARALLEL_OVERLAP"
+    if text.startswith("--xla_tpu_scoped_vmem_limit_kib="):
+      return f"; {_MT_LIB}DENSE_VMEM_LIMIT_FLAG"
+    return ""
+
+  return tuple(
+    Flag(t, f"{_MT}src/maxtext/configs/tpu/{recipe} LIBTPU_INIT_ARGS{group(t)}") for t in texts
+  )
+
+
+_JAX_TIPS = "JAX GPU performance tips (docs.jax.dev/en/latest/gpu_performance_tips.html)"
+_JT = "NVIDIA JAX-Toolbox (github.com/NVIDIA/JAX-Toolbox) "
+_JT_PERF = f"{_JT}docs/GPU_performance.md"
+_JT_SLURM = f"{_JT}docs/frameworks/maxtext/example_slurm.sub"
+_MT_A3 = f"{_MT}src/maxtext/configs/gpu/a3/llama_2_7b/{{1,8}}vm.sh XLA_FLAGS (A3 = H100)"
+# Every NVIDIA GPU of the plan: the latency-hiding scheduler, FSDP's collectives combined up to
+# MaxText's sizes, double-buffered loops; O1 turns on collective pipelining.
+_GPU_FLAGS = (
+  Flag(
+    "--xla_gpu_enable_latency_hiding_scheduler=true",
+    f"{_JAX_TIPS}; {_JT}docs/getting-started/environment-variables.md (set in NVIDIA's JAX "
+    f"image); {_MT_A3}",
+  ),
+  Flag(
+    "--xla_gpu_all_gather_combine_threshold_bytes=134217728",
+    f"{_MT_A3}; {_JAX_TIPS}: combine at least a layer's weights",
+  ),
+  Flag(
+    "--xla_gpu_reduce_scatter_combine_threshold_bytes=67108864",
+    f"{_MT_A3}; {_JAX_TIPS}: combine at least a layer's gradients",
+  ),
+  Flag("--xla_gpu_enable_all_gather_combine_by_dim=false", f"{_MT_A3}; {_JT_SLURM}"),
+  Flag("--xla_gpu_enable_reduce_scatter_combine_by_dim=false", f"{_MT_A3}; {_JT_SLURM}"),
+  Flag(
+    "--xla_gpu_enable_while_loop_double_buffering=true",
+    f"{_MT_A3}; {_JT_PERF} (Optimization level: forces it regardless of O1)",
+  ),
+)
+_O1 = Flag(
+  "JAX_OPTIMIZATION_LEVEL=O1",
+  f"{_JT_PERF} (Optimization level: the latency-hiding scheduler, collective pipelining of "
+  "all-gather, reduce-scatter and all-reduce, while-loop unrolling; jax_optimization_level)",
+)
+_ONE_QUEUE = Flag(
+  "CUDA_DEVICE_MAX_CONNECTIONS=1",
+  f"{_JT_PERF} (CUDA configuration: for latency hiding with asynchronous collectives; not on "
+  f"Blackwell); {_JT_SLURM}",
+)
+_HOPPER_ENV = (_O1, _ONE_QUEUE)
+_BLACKWELL_FLAGS = (
+  *_GPU_FLAGS,
+  Flag(
+    "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL",
+    f"{_JT_PERF} (Tips for Blackwell: CUDA graphs for fusions and custom calls only)",
+  ),
+)
+# Read, and left out (docs/launch.md has the same list): flag or variable -> why.
+LEFT_OUT: dict[str, str] = {
+  "--xla_gpu_enable_pipelined_all_gather": (
+    "deprecated in XLA (MaxText commit 834e861, Aug 2026: 'Migrate deprecated XLA collective "
+    "pipelining flags') for --xla_gpu_pipeline_all_gather=on, which the pinned jaxlib 0.10.2 "
+    "refuses (Unknown flag in XLA_FLAGS); JAX_OPTIMIZATION_LEVEL=O1 pipelines collectives"
+  ),
+  "--xla_gpu_enable_pipelined_reduce_scatter": "as --xla_gpu_enable_pipelined_all_gather",
+  "--xla_gpu_enable_pipelined_all_reduce": "as --xla_gpu_enable_pipelined_all_gather",
+  "--xla_gpu_pipeline_all_gather": "unknown to the pinned jaxlib 0.10.2 (XLA aborts at start)",
+  "--xla_gpu_enable_highest_priority_async_stream": (
+    "JAX-Toolbox GPU_performance.md, 'Previously used XLA Flags': turned on by default"
+  ),
+  "--xla_gpu_enable_async_all_gather": (
+    "JAX-Toolbox GPU_performance.md: on by default, no longer needed; unknown to jaxlib 0.10.2"
+  ),
+  "--xla_gpu_enable_command_buffer=''": (
+    "MaxText's A3 recipes disable CUDA graphs on H100; JAX-Toolbox keeps them on by default "
+    "(less launch overhead): the guides disagree, XLA's default stays (B200: FUSION,CUSTOM_CALL)"
+  ),
+  "--xla_gpu_enable_triton_gemm": (
+    "MaxText's A3 recipes set false (cuBLAS only); JAX's tips suggest the opposite, "
+    "--xla_gpu_triton_gemm_any=True: the guides disagree, XLA's default (autotuned) stays"
+  ),
+  "--xla_disable_hlo_passes=rematerialization": (
+    "MaxText turns XLA's own rematerialisation off; here it is the fallback when the memory "
+    "plan reads low, and one --xla_disable_hlo_passes would replace another"
+  ),
+  "--xla_gpu_all_reduce_combine_threshold_bytes": (
+    "MaxText sets it per node count (128 MiB on 1 node, 1 GiB on 8); FSDP reduce-scatters the "
+    "gradients, the sweep's members have no large all-reduce"
+  ),
+  "NCCL_PROTO": (
+    "JAX's tips and JAX-Toolbox set SIMPLE,LL,LL128; NCCL's environment-variable docs: 'Users "
+    "are discouraged from setting this variable' (LL128 where unsupported corrupts data), and "
+    "the default already enables all three where LL128 is supported"
+  ),
+  "NCCL_LL_BUFFSIZE": (
+    "JAX's tips set -2 (single host only, 'don't seem useful for multi-host'); -2 is NCCL's own "
+    'default (src/init.cc NCCL_PARAM(LlBuffSize, "LL_BUFFSIZE", -2))'
+  ),
+  "NCCL_LL128_BUFFSIZE": "as NCCL_LL_BUFFSIZE",
+  "NCCL_NVLS_ENABLE": (
+    "JAX-Toolbox: optional, 'requires additional GPU memory' and a lower "
+    "XLA_PYTHON_CLIENT_MEM_FRACTION, which the memory plan counts on"
+  ),
+  "NCCL_IB_SL": "JAX-Toolbox's MaxText SLURM example sets 1: the fabric's QoS, a site setting",
+  "NCCL_LAUNCH_MODE": (
+    "JAX-Toolbox (Blackwell tips): GROUP against hangs with several GPUs per process; the "
+    "launchers run one process per GPU"
+  ),
+  "TPU_MEGACORE": (
+    "MaxText's v4 recipes add TPU_MEGACORE=MEGACORE_DENSE to LIBTPU_INIT_ARGS: not a flag, and "
+    "the table already runs v4 as megacore (one JAX device per chip)"
+  ),
+  "--xla_tpu_enable_sparse_core_collective_offload_all_gather": (
+    "MaxText's larger v5p/v6e recipes offload collectives to the SparseCore, which turns "
+    "continuation fusion for all-gathers off; its 7B dense recipes do not"
+  ),
+  "--xla_tpu_host_transfer_overlap_limit": "HOST_OFFLOAD_FLAGS: for host offloading, unused here",
+  "--xla_tpu_use_bundle_aware_cost_model_for_fusions": (
+    "DISABLE_BUNDLE_AWARE_COST_MODEL: a workaround MaxText applies to gpt3-175b only"
+  ),
+}
+
+
+def chip_env(chip: Chip) -> list[tuple[str, str]]:
+  """What a launch exports for `chip`, in order: its XLA flags in `flags_var` (none when it has
+  none), then its `env`. launch/backends.py renders these (and `--xla_flags` replaces the
+  flags)."""
+  out = [(chip.flags_var, " ".join(f.text for f in chip.xla_flags))] if chip.xla_flags else []
+  return out + [(f.name, f.value) for f in chip.env]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,13 +250,22 @@ class Chip:
     usable: The fraction of `hbm` the memory plan may fill (runtime reserve, allocator,
       fragmentation).
     link_bytes_per_s: Interconnect bandwidth per device for FSDP's collectives, one direction
-      (ICI for a TPU, NVLink for a GPU).
+      (ICI for a TPU, NVLink for a GPU), within one node (`node_devices`) or TPU slice.
     memory_source: Where `hbm` and `link_bytes_per_s` come from.
     accelerator: The Cloud TPU accelerator-type prefix (v5litepod for v5e); "" for a GPU.
     slices: The slice sizes in chips where the generation lists them (v5e, v6e); () where any
       whole number of hosts is a slice.
     host_chips: Chips per host where slices are whole hosts (v4, v5p); 0 otherwise.
     runtime: The default TPU VM software version (`gcloud compute tpus tpu-vm create --version`).
+    node_devices: Devices that share `link_bytes_per_s`: 8 for an HGX/DGX GPU node (NVSwitch);
+      0 for a TPU, whose slice is one ICI domain (the launchers run a member on one slice).
+    dcn_bytes_per_s: Inter-node bandwidth per device, one direction: InfiniBand (one NIC per GPU)
+      for a GPU, the data-center network between TPU hosts (slices) for a TPU. Collectives whose
+      devices span nodes run at this rate (`memory.collective_bandwidth`).
+    dcn_source: Where `dcn_bytes_per_s` comes from.
+    xla_flags: The XLA flags a launch sets for a dense transformer's training step, each with its
+      source (`Flag`): XLA_FLAGS on a GPU, LIBTPU_INIT_ARGS on a TPU (`flags_var`).
+    env: Further environment variables (`Flag("NAME=value", source)`) a launch sets.
   """
 
   key: str
@@ -95,11 +285,22 @@ class Chip:
   slices: tuple[int, ...] = ()
   host_chips: int = 0
   runtime: str = ""
+  node_devices: int = 0
+  dcn_bytes_per_s: float | None = None
+  dcn_source: str = ""
+  xla_flags: tuple[Flag, ...] = ()
+  env: tuple[Flag, ...] = ()
 
   @property
   def planned(self) -> bool:
     """Whether a run can be planned for this chip (it has the memory plan's facts)."""
     return self.hbm is not None
+
+  @property
+  def flags_var(self) -> str:
+    """The variable the XLA flags go in: LIBTPU_INIT_ARGS on a TPU (libtpu reads its compiler's
+    flags there), XLA_FLAGS on a GPU."""
+    return "LIBTPU_INIT_ARGS" if self.accelerator else "XLA_FLAGS"
 
 
 # Per JAX device: TPU v4 and v5p show one device per chip (megacore). GPUs: JAX preallocates 75% of
@@ -109,6 +310,13 @@ class Chip:
 # plan lists them; the rest are known to MFU only (no HBM, interconnect or slice facts here).
 # Interconnects are quoted in Gbps both ways for a TPU (bytes one way: / 8 / 2) and in GB/s both
 # ways for a GPU (/ 2).
+# GPU nodes: 8 GPUs on NVSwitch; DGX H100, H200 and B200 have "eight single-port NVIDIA
+# ConnectX-7 VPI, up to 400 Gb/s InfiniBand/Ethernet", one per GPU (NVIDIA DGX BasePOD reference
+# architecture, Core Components): 400 Gb/s = 50 GB/s per GPU, one direction.
+_DGX_IB = (
+  "NVIDIA DGX BasePOD reference architecture: 8x single-port ConnectX-7, up to 400 Gb/s "
+  "InfiniBand, per 8-GPU DGX H100/H200/B200"
+)
 TABLE: dict[str, Chip] = {
   c.key: c
   for c in (
@@ -129,6 +337,12 @@ TABLE: dict[str, Chip] = {
       accelerator="v4",
       host_chips=HOST_CHIPS,
       runtime="tpu-ubuntu2204-base",  # Cloud TPU's documented software versions
+      # DCN: "typically around 2.5e10 bytes / second per host" (How to Scale Your Model,
+      # jax-ml/scaling-book tpus.md), 4 chips per v4 host.
+      dcn_bytes_per_s=2.5e10 / 4,
+      dcn_source="How to Scale Your Model (jax-ml/scaling-book) tpus.md: DCN ~2.5e10 B/s per "
+      "host, 4 chips per v4 host",
+      xla_flags=_tpu_flags("v4/22b.sh", "--xla_enable_async_all_gather=true"),
     ),
     # v5e, device_kind "TPU v5 lite": 197 TFLOP/s bf16 per chip, 16 GiB HBM2, 1,600 Gbps ICI
     # (cloud.google.com/tpu/docs/v5e); accelerator type v5litepod-N, N chips.
@@ -147,6 +361,11 @@ TABLE: dict[str, Chip] = {
       accelerator="v5litepod",
       slices=CHIP_SLICES,
       runtime="v2-alpha-tpuv5-lite",  # Cloud TPU's documented software versions
+      # DCN: "Per-host NIC configuration: 2 x 100 Gbps NIC", 8 chips per host (and "Data center
+      # network bandwidth per Pod: 6.4 Tbps" / 256 chips): 25 Gbps per chip.
+      dcn_bytes_per_s=2 * 100e9 / 8 / 8,
+      dcn_source="Cloud TPU v5e: 2 x 100 Gbps NIC per 8-chip host (25 Gbps per chip)",
+      xla_flags=_tpu_flags("v5e/llama2_7b.sh", *_DATA_PARALLEL_OVERLAP, *_CF_FOR_ALL_GATHER),
     ),
     # v5p, device_kind "TPU v5": 459 TFLOP/s bf16 per chip, 95 GiB HBM2e, 4,800 Gbps ICI
     # (cloud.google.com/tpu/docs/v5p).
@@ -166,6 +385,21 @@ TABLE: dict[str, Chip] = {
       accelerator="v5p",
       host_chips=HOST_CHIPS,
       runtime="v2-alpha-tpuv5",  # Cloud TPU's documented software versions
+      # DCN: "Data center network (DCN) bandwidth per chip (Gbps): 50" (Cloud TPU versions).
+      dcn_bytes_per_s=50e9 / 8,
+      dcn_source="Cloud TPU v5p: DCN bandwidth per chip 50 Gbps",
+      xla_flags=_tpu_flags(
+        "v5p/llama2_7b.sh",
+        "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true",
+        "--xla_tpu_megacore_fusion_allow_ags=false",
+        "--xla_enable_async_collective_permute=true",
+        "--xla_tpu_enable_ag_backward_pipelining=true",
+        *_DATA_PARALLEL_OVERLAP,
+        "--xla_tpu_enable_async_collective_fusion=true",
+        "--xla_tpu_enable_async_collective_fusion_multiple_steps=true",
+        "--xla_tpu_overlap_compute_collective_tc=true",
+        "--xla_enable_async_all_gather=true",
+      ),
     ),
     # v6e Trillium, device_kind "TPU v6 lite": 918 TFLOP/s bf16 per chip, 32 GiB HBM, 3,584 Gbps
     # ICI (cloud.google.com/tpu/docs/v6e). MFU's table named it "TPU v6e (Trillium)", a name no
@@ -185,6 +419,19 @@ TABLE: dict[str, Chip] = {
       accelerator="v6e",
       slices=CHIP_SLICES,
       runtime="v2-alpha-tpuv6e",  # Cloud TPU's documented software versions
+      # DCN: "Per-host NIC configuration: 4 x 200 Gbps NIC", 8 chips per host; "DCN bandwidth per
+      # chip (Gbps): 100" (Cloud TPU versions).
+      dcn_bytes_per_s=100e9 / 8,
+      dcn_source="Cloud TPU v6e: 4 x 200 Gbps NIC per 8-chip host, DCN 100 Gbps per chip",
+      xla_flags=_tpu_flags(
+        "v6e/llama2_7b_4096.sh",
+        "--xla_tpu_scoped_vmem_limit_kib=98304",
+        "--xla_enable_async_all_gather=true",
+        "--xla_tpu_overlap_compute_collective_tc=true",
+        "--xla_tpu_enable_async_collective_fusion_multiple_steps=true",
+        "--xla_tpu_enable_async_collective_fusion=true",
+        "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true",
+      ),
     ),
     # A100 SXM4 and PCIe (40/80 GB): BF16 312, TF32 156 dense, NVLink 600 GB/s (NVIDIA A100
     # datasheet). The device kind "A100" matches the 40 GB cards too (same FLOP/s, for MFU);
@@ -201,6 +448,12 @@ TABLE: dict[str, Chip] = {
       usable=0.88,
       link_bytes_per_s=600e9 / 2,
       memory_source="NVIDIA A100 datasheet: 80 GB HBM2e, 312 TFLOP/s bf16, NVLink 600 GB/s",
+      # 8 GPUs per HGX/DGX node; InfiniBand: one single-port 200 Gb/s HDR ConnectX-6 per GPU.
+      node_devices=8,
+      dcn_bytes_per_s=200e9 / 8,
+      dcn_source="NVIDIA DGX A100 datasheet: 8x single-port ConnectX-6 200 Gb/s HDR InfiniBand",
+      xla_flags=_GPU_FLAGS,  # the H100 recipes' flags: the guides tune none for A100
+      env=_HOPPER_ENV,
     ),
     # H100 SXM5, device_kind "NVIDIA H100 80GB HBM3": BF16 1979 / TF32 989 sparse on the
     # datasheet -> 989.4 / 494.7 dense; 80 GB HBM3, NVLink 900 GB/s.
@@ -218,6 +471,11 @@ TABLE: dict[str, Chip] = {
       memory_source=(
         "NVIDIA H100 datasheet (SXM): 80 GB HBM3, 989 TFLOP/s bf16 dense, NVLink 900 GB/s"
       ),
+      node_devices=8,
+      dcn_bytes_per_s=400e9 / 8,
+      dcn_source=_DGX_IB,
+      xla_flags=_GPU_FLAGS,
+      env=_HOPPER_ENV,
     ),
     # H200 SXM: the H100 SXM's compute, BF16 1979 / TF32 989 sparse; 141 GB HBM3e, NVLink
     # 900 GB/s (NVIDIA H200 datasheet).
@@ -235,6 +493,11 @@ TABLE: dict[str, Chip] = {
       memory_source=(
         "NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 989 TFLOP/s bf16 dense, NVLink 900 GB/s"
       ),
+      node_devices=8,
+      dcn_bytes_per_s=400e9 / 8,
+      dcn_source=_DGX_IB,
+      xla_flags=_GPU_FLAGS,
+      env=_HOPPER_ENV,
     ),
     # B200 (HGX, 1000 W): BF16 4.5 PF / TF32 2.2 PF sparse -> 2.25 / 1.1 PF dense; 1,440 GB HBM3e
     # per 8 GPUs, NVLink 1.8 TB/s (NVIDIA HGX B200 / DGX B200 datasheet).
@@ -253,6 +516,11 @@ TABLE: dict[str, Chip] = {
         "NVIDIA DGX B200 datasheet: 1,440 GB HBM3e / 8 GPUs, 2.25 PFLOP/s bf16 dense, "
         "NVLink 1.8 TB/s"
       ),
+      node_devices=8,
+      dcn_bytes_per_s=400e9 / 8,
+      dcn_source=_DGX_IB,
+      xla_flags=_BLACKWELL_FLAGS,
+      env=(_O1,),  # JAX-Toolbox: no CUDA_DEVICE_MAX_CONNECTIONS=1 on Blackwell ("slower")
     ),
     # --- Known to MFU only.
     # v2: 45 TFLOP/s bf16 per chip, 2 TensorCores, no megacore: each core is a JAX device and

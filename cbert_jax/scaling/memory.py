@@ -37,8 +37,13 @@ the barriers.
 
 `plan(...)` picks the least costly setting that fits a chip's usable HBM: the cheapest estimated
 step time (`step_cost`) over remat none/dots/full x ce_chunk off/on x micro-batches 1, 2, 4, ...
-The chips' HBM, usable fraction, peak FLOP/s and interconnect are their records in the one chip
-table, cbert_jax/scaling/chips.py (which MFU's peak also reads).
+The step cost is the FLOPs at half the chip's peak plus FSDP's collectives (weights gathered
+forward and backward, gradients reduce-scattered, once per micro-batch) at the interconnect they
+cross: NVLink / ICI within a node (8 GPUs) or TPU slice, the inter-node link (InfiniBand per GPU,
+DCN) when the shards span nodes (`collective_bandwidth`): FSDP over 8 H100 nodes moves its bytes
+at 50 GB/s per GPU, not NVLink's 450. The chips' HBM, usable fraction, peak FLOP/s and both
+interconnects are their records in the one chip table, cbert_jax/scaling/chips.py (which MFU's
+peak also reads).
 """
 
 from __future__ import annotations
@@ -100,6 +105,7 @@ class Shape:
   shard: int  # devices the parameters are split over (fsdp x tensor)
   num_params: int  # every trained parameter (embeddings and head included)
   compute_bytes: int  # 2 (bfloat16) or 4 (float32)
+  shard_slices: int = 1  # of `shard`, the factor across slices / nodes (mesh_dcn fsdp x tensor)
 
 
 def shape_of(
@@ -109,8 +115,10 @@ def shape_of(
   seq_len: int,
   batch_size: int,
   mesh: dict,
+  dcn: dict | None = None,
 ) -> Shape:
-  """A Shape from the model configs and the resolved mesh sizes {data, fsdp, tensor}."""
+  """A Shape from the model configs and the resolved mesh sizes {data, fsdp, tensor} (each ICI x
+  DCN); `dcn`: their factors across slices / nodes (config.mesh_dcn), if any."""
   counts = flops_lib.param_counts(model_name, model_cfg)
   return Shape(
     model_name,
@@ -122,6 +130,7 @@ def shape_of(
     shard=mesh["fsdp"] * mesh["tensor"],
     num_params=counts.total,
     compute_bytes=model_cfg.dtype.itemsize,
+    shard_slices=dcn["fsdp"] * dcn["tensor"] if dcn else 1,
   )
 
 
@@ -215,10 +224,23 @@ def estimate(s: Shape, setting: Setting) -> dict[str, float]:
   return parts
 
 
-def step_cost(s: Shape, setting: Setting, chip_: Chip) -> float:
-  """Estimated seconds per step on `chip_` at 50% of its peak: the model FLOPs plus what the
-  setting recomputes, and the FSDP collectives each micro-batch repeats (weights all-gathered
-  forward and backward, gradients reduce-scattered)."""
+def crosses_nodes(s: Shape, chip_: Chip) -> bool:
+  """Whether the devices the parameters are sharded over (FSDP x tensor) span more than one node:
+  more than the chip's `node_devices` (8 GPUs on NVSwitch), or more than one slice / node by the
+  mesh (`Shape.shard_slices`, mesh_dcn). A TPU slice is one ICI domain (node_devices 0)."""
+  return s.shard_slices > 1 or (chip_.node_devices > 0 and s.shard > chip_.node_devices)
+
+
+def collective_bandwidth(s: Shape, chip_: Chip) -> float:
+  """Bytes/s per device, one direction, of the FSDP collectives: the chip's inter-node bandwidth
+  (InfiniBand, DCN: `dcn_bytes_per_s`) when they cross nodes, else NVLink / ICI. A ring over
+  several nodes runs at the slowest link on it, each device's own NIC."""
+  return chip_.dcn_bytes_per_s if crosses_nodes(s, chip_) else chip_.link_bytes_per_s
+
+
+def compute_seconds(s: Shape, setting: Setting, chip_: Chip) -> float:
+  """The step's FLOPs on one device (the model's plus what the setting recomputes) at 50% of the
+  chip's peak."""
   m = s.model
   tokens = s.batch_size * s.seq_len / s.data_parallel
   per_token = flops_lib.flops_per_token(s.model_name, m, s.mask, s.seq_len)
@@ -230,11 +252,25 @@ def step_cost(s: Shape, setting: Setting, chip_: Chip) -> float:
   attention = sum(st.layers * 4 * st.attn * st.d for st in stacks)
   weights = sum(st.layers * st.tokens * 2 * (4 * st.d * st.d + 3 * st.d * st.ffn) for st in stacks)
   recompute = {"none": 0.0, "dots": attention, "full": weights + attention}[setting.remat]
-  seconds = (base + recompute) / (0.5 * chip_.bf16)
-  if s.shard > 1:
-    gathered = s.num_params * s.compute_bytes * 2 + s.num_params * 4  # fwd + bwd gathers, RS
-    seconds += setting.microbatches * gathered * (s.shard - 1) / s.shard / chip_.link_bytes_per_s
-  return seconds
+  return (base + recompute) / (0.5 * chip_.bf16)
+
+
+def collective_seconds(s: Shape, setting: Setting, chip_: Chip) -> float:
+  """FSDP's collectives per step, which each micro-batch repeats: the weights all-gathered forward
+  and backward in the compute dtype, the fp32 gradients reduce-scattered; (n - 1) / n of the
+  bytes move per device, at `collective_bandwidth` (inter-node when the shards span nodes)."""
+  if s.shard <= 1:
+    return 0.0
+  gathered = s.num_params * s.compute_bytes * 2 + s.num_params * 4  # fwd + bwd gathers, RS
+  moved = setting.microbatches * gathered * (s.shard - 1) / s.shard
+  return moved / collective_bandwidth(s, chip_)
+
+
+def step_cost(s: Shape, setting: Setting, chip_: Chip) -> float:
+  """Estimated seconds per step on `chip_`: `compute_seconds` (50% of peak) plus
+  `collective_seconds` (not overlapped: the planner compares settings, and a setting that
+  gathers the weights k times costs k times the traffic)."""
+  return compute_seconds(s, setting, chip_) + collective_seconds(s, setting, chip_)
 
 
 def microbatch_counts() -> list[int]:

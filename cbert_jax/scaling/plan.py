@@ -97,6 +97,7 @@ def mesh_sizes(config: ml_collections.ConfigDict, num_devices: int) -> dict[str,
 def memory_shape(config: ml_collections.ConfigDict, num_devices: int) -> memory_lib.Shape:
   """The memory model's view of a resolved member on `num_devices` devices."""
   model_cfg, mask_cfg = model_config(config)
+  _, dcn = mesh_shape.mesh_shape(config.mesh, num_devices, config.mesh_dcn)
   return memory_lib.shape_of(
     config.model_name,
     model_cfg,
@@ -104,6 +105,7 @@ def memory_shape(config: ml_collections.ConfigDict, num_devices: int) -> memory_
     config.data.seq_len,
     config.batch_size,
     mesh_sizes(config, num_devices),
+    dict(zip(mesh_shape.AXES, dcn)),
   )
 
 

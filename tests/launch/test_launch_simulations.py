@@ -56,6 +56,7 @@ import pytest
 
 from cbert_jax.run import record
 from cbert_jax.run import status as status_lib
+from cbert_jax.scaling import chips as chips_lib
 from launch import sweep
 from tests import xla_flags
 from tests.helpers import losses
@@ -308,8 +309,9 @@ def run_xpk(tmp, jax_cache, out: dict) -> None:
   }
 
 
-def check_member(shared, sim, cluster: str, devices: int = 2) -> dict:
-  """What every backend's run must show; returns the member's {step: loss}."""
+def check_member(shared, sim, cluster: str, devices: int = 2, chip: str = "") -> dict:
+  """What every backend's run must show; returns the member's {step: loss}. `chip`: the chip the
+  launcher exported the XLA flags and variables of, which config.json records."""
   wd = workdir(shared, f"sim{devices}")
   assert status_lib.member_state(MEMBER, wd).state == "done"  # final checkpoint + probe
   saved = json.load(open(os.path.join(wd, "config.json")))
@@ -320,6 +322,12 @@ def check_member(shared, sim, cluster: str, devices: int = 2) -> dict:
     2,
     devices // 2,
   )
+  # The trainer ran with (and recorded) what the launcher exported for the chip. On slurm the
+  # stub srun gives each task the fake-device XLA_FLAGS of a CPU simulation instead of the GPU's.
+  exported = dict(chips_lib.chip_env(chips_lib.CHIPS[chip])) if chip else {}
+  if cluster == "SlurmCluster":
+    exported.pop("XLA_FLAGS", None)
+  assert exported and prov["environment"].items() >= exported.items(), prov["environment"]
   probe = json.load(open(record.probe_results(wd, STEPS)))
   assert set(probe["results"]) >= {"toy_cls", "average"}
   found = detections(sim)  # JAX's own cluster detection, in every process it ran
@@ -379,7 +387,7 @@ def test_slurm_tpu_vm_and_xpk_launches_train_the_same_member(tmp_path):
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   assert f"{MEMBER}: done" in r.stdout
   reference = check_member(
-    tmp_path / "tpu-vm" / "shared", tmp_path / "tpu-vm" / "sim", "GceTpuCluster", devices=4
+    tmp_path / "tpu-vm" / "shared", tmp_path / "tpu-vm" / "sim", "GceTpuCluster", 4, "v5e"
   )
   tpu = detections(tmp_path / "tpu-vm" / "sim")
   assert {d["local_device_ids"] is None for d in tpu} == {True}  # JAX never restricts a TPU VM
@@ -424,7 +432,7 @@ def test_slurm_tpu_vm_and_xpk_launches_train_the_same_member(tmp_path):
   for k in stops:  # each stop's checkpoint, at the step it stopped, is where the rerun resumed
     assert f"resumed from checkpoint at step {k}" in log
   assert results["slurm"]["checkpoints"] == [stops[1], STEPS]  # (keep_checkpoints=2)
-  slurm = check_member(tmp_path / "slurm" / "shared", sim, "SlurmCluster")
+  slurm = check_member(tmp_path / "slurm" / "shared", sim, "SlurmCluster", chip="h100")
   for d in detections(sim):  # task i sees GPUs 0,1 and JAX gives it GPU i (SLURM_LOCALID)
     assert d["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert d["local_device_ids"] == [int(d["env"]["SLURM_LOCALID"])] == [d["process_id"]]
@@ -466,6 +474,8 @@ def test_slurm_tpu_vm_and_xpk_launches_train_the_same_member(tmp_path):
   assert record.checkpoint_steps(wd)[-1] >= k
   prov = json.load(open(os.path.join(wd, "config.json")))["provenance"]
   assert (prov["device_count"], prov["process_count"], prov["local_device_count"]) == (4, 2, 2)
+  v5e = dict(chips_lib.chip_env(chips_lib.CHIPS["v5e"]))  # exported by the pod's command
+  assert prov["environment"]["LIBTPU_INIT_ARGS"] == v5e["LIBTPU_INIT_ARGS"]
   found = detections(sim)
   assert {d["cluster"] for d in found} == {"GkeTpuCluster"}
   assert {d["local_device_ids"] is None for d in found} == {True}

@@ -70,6 +70,11 @@ set -uo pipefail
 cd ROOT/code/CODE || exit 1
 # JAX preallocates 75% of a GPU's memory by default; the memory plan counts on 92% of it.
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}"
+# h100's XLA flags and variables (cbert_jax/scaling/chips.py; their sources: docs/launch.md;
+# launch.sweep --xla_flags replaces the flags, --xla_flags= sets none of them):
+export XLA_FLAGS='--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_all_gather_combine_threshold_bytes=134217728 --xla_gpu_reduce_scatter_combine_threshold_bytes=67108864 --xla_gpu_enable_all_gather_combine_by_dim=false --xla_gpu_enable_reduce_scatter_combine_by_dim=false --xla_gpu_enable_while_loop_double_buffering=true'
+export JAX_OPTIMIZATION_LEVEL=O1
+export CUDA_DEVICE_MAX_CONNECTIONS=1
 source /opt/venv/bin/activate
 workdir=ROOT/bert_d384L6
 final="$workdir/checkpoints/STEPS"  # the final checkpoint: train is done
@@ -229,7 +234,20 @@ def test_tpu_vm_commands_golden(tmp_path):
     "worker: launch with --setup_workers (it makes ~/cbert_jax-venv with Python 3.11), or give "
     "--python' >&2; exit 1; }; }"
   )
-  remote = f"cd {root}/code/{snapshot.snapshot_id()} && {venv} || exit 1; " + wrapper(
+  v5p = (  # MaxText's v5p dense recipe (src/maxtext/configs/tpu/v5p/llama2_7b.sh)
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true "
+    "--xla_tpu_megacore_fusion_allow_ags=false --xla_enable_async_collective_permute=true "
+    "--xla_tpu_enable_ag_backward_pipelining=true "
+    "--xla_tpu_enable_data_parallel_all_reduce_opt=true "
+    "--xla_tpu_data_parallel_opt_different_sized_ops=true "
+    "--xla_tpu_enable_async_collective_fusion=true "
+    "--xla_tpu_enable_async_collective_fusion_multiple_steps=true "
+    "--xla_tpu_overlap_compute_collective_tc=true --xla_enable_async_all_gather=true"
+  )
+  remote = (
+    f"cd {root}/code/{snapshot.snapshot_id()} && export LIBTPU_INIT_ARGS='{v5p}' && {venv} "
+    "|| exit 1; "
+  ) + wrapper(
     "bert_d384L6",
     f"{root}/bert_d384L6",
     j.member.total_steps,
@@ -278,7 +296,12 @@ def test_tpu_vm_commands_golden(tmp_path):
     "--version=v2-alpha-tpuv6e",
   ]
   assert ssh[1][5] == "run7-bert-d1024l16" and ssh[1][-1].startswith(
-    "--command=cd ~/cbert_jax && source ~/venv/bin/activate || exit 1; final="
+    "--command=cd ~/cbert_jax && export LIBTPU_INIT_ARGS='--xla_tpu_scoped_vmem_limit_kib=98304 "
+    "--xla_enable_async_all_gather=true --xla_tpu_overlap_compute_collective_tc=true "
+    "--xla_tpu_enable_async_collective_fusion_multiple_steps=true "
+    "--xla_tpu_enable_async_collective_fusion=true "
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true' && "
+    "source ~/venv/bin/activate || exit 1; final="
   )
 
 
@@ -382,7 +405,15 @@ def test_xpk_command_golden_and_names(tmp_path):
     f"--config=experiments/sweep.py:{FIRST} --workdir={root}/bert_d384L6 --multiprocess "
     "--config.sweep.chip=v5e"
   )
-  remote = wrapper(
+  v5e = (  # MaxText's v5e dense recipe (src/maxtext/configs/tpu/v5e/llama2_7b.sh)
+    "--xla_tpu_enable_data_parallel_all_reduce_opt=true "
+    "--xla_tpu_data_parallel_opt_different_sized_ops=true "
+    "--xla_tpu_enable_async_collective_fusion=true "
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true "
+    "--xla_tpu_enable_async_collective_fusion_multiple_steps=true "
+    "--xla_tpu_overlap_compute_collective_tc=true --xla_enable_async_all_gather=true"
+  )
+  remote = f"export LIBTPU_INIT_ARGS='{v5e}' || exit 1; " + wrapper(
     "bert_d384L6",
     f"{root}/bert_d384L6",
     j.member.total_steps,
@@ -392,7 +423,7 @@ def test_xpk_command_golden_and_names(tmp_path):
   assert backends.shell_join(j.steps[0][1]) == (
     "xpk workload create --cluster=pod1 --workload=cbert-bert-d384l6 --tpu-type=v5litepod-8 "
     "--num-slices=1 --docker-image=gcr.io/p/cbert:1 --max-restarts=3 "
-    "--termination-grace-period-seconds=300 --command='" + remote + "'"
+    "--termination-grace-period-seconds=300 --command=" + shlex.quote(remote)
   )
   assert "\n" not in remote and "$(" not in remote  # one YAML line; no k8s $(VAR) expansion
   assert job(launch, "crossbert_d2304L32").info["tpu_type"] == "v5litepod-64"
@@ -491,7 +522,8 @@ def test_xpk_storage_restarts_and_grace_period(tmp_path, capsys):
     "--storage=sweep-fuse",
     "--storage=data-fs",
   ]  # xpk's defaults: 0 and 30
-  assert cmd[-1].startswith(f"--command=final={shared}/sweep_paper/bert_d384L6/checkpoints/")
+  assert cmd[-1].startswith("--command=export LIBTPU_INIT_ARGS='--xla_tpu_")  # v5p's flags
+  assert f"|| exit 1; final={shared}/sweep_paper/bert_d384L6/checkpoints/" in cmd[-1]
   rc, out, err = run_main(
     capsys,
     "--config",

@@ -41,6 +41,8 @@ MFU_FIELDS = (
 )
 PLAN_FIELDS = ("hbm", "usable", "link_bytes_per_s", "memory_source")
 TPU_FIELDS = ("accelerator", "slices", "host_chips", "runtime")
+# A planned chip's inter-node link (the step cost) and launch environment (the launchers).
+NODE_FIELDS = ("node_devices", "dcn_bytes_per_s", "dcn_source", "xla_flags", "env")
 
 
 def test_every_record_has_the_fields_its_readers_need():
@@ -48,7 +50,7 @@ def test_every_record_has_the_fields_its_readers_need():
   kinds = [kind for c in chips_lib.TABLE.values() for kind in c.device_kinds]
   assert len(kinds) == len(set(kinds)) == len(chips_lib.DEVICE_KINDS)  # no kind in two records
   every = {f.name for f in dataclasses.fields(chips_lib.Chip)}
-  assert every == {*MFU_FIELDS, *PLAN_FIELDS, *TPU_FIELDS}  # a new field is sorted in here
+  assert every == {*MFU_FIELDS, *PLAN_FIELDS, *TPU_FIELDS, *NODE_FIELDS}  # sort a new one in
   for key, c in chips_lib.TABLE.items():
     assert c.key == key and all(getattr(c, f) for f in MFU_FIELDS), key
     # MFU: dense peaks, bf16 never below the float32 path, none near a sparse 3 PFLOP/s figure.
@@ -56,12 +58,15 @@ def test_every_record_has_the_fields_its_readers_need():
     assert c.devices_per_chip in (1, 2) and c.cores_per_chip >= c.devices_per_chip
     if not c.planned:  # known to MFU only: no plan or launcher facts to get wrong
       assert key not in chips_lib.CHIPS
-      assert not any(getattr(c, f) for f in (*PLAN_FIELDS, *TPU_FIELDS)), key
+      assert not any(getattr(c, f) for f in (*PLAN_FIELDS, *TPU_FIELDS, *NODE_FIELDS)), key
       continue
     assert key in chips_lib.CHIPS and c.devices_per_chip == 1
     assert all(getattr(c, f) for f in PLAN_FIELDS), key
     # The memory plan and the step cost: bytes, a fraction, bytes per second.
     assert c.hbm >= 16 * chips_lib.GiB and 0.5 < c.usable < 1 and c.link_bytes_per_s >= 1e11
+    # Between nodes (InfiniBand, DCN): slower than NVLink / ICI, with a source; XLA flags.
+    assert 1e9 < c.dcn_bytes_per_s < c.link_bytes_per_s and c.dcn_source and c.xla_flags, key
+    assert c.node_devices == (0 if c.accelerator else 8), key
     if c.accelerator:  # a TPU: its slices, either listed or whole hosts, and its runtime
       assert bool(c.slices) != bool(c.host_chips) and c.runtime
       assert c.cores_per_chip == (2 if c.host_chips else 1)
@@ -109,7 +114,12 @@ def test_the_plan_the_step_cost_mfu_and_the_launcher_read_one_record(key):
   s = memory.shape_of("bert", model, mask, 128, 64, {"data": 1, "fsdp": 16, "tensor": 1})
   plan = memory.plan(s, key)
   assert plan.budget == c.hbm * c.usable
-  slower = dataclasses.replace(c, bf16=c.bf16 / 2, link_bytes_per_s=c.link_bytes_per_s / 2)
+  slower = dataclasses.replace(
+    c,
+    bf16=c.bf16 / 2,
+    link_bytes_per_s=c.link_bytes_per_s / 2,
+    dcn_bytes_per_s=c.dcn_bytes_per_s / 2,
+  )
   assert memory.step_cost(s, plan.setting, slower) == pytest.approx(2 * plan.cost_s)
 
 
