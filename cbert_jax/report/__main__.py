@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from cbert_jax.report import loss_surface
+from cbert_jax.report.progress import Progress
 from cbert_jax.report.sweep_report import ReportError, write
 
 
@@ -23,18 +24,28 @@ def main(argv=None) -> int:
   parser.add_argument(
     "--n_boot", type=int, default=loss_surface.N_BOOT, help="bootstrap resamples of the L(N, D) fit"
   )
+  parser.add_argument(
+    "--quiet", action="store_true", help="no progress lines on stderr (stage n/N, elapsed)"
+  )
   ns = parser.parse_args(argv)
   try:
     command = " ".join(
       ["python -m cbert_jax.report", *(argv if argv is not None else sys.argv[1:])]
     )
-    path = write(ns.sweep, ns.out, cms=ns.cms, grid=ns.grid, n_boot=ns.n_boot, command=command)
+    path = write(
+      ns.sweep,
+      ns.out,
+      cms=ns.cms,
+      grid=ns.grid,
+      n_boot=ns.n_boot,
+      command=command,
+      progress=None if ns.quiet else Progress(),
+    )
   except ReportError as e:
     print(f"report error: {e}", file=sys.stderr)
     return 2
   with open(path) as f:
     print(f.read())
-  print(f"written: {path}", file=sys.stderr)
   return 0
 
 

@@ -130,15 +130,19 @@ def read_member(workdir: str) -> dict | None:
   }
 
 
-def read_sweep(root: str) -> list[dict]:
+def read_sweep(root: str, progress=None) -> list[dict]:
+  """Every member workdir under `root`, sorted by (arch, compute, seed); `progress(done, total)`
+  (optional) after each directory read."""
   if not os.path.isdir(root):
     raise ReportError(f"--sweep: no such directory {root!r}")
-  members = [
-    m
-    for d in record_lib.run_names(root)
-    for m in [read_member(os.path.join(root, d))]
-    if m is not None
-  ]
+  names = record_lib.run_names(root)
+  members = []
+  for i, d in enumerate(names):
+    m = read_member(os.path.join(root, d))
+    if m is not None:
+      members.append(m)
+    if progress:
+      progress(i + 1, len(names))
   if not members:
     raise ReportError(
       f"--sweep: {root!r} holds no member workdirs (subdirectories with a config.json)"

@@ -138,19 +138,22 @@ def read_member(workdir: str, metric: str = "val_full") -> Member | None:
   return m
 
 
-def read_grid(grid: str, metric: str = "val_full") -> list[Member]:
+def read_grid(grid: str, metric: str = "val_full", progress=None) -> list[Member]:
   """Every member workdir directly under `grid`, sorted by (arch, compute, batch, lr); each
-  member's loss is `metric` at its final step."""
+  member's loss is `metric` at its final step. `progress(done, total)` (optional) after each
+  directory read."""
   if not os.path.exists(grid):
     raise GridError(f"--grid: no such directory {grid!r}")
   if not os.path.isdir(grid):
     raise GridError(f"--grid: {grid!r} is not a directory")
-  members = [
-    m
-    for d in record_lib.run_names(grid)
-    for m in [read_member(os.path.join(grid, d), metric)]
-    if m is not None
-  ]
+  names = record_lib.run_names(grid)
+  members = []
+  for i, d in enumerate(names):
+    m = read_member(os.path.join(grid, d), metric)
+    if m is not None:
+      members.append(m)
+    if progress:
+      progress(i + 1, len(names))
   if not members:
     raise GridError(
       f"--grid: {grid!r} holds no member workdirs (subdirectories with a "

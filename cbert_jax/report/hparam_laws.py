@@ -13,6 +13,7 @@ import os
 import shutil
 
 from cbert_jax.errors import ConfigError
+from cbert_jax.report import backtest, backtest_text
 from cbert_jax.report.grid import plot_paths
 from cbert_jax.scaling import laws as laws_lib
 
@@ -42,8 +43,10 @@ def _ci(ci) -> str:
   return f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "-"
 
 
-def describe(spec: str, families: list[str]) -> dict:
-  """One laws file as the report shows it: its laws, fitted range, checks and plots."""
+def describe(spec: str, families: list[str], grid_dir=None, grid_members=None) -> dict:
+  """One laws file as the report shows it: its laws, fitted range, checks and plots; with a grid
+  (`grid_dir`, its members when already read; else the grid its provenance names, when that
+  directory exists), its leave-one-size-out backtests."""
   entry = {"spec": spec, "families": families, "file": None, "error": None}
   try:
     path = laws_lib.resolve_path(spec) if spec else ""
@@ -63,13 +66,38 @@ def describe(spec: str, families: list[str]) -> dict:
   # [file, suffix of its copy]: the laws plot (.png) and the grid plot (_grid.png), if they exist
   pairs = zip(plot_paths(path), (".png", "_grid.png")) if path else ()
   entry["plots"] = [[p, suffix] for p, suffix in pairs if os.path.exists(p)]
+  if not grid_dir:  # the grid the laws file says it was fitted on, if it is still there
+    grid_members = None
+    grid_dir = next(
+      (g for g in (laws.provenance.get(k) for k in ("grid", "grid_abs")) if g and os.path.isdir(g)),
+      None,
+    )
+  if grid_dir and laws.provenance.get("runs"):  # a fitted laws file, not the published defaults
+    entry["backtest"] = backtest.hparam_backtest(grid_dir, laws.provenance, grid_members)
+    entry["backtest"]["mismatch"] = _mismatch(entry["backtest"], entry["laws"])
   return entry
 
 
-def section(members: list[dict], out_dir: str) -> tuple[list[str], list[dict]]:
+def _mismatch(hb: dict, laws: dict) -> list[str]:
+  """The laws whose exponent the grid's refit does not reproduce (then the backtests are those of
+  the grid's own fit, not of the laws file's)."""
+  return [
+    f"{field}: {bt['slope']:+.4f} from the grid, {laws[field]['alpha']:+.4f} in the file"
+    for field, bt in hb.get("laws", {}).items()
+    if field in laws and abs(bt["slope"] - laws[field]["alpha"]) > 1e-6 * max(1.0, abs(bt["slope"]))
+  ]
+
+
+def section(
+  members: list[dict], out_dir: str, grid_dir=None, grid_members=None
+) -> tuple[list[str], list[dict]]:
   """The markdown lines of the section and its entries (report.json); each laws file's plots are
-  copied into `out_dir` as laws_<name>.png and embedded."""
-  entries = [describe(spec, fams) for spec, fams in sorted(used(members).items())]
+  copied into `out_dir` as laws_<name>.png and embedded. With the grid the laws were fitted on
+  (`grid_dir`; `grid_members` when already read), each law's leave-one-size-out misses, loss costs
+  and the best constant's beside them."""
+  entries = [
+    describe(spec, fams, grid_dir, grid_members) for spec, fams in sorted(used(members).items())
+  ]
   if not entries:
     return [], []
   lines = [
@@ -89,15 +117,25 @@ def section(members: list[dict], out_dir: str) -> tuple[list[str], list[dict]]:
       continue
     # the override and its reason get a line of their own below
     lines += [f"Source: {e['source'].split(laws_lib.OVERRIDDEN_MARK)[0]}.", ""]
-    lines += ["| law | a | exponent | 90% bootstrap | 90% t | sizes |", "|---|---|---|---|---|---|"]
+    bts = (e.get("backtest") or {}).get("laws", {})
+    lines += [
+      "| law | a | exponent | 90% bootstrap | 90% t | sizes | leave one size out: law / "
+      "optimum (loss cost, nats) | lack of fit | reads as |",
+      "|---|---|---|---|---|---|---|---|---|",
+    ]
     for field, what, x in LAWS:
       law = e["laws"].get(field)
       if law:
+        bt = bts.get(field)
         lines.append(
           f"| {what} vs {x} | {law['a']:.4g} | {law['alpha']:+.3f} | {_ci(law['alpha_ci'])} | "
-          f"{_ci(law['alpha_t_ci'])} | {law['n_points'] or '-'} |"
+          f"{_ci(law['alpha_t_ci'])} | {law['n_points'] or '-'} | "
+          f"{backtest_text.hparam_miss_cell(bt) if bt else '- (no grid: --grid)'} | "
+          f"{backtest_text.p_cell(bt) if bt else '-'} | "
+          f"{backtest_text.reads_as(bt) if bt else 'a slope (not backtested)'} |"
         )
     lines.append("")
+    lines += backtest_text.hparam_section(e)
     if e["fitted_compute"]:
       lo, hi = e["fitted_compute"]
       text = f"Fitted on C {lo:.3g}-{hi:.3g}"

@@ -39,12 +39,13 @@ SCALES = (1, 10, 100)
 MIN_DN_SPAN = 2.0  # max(D/N) / min(D/N) below which the allocation is not identified
 
 
-def grid_optima(grid_dir: str) -> list[dict]:
-  """The best done member of each (arch, size) of the grid, as points."""
+def grid_optima(grid_dir: str, members=None) -> list[dict]:
+  """The best done member of each (arch, size) of the grid, as points (`members`: the grid's
+  `grid_read.Member`s when already read, else read from `grid_dir`)."""
   from cbert_jax.report import grid_read  # pylint: disable=import-outside-toplevel
 
   best = {}
-  for m in grid_read.read_grid(grid_dir):
+  for m in members if members is not None else grid_read.read_grid(grid_dir):
     if m.state != "done" or m.loss is None or not np.isfinite(m.loss):
       continue
     if (m.arch, m.size) not in best or m.loss < best[(m.arch, m.size)].loss:
@@ -92,10 +93,11 @@ def fit_family(
   starts=None,
   save_path: str | None = None,
   provenance: dict | None = None,
+  progress=None,
 ) -> dict:
   """The surface fitted to `points` (one family), its intervals and, when usable, the allocation;
   with `save_path`, the fit (its problems included) is written there (`chinchilla.save`) with
-  `provenance` plus the points and their ranges."""
+  `provenance` plus the points and their ranges. `progress(done, n_boot)`: the bootstrap's."""
   metric = "val_full" if any(p["metric"] == "val_full" for p in points) else "eval_loss"
   left_out = [p["name"] for p in points if p["metric"] != metric]
   pts = [p for p in points if p["metric"] == metric]
@@ -128,7 +130,7 @@ def fit_family(
       "ratio (--grid) would separate them"
     }
   try:
-    f = chinchilla.fit(n, d, loss, n_boot=n_boot, seed=0, starts=starts)
+    f = chinchilla.fit(n, d, loss, n_boot=n_boot, seed=0, starts=starts, progress=progress)
   except ValueError as e:
     return out | {"reason": str(e)}
   law = f.law
@@ -186,21 +188,26 @@ def surfaces(
   starts=None,
   out_dir: str | None = None,
   provenance: dict | None = None,
+  grid_members=None,
+  progress=None,
 ) -> dict:
   """{family: fit_family(...)} over the sweep's members plus the grid's optima (if any); with
-  `out_dir`, each fitted surface is written to `surface_file(out_dir, family)`."""
-  pts = sweep_points(members) + (grid_optima(grid_dir) if grid_dir else [])
-  out = {
-    fam: fit_family(
+  `out_dir`, each fitted surface is written to `surface_file(out_dir, family)`. `grid_members`:
+  the grid already read (else read from `grid_dir`); `progress`: a `report.progress.Progress`
+  (each family's bootstrap counts as steps of its current stage)."""
+  pts = sweep_points(members) + (grid_optima(grid_dir, grid_members) if grid_dir else [])
+  out = {}
+  for fam in FAMILIES:
+    if not any(p["arch"] == fam for p in pts):
+      continue
+    out[fam] = fit_family(
       [p for p in pts if p["arch"] == fam],
       n_boot,
       starts,
       save_path=surface_file(out_dir, fam) if out_dir else None,
       provenance=dict(provenance or {}) | {"family": fam, "grid": grid_dir},
+      progress=progress.callback(f"{fam}, bootstrap resample") if progress else None,
     )
-    for fam in FAMILIES
-    if any(p["arch"] == fam for p in pts)
-  }
   for fam, r in out.items():
     r["grid"] = grid_dir
     r["point_list"] = [p for p in pts if p["arch"] == fam]

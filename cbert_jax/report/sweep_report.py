@@ -9,10 +9,13 @@ full-split validation record `eval/val_full-step_<final>.json` (else eval/loss, 
 `metrics.jsonl` (validation loss over tokens, tokens/s), `eval/step_<final>*.json` (the offline
 probe suite) -- and writes to `<sweep>/report/`:
   report.md, report.json   member table, per-size table over seeds, fits with bootstrap
-                           intervals and per-seed exponents, the four claims, what the fits
-                           support, the loss surface L(N, D), the LR / batch laws the members
-                           used (exponents, both intervals, fitted range, overridden checks);
-                           report.json holds every number
+                           intervals and per-seed exponents, beside each exponent its backtest
+                           (report/backtest.py: the miss at each size left out, the lack-of-fit
+                           test, "law" or "a slope over the sizes measured"), the four claims,
+                           what the fits support, the loss surface L(N, D), the LR / batch laws
+                           the members used (exponents, both intervals, fitted range, overridden
+                           checks, leave-one-size-out misses and loss costs against the best
+                           constant, read off the grid); report.json holds every number
   laws_<name>.png, laws_<name>_grid.png   those laws' plots, copied from beside their file
   loss_vs_flops.png        final validation loss vs C per architecture (seeds, seed means, law)
   probes_vs_flops.png      frozen ridge / logreg / kNN / retrieval scores vs C, fitted trends
@@ -24,8 +27,9 @@ probe suite) -- and writes to `<sweep>/report/`:
 --cms DIR: the controlled CMS experiment's directory (cms.json from `python -m
 cbert_jax.report.cms`), quoted for claim 2. --grid DIR: a hyperparameter grid whose optima join
 the sweep's members in the loss-surface fit. --n_boot: its bootstrap resamples.
-Reading and fits: report_fits.py; the loss surface: loss_surface.py; figures: report_plots.py;
-the laws: hparam_laws.py.
+Reading and fits: fits.py; backtests: backtest.py (text: backtest_text.py); the loss surface:
+loss_surface.py; figures: plots.py; the laws: hparam_laws.py. The CLI prints a progress line per
+stage on stderr (progress.py: the stage n/N, its own count, seconds since the start).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import time
 
 import numpy as np
 
-from cbert_jax.report import hparam_laws, loss_surface
+from cbert_jax.report import backtest, backtest_text, hparam_laws, loss_surface
 from cbert_jax.report.fits import (
   ALL_ARCHS,
   ARCHS,
@@ -51,8 +55,9 @@ from cbert_jax.report.fits import (
   read_cms_dir,
   read_sweep,
 )
-from cbert_jax.report.grid_read import GridError
+from cbert_jax.report.grid_read import GridError, read_grid
 from cbert_jax.report.plots import plot_cms, plot_flops_per_token, plot_loss, plot_probes
+from cbert_jax.report.progress import Progress, silent
 
 PAPER_THROUGHPUT_RATIO = 207 / 123  # SPEC §6: CrossBERT 207k vs BERT 123k tokens/s
 LABELS = {"bert": "BERT", "crossbert": "CrossBERT", "crossbert-nocms": "CrossBERT (no CMS)"}
@@ -173,7 +178,19 @@ def claim_cms(eff: dict | None, controlled: dict | None) -> str:
   )
 
 
-def claim_trend(i: int, arch: str, paper: str, t: dict, lf: dict | None) -> str:
+def _as_slope(bt: dict | None) -> str:
+  """': a slope over the sizes measured (N ...), not a law' unless the loss law passed its
+  lack-of-fit test (backtest.reading); '' when it passed."""
+  if bt and bt.get("is_law"):
+    return ""
+  return f": {backtest_text.reads_as(bt)}, not a law"
+
+
+def claim_trend(
+  i: int, arch: str, paper: str, t: dict, lf: dict | None, bt: dict | None = None
+) -> str:
+  """Claim 3 or 4; `bt`: the family's backtests (report_backtests), which say whether the loss
+  exponent is a law or a slope over the sizes measured."""
   label = LABELS[arch]
   if not t:
     return f"{3 + i}. **{label}'s frozen trend**: not measured (fewer than 2 probed sizes)."
@@ -191,8 +208,9 @@ def claim_trend(i: int, arch: str, paper: str, t: dict, lf: dict | None) -> str:
     p = lf["power_law"]
     loss_part = (
       f" Its validation loss (seed means) falls as C^{p['alpha']:.3f} (90%: bootstrap"
-      f"{_ci(p['alpha_ci']) or ' -'}, t{_ci(p.get('alpha_t_ci')) or ' -'}) over "
-      f"{lf['n_points']} sizes; per seed: {_per_seed(lf.get('per_seed', []), 'alpha', '.3f')}."
+      f"{_ci(p['alpha_ci']) or ' -'}, t{_ci(p.get('alpha_t_ci')) or ' -'}; over "
+      f"{lf['n_points']} sizes; per seed: {_per_seed(lf.get('per_seed', []), 'alpha', '.3f')})"
+      f"{_as_slope((bt or {}).get('loss'))}."
     )
     if lf.get("partial"):
       loss_part += f" Sizes with only some seeds (fitted on those): {', '.join(lf['partial'])}."
@@ -226,23 +244,55 @@ def _verdict(t: dict) -> str:
   return ", ".join(words) or "no probe"
 
 
-def claims(loss_fits, probe_fits, ratios, eff, controlled=None) -> list[str]:
+def claims(loss_fits, probe_fits, ratios, eff, controlled=None, backtests=None) -> list[str]:
   """SPEC §6's four claims, each stated with this sweep's numbers, whichever way they come out."""
+  bts = backtests or {}
   return [
     claim_throughput(ratios),
     claim_cms(eff, controlled),
-    claim_trend(0, "bert", "flat or falling", probe_fits.get("bert", {}), loss_fits.get("bert")),
+    claim_trend(
+      0,
+      "bert",
+      "flat or falling",
+      probe_fits.get("bert", {}),
+      loss_fits.get("bert"),
+      bts.get("bert"),
+    ),
     claim_trend(
       1,
       "crossbert",
       "rising monotonically",
       probe_fits.get("crossbert", {}),
       loss_fits.get("crossbert"),
+      bts.get("crossbert"),
     ),
   ]
 
 
-def support(members, groups, loss_fits, probe_fits, chin) -> list[str]:
+def _backtest_sentence(bt: dict | None, what: str) -> str:
+  """' Leaving one size out, ... misses ... ; the power law ... (p = ...): a slope ...'."""
+  if not bt or not bt.get("loo"):
+    return ""
+  rows = bt["loo"]
+  out_n = sum(r["inside"] is False for r in rows)
+  with_iv = sum(r["inside"] is not None for r in rows)
+  lof = bt["lack_of_fit"]
+  test = (
+    f"fails its lack-of-fit test (p = {lof['p']:.2g})"
+    if lof["p"] is not None and not bt["is_law"]
+    else f"passes its lack-of-fit test (p = {lof['p']:.2g})"
+    if lof["p"] is not None
+    else f"has no lack-of-fit test ({lof['reason']})"
+  )
+  return (
+    f" Leaving one size out, the line through the others misses it by "
+    f"{min(r['miss_pct'] for r in rows):+.1f}% to {max(r['miss_pct'] for r in rows):+.1f}% "
+    f"({out_n} of {with_iv} outside the 90% prediction interval); the {what} {test}"
+    + ("." if bt["is_law"] else f", so the exponent is {bt['reading']}, not a law.")
+  )
+
+
+def support(members, groups, loss_fits, probe_fits, chin, backtests=None) -> list[str]:
   """What the fits do and do not support: statements conditional on this sweep's numbers."""
   out = []
   seeds = sorted({m["seed"] for m in members})
@@ -277,6 +327,7 @@ def support(members, groups, loss_fits, probe_fits, chin) -> list[str]:
         f" Seeds alone give {min(alphas):.3f} to {max(alphas):.3f} (spread "
         f"{max(alphas) - min(alphas):.3f}, against an interval {ci[1] - ci[0]:.3f} wide)."
       )
+    s += _backtest_sentence(((backtests or {}).get(arch) or {}).get("loss"), "power law")
     sat = lf.get("saturating")
     if sat:
       s += (
@@ -370,10 +421,13 @@ def markdown(
   chin=None,
   laws_lines=(),
   command=None,
+  backtests=None,
 ) -> str:
   """The report's text (`ratios`: flops_ratios; `groups`: default group(members); `laws_lines`:
-  hparam_laws.section's; `command`: the command line that wrote it, default the --sweep part)."""
+  hparam_laws.section's; `command`: the command line that wrote it, default the --sweep part;
+  `backtests`: backtest.report_backtests's, printed beside each exponent and in their section)."""
   groups = group(members) if groups is None else groups
+  bts = backtests or {}
   command = command or f"python -m cbert_jax.report --sweep {root}"
   lines = [
     f"# Scaling report: {root}",
@@ -444,39 +498,54 @@ def markdown(
       + " |"
     )
   lines += ["", "## The four claims (SPEC §6)", ""] + claims(
-    loss_fits, probe_fits, ratios, eff, controlled
+    loss_fits, probe_fits, ratios, eff, controlled, bts
   )
   lines += [
     "",
     "## Fits",
     "",
-    "On the seed means (one point per size); 'per seed': the same fit on one seed's members.",
+    "On the seed means (one point per size); 'per seed': the same fit on one seed's members. "
+    "Beside each exponent, its backtest (section 'Backtests' below): each size's miss when the "
+    "law is fitted on the other sizes (% for the loss, score units for a probe; in/OUT: inside "
+    "the 90% t prediction interval), the lack-of-fit test's p-value, and what the exponent may "
+    "be called.",
     "",
-    "| arch | quantity | law | exponent / slope [90% bootstrap] | [90% t] | points | per seed |",
-    "|---|---|---|---|---|---|---|",
+    "| arch | quantity | law | exponent / slope [90% bootstrap] | [90% t] | points | per seed "
+    "| leave one size out: miss | lack of fit | reads as |",
+    "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for arch in ALL_ARCHS:
     f = loss_fits.get(arch)
+    bt = bts.get(arch) or {}
     if f:
       p = f["power_law"]
+      lb = bt.get("loss")
       lines.append(
         f"| {arch} | val loss | a C^alpha, a={p['a']:.3g} | alpha {p['alpha']:.4f}"
         f"{_ci(p['alpha_ci'], '.4f')}{_boot(p.get('bootstrap'))} "
         f"| {_ci(p.get('alpha_t_ci'), '.4f').strip() or '-'} "
-        f"| {f['n_points']} | {_per_seed(f.get('per_seed', []), 'alpha', '.4f')} |"
+        f"| {f['n_points']} | {_per_seed(f.get('per_seed', []), 'alpha', '.4f')} "
+        f"| {backtest_text.miss_cell(lb, True)} | {backtest_text.p_cell(lb)} "
+        f"| {backtest_text.reads_as(lb)} |"
       )
       if "saturating" in f:
         s = f["saturating"]
+        sb = bt.get("saturating")
         e = f"e={s['e']:.3f}" if s.get("e") is not None else f"e not identified ({s['e_note']})"
         lines.append(
-          f"| {arch} | val loss | e + b C^-beta, {e} | beta {s['beta']:.4f} | - | {f['n_points']} | - |"
+          f"| {arch} | val loss | e + b C^-beta, {e} | beta {s['beta']:.4f} | - | {f['n_points']} "
+          f"| - | {backtest_text.miss_cell(sb, True)} | {backtest_text.p_cell(sb)} "
+          f"| {backtest_text.reads_as(sb)} |"
         )
     for key, t in probe_fits.get(arch, {}).items():
+      pb = bt.get("probes", {}).get(key)
       lines.append(
         f"| {arch} | {key} | s0 + slope log10 C | slope {t['slope_per_decade']:+.4f}"
         f"{_ci(t['slope_ci'], '+.4f')}{_boot(t.get('bootstrap'))}, Spearman "
         f"{t['spearman']:+.2f} | {_ci(t.get('slope_t_ci'), '+.4f').strip() or '-'} "
-        f"| {t['n_points']} | {_per_seed(t.get('per_seed', []), 'slope_per_decade', '+.4f')} |"
+        f"| {t['n_points']} | {_per_seed(t.get('per_seed', []), 'slope_per_decade', '+.4f')} "
+        f"| {backtest_text.miss_cell(pb, False)} | {backtest_text.p_cell(pb)} "
+        f"| {backtest_text.reads_as(pb)} |"
       )
   lines += [
     "",
@@ -489,8 +558,9 @@ def markdown(
     "## What the fits do and do not support",
     "",
   ]
-  lines += support(members, groups, loss_fits, probe_fits, chin)
-  lines += [""] + loss_surface.markdown(chin)
+  lines += support(members, groups, loss_fits, probe_fits, chin, bts)
+  lines += [""] + backtest_text.section(bts, loss_fits, probe_fits)
+  lines += loss_surface.markdown(chin)
   lines += list(laws_lines)
   lines += ["## Plots", ""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots]
   return "\n".join(lines) + "\n"
@@ -504,25 +574,38 @@ def write(
   n_boot: int = loss_surface.N_BOOT,
   chinchilla_starts=None,
   command: str | None = None,
+  progress: Progress | None = None,
 ) -> str:
   """Reads the sweep in `root` (and the controlled CMS experiment in `cms`, the grid in `grid`),
   writes the report files; returns the markdown's path. `n_boot`, `chinchilla_starts`: the loss
   surface's bootstrap resamples and optimiser starts (default: chinchilla.START_GRID); `command`:
-  the command line recorded in the surface files' provenance."""
+  the command line recorded in the surface files' provenance; `progress`: where the progress
+  lines go (default none; the CLI prints them to stderr)."""
+  prog = progress or silent()
+  # read, fits, [the grid], the loss surfaces, plots, laws and their backtests, files
+  prog.stages = 6 + (1 if grid else 0)
   root = os.path.abspath(root)
-  members = read_sweep(root)
+  prog.begin(f"reading the sweep {root}")
+  members = read_sweep(root, prog.callback("member"))
+  prog.begin("fitting loss and probe laws, with their backtests")
   groups = group(members)
   out_dir = out_dir or os.path.join(root, "report")
   os.makedirs(out_dir, exist_ok=True)
   loss_fits = {a: f for a in ALL_ARCHS for f in [fit_loss(groups, members, a)] if f}
   probe_fits = {a: fit_probes(groups, members, a) for a in ARCHS}
+  backtests = backtest.report_backtests(members, ALL_ARCHS, PROBES)
   ratios = flops_ratios(groups)
   for r in ratios.values():  # what the analytic ratio implies (claim 1), range over sizes
     r["tokens_per_sec_ratio_at_equal_mfu"] = [1 / r["max"], 1 / r["min"]]
     r["mfu_ratio_for_paper_throughput"] = [PAPER_THROUGHPUT_RATIO * r[k] for k in ("min", "max")]
   eff = cms_efficiency(members)
   controlled = read_cms_dir(cms) if cms else None
+  grid_members = None
   try:
+    if grid:
+      prog.begin(f"reading the grid {grid}")
+      grid_members = read_grid(grid, progress=prog.callback("member"))
+    prog.begin("loss surfaces L(N, D)")
     chin = loss_surface.surfaces(
       members,
       grid,
@@ -530,9 +613,12 @@ def write(
       chinchilla_starts,
       out_dir=out_dir,
       provenance={"sweep": root, "command": command},
+      grid_members=grid_members,
+      progress=prog,
     )
   except GridError as e:
     raise ReportError(str(e)) from e
+  prog.begin("plots")
   plots = [
     os.path.join(out_dir, f)
     for f in ("loss_vs_flops.png", "probes_vs_flops.png", "flops_per_token.png")
@@ -544,7 +630,9 @@ def write(
   if eff:
     plots.append(os.path.join(out_dir, "cms_efficiency.png"))
     plot_cms(members, eff, plots[-1], root)
-  laws_lines, laws_entries = hparam_laws.section(members, out_dir)
+  prog.begin("hyperparameter laws and their backtests")
+  laws_lines, laws_entries = hparam_laws.section(members, out_dir, grid, grid_members)
+  prog.begin(f"writing {out_dir}")
   shown = os.path.relpath(root) if not os.path.relpath(root).startswith("..") else root
   text = markdown(
     shown,
@@ -559,6 +647,7 @@ def write(
     chin=chin,
     laws_lines=laws_lines,
     command=command,
+    backtests=backtests,
   )
   path = os.path.join(out_dir, "report.md")
   with open(path, "w") as f:
@@ -570,15 +659,17 @@ def write(
         "groups": groups,
         "loss_fits": loss_fits,
         "probe_fits": probe_fits,
+        "backtests": backtests,
         "flops_ratios": ratios,
         "cms_efficiency": eff,
         "cms_controlled": controlled,
         "chinchilla": chin,
         "laws": laws_entries,
-        "claims": claims(loss_fits, probe_fits, ratios, eff, controlled),
-        "support": support(members, groups, loss_fits, probe_fits, chin),
+        "claims": claims(loss_fits, probe_fits, ratios, eff, controlled, backtests),
+        "support": support(members, groups, loss_fits, probe_fits, chin, backtests),
       },
       f,
       indent=2,
     )
+  prog.done(f"written: {path}")
   return path

@@ -6,16 +6,23 @@ validation and probe records, no checkpoints). Recomputing from the archives mus
 member's numbers, the loss and probe fits with their intervals, and the CMS experiment's ratios
 and probe differences: the numbers docs/scaling.md and the README quote are reproducible from the
 repository alone. (The loss surface, the report's slow part, is left out: its inputs are the same
-members checked here.)
+members checked here.) The backtests beside every exponent (each law refitted without one size,
+its lack-of-fit test; the grid laws' misses and loss costs against the best constant) are
+recomputed too, and the report written from the archives prints a miss and a lack-of-fit p-value
+(or, for the grid's laws, the reason there is none) beside every exponent.
 """
 
 import json
 import os
+import re
 
 import pytest
 
+from cbert_jax.report import backtest, hparam_laws
 from cbert_jax.report import cms as cms_lib
-from cbert_jax.report.fits import ALL_ARCHS, ARCHS, fit_loss, fit_probes, group, read_sweep
+from cbert_jax.report import sweep_report as report
+from cbert_jax.report.fits import ALL_ARCHS, ARCHS, PROBES, fit_loss, fit_probes, group, read_sweep
+from cbert_jax.report.grid_read import read_grid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REPORT = os.path.join(ROOT, "docs", "sweep_cpu", "report.json")
@@ -88,3 +95,71 @@ def test_the_committed_cms_analysis_is_recomputed_from_the_archive(tmp_path):
   got = json.loads(json.dumps(got))  # as written: tuples become lists, keys strings
   for key in ("pairs", "sizes", "probes", "verdict"):
     _close(got[key], committed[key], key)
+
+
+def test_the_committed_backtests_are_recomputed_from_the_archives():
+  committed = _load(REPORT)
+  members = read_sweep(os.path.join(ROOT, "results", "sweep_cpu"))
+  got = json.loads(json.dumps(backtest.report_backtests(members, ALL_ARCHS, PROBES)))
+  _close(got, committed["backtests"], "backtests")
+  grid = os.path.join("results", "grid_cpu")  # as the committed report was run: from the root
+  grid_members = read_grid(os.path.join(ROOT, grid))
+  for entry in committed["laws"]:
+    laws = hparam_laws.describe(entry["spec"], entry["families"], grid, grid_members)
+    _close(json.loads(json.dumps(laws["backtest"])), entry["backtest"], entry["spec"])
+
+
+def _table(text: str, header_start: str) -> list[list[str]]:
+  """The rows (cells) of every markdown table whose header line starts with `header_start`."""
+  rows, inside, header = [], False, []
+  for line in text.splitlines():
+    if line.startswith(header_start):
+      inside, header = True, [c.strip() for c in line.strip("|").split("|")]
+      continue
+    if inside and line.startswith("|---"):
+      continue
+    if inside and line.startswith("|"):
+      rows.append(dict(zip(header, (c.strip() for c in line.strip("|").split("|")))))
+    else:
+      inside = False
+  return rows
+
+
+def test_the_report_prints_a_miss_and_a_p_value_beside_every_exponent(tmp_path, monkeypatch):
+  for name in ("plot_loss", "plot_probes", "plot_flops_per_token", "plot_cms"):
+    monkeypatch.setattr(report, name, lambda *a, **k: None)  # figures: not what is checked here
+  monkeypatch.chdir(ROOT)
+  path = report.write(
+    os.path.join("results", "sweep_cpu"),
+    str(tmp_path),
+    grid=os.path.join("results", "grid_cpu"),
+    n_boot=0,  # the loss surface's bootstrap: not what is checked here
+    chinchilla_starts=[(6.0, 6.8, 0.4, 0.35, 0.3)],
+  )
+  text = open(path, encoding="utf-8").read()
+  fits = _table(text, "| arch | quantity | law |")
+  assert len(fits) == 2 * (2 + len(PROBES))  # per family: power law, saturating law, 4 probes
+  miss = re.compile(
+    r"^(d\d+L\d+ [+-]\d+\.\d+%?( in| OUT)?, ){3}d\d+L\d+ [+-]\d+\.\d+%?( in| OUT)?$"
+  )
+  for row in fits:
+    where = (row["arch"], row["quantity"], row["law"])
+    assert miss.match(row["leave one size out: miss"]), where
+    assert re.match(r"p = [\d.e-]+ \(F = ", row["lack of fit"]), where
+    p = float(row["lack of fit"].split()[2])
+    want = "law" if p >= backtest.LOF_ALPHA else "a slope over the sizes measured (N "
+    assert row["reads as"].startswith(want), where
+  by_law = {(r["arch"], r["quantity"], r["law"][:5]): r for r in fits}
+  assert by_law[("bert", "val loss", "a C^a")]["reads as"] == (
+    "a slope over the sizes measured (N 57.5k-787k)"  # p = 0.012: a chord, not a law
+  )
+  laws = _table(text, "| law | a | exponent |")
+  assert len(laws) == 8  # lr* and B* vs C and N, per family
+  for row in laws:
+    assert re.match(
+      r"^(d\d+L\d+ \d\.\d\dx \(([+-]\d\.\d{3}|- \(outside the grid\))\)(, |$)){3}",
+      row["leave one size out: law / optimum (loss cost, nats)"],
+    ), row["law"]
+    # one optimum per size: no replicates, so no lack-of-fit test, and never called a law
+    assert row["lack of fit"] == "- (not testable: one observation per size (no replicates))"
+    assert row["reads as"].startswith("a slope over the sizes measured (N ")

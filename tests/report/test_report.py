@@ -616,3 +616,21 @@ def test_grid_optima_join_the_sweep_in_the_surface_fit(tmp_path, monkeypatch, la
   assert saved.provenance["grid"] == str(grid) and len(saved.provenance["points"]) == 7
   assert saved.fit.draws is not None and len(saved.fit.draws) == 2  # n_boot
   assert report_cli.main(["--sweep", str(root), "--grid", str(tmp_path / "nogrid")]) == 2
+
+
+def test_the_cli_prints_a_progress_line_per_stage_with_counts_and_elapsed(
+  tmp_path, monkeypatch, capsys
+):
+  _no_plots(monkeypatch)
+  root = tmp_path / "sweep"
+  _two_seed_sweep(root)
+  assert report_cli.main(["--sweep", str(root), "--n_boot", "0"]) == 0
+  err = capsys.readouterr().err.splitlines()
+  stages = [line for line in err if re.match(r"report \[\d+/\d+\] ", line)]
+  # read, fits, the loss surfaces, plots, laws, files: 6 stages (no grid), in order
+  numbers = [int(re.match(r"report \[(\d+)/6\]", line)[1]) for line in stages]
+  assert numbers == sorted(numbers) and set(numbers) == set(range(1, 7))
+  assert any(re.search(r"reading the sweep .*: member 16/16 \(\d+ s\)$", line) for line in stages)
+  assert re.match(r"report written: .*report\.md \(\d+ s\)$", err[-1])
+  assert report_cli.main(["--sweep", str(root), "--n_boot", "0", "--quiet"]) == 0
+  assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("report")]

@@ -168,3 +168,36 @@ def test_a_surface_file_round_trips_and_an_unusable_one_is_refused(tmp_path):
     chinchilla.load(str(tmp_path / "missing.json"))
   with pytest.raises(ValueError, match="k .* must be positive"):
     chinchilla.save(path, fit, 0.0)
+
+
+# ------------------------------------------------------------------------------- speed ---
+def test_logsumexp_rows_is_scipys_logsumexp_bit_for_bit():
+  from scipy import special  # pylint: disable=import-outside-toplevel
+
+  rng = np.random.default_rng(0)
+  for trial in range(2000):
+    terms = rng.normal(0.0, [0.1, 1.0, 10.0, 300.0][trial % 4], (3, int(rng.integers(1, 20))))
+    if trial % 3 == 0:  # ties for the largest term (counted, not summed)
+      terms[1] = terms[0]
+    if trial % 5 == 0:  # one term far below the others
+      terms[2] -= 800.0
+    np.testing.assert_array_equal(
+      chinchilla.logsumexp_rows(terms), special.logsumexp(terms, axis=0)
+    )
+
+
+def test_the_fit_reports_its_bootstrap_progress_and_runs_on_one_blas_thread():
+  import threadpoolctl  # pylint: disable=import-outside-toplevel
+
+  n, d, loss = synthetic(TRUE, noise=0.005, seed=1)
+  seen, threads = [], []
+
+  def progress(done, total):
+    seen.append((done, total))
+    threads.append(
+      {i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"}
+    )
+
+  chinchilla.fit(n, d, loss, n_boot=4, seed=0, starts=STARTS[:2], progress=progress)
+  assert seen == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
+  assert all(t <= {1} for t in threads)  # every BLAS library limited to 1 thread inside the fit
