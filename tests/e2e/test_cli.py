@@ -20,7 +20,7 @@ def cache(tmp_path_factory):
 
 
 @pytest.mark.parametrize("arg", [":model=bert", ""])
-def test_cli_trains_a_few_steps(tmp_path, cache, arg):
+def test_cli_trains_a_few_steps(tmp_path, cache, cli_jax_cache, arg):
   r = run_cli(
     cli(
       tmp_path,
@@ -28,7 +28,8 @@ def test_cli_trains_a_few_steps(tmp_path, cache, arg):
       "--config.total_steps=3",
       "--config.log_every=1",
       config=f"experiments/smoke.py{arg}",
-    )
+    ),
+    jax_cache=cli_jax_cache,
   )
   assert r.returncode == 0, r.stderr[-3000:]
   lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -63,27 +64,35 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, cache, flag, expected):
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
-def test_a_signal_saves_a_checkpoint_and_the_next_run_resumes(tmp_path, cache, sig, code):
+def test_a_signal_saves_a_checkpoint_and_the_next_run_resumes(
+  tmp_path, cache, cli_jax_cache, sig, code
+):
   """SIGTERM (preemption) and SIGINT (Ctrl-C) both checkpoint and stop (exit 0 / 130). With
   SIGINT, also: a second run on the live run's workdir is refused in one line and writes nothing,
-  and rerunning the finished run changes nothing."""
-  env = cli_env()
+  and rerunning the finished run changes nothing.
+
+  Every run here has the constant LR schedule (no decay, so the train step does not depend on
+  total_steps): the killed run, its resumption and both parametrizations compile one set of
+  programs, loaded from the shared compilation cache after the first."""
+  env = cli_env(cli_jax_cache)
+  constant = "--config.optim.schedule=constant"
   args = cli(
     tmp_path,
     cache,
     "--config.total_steps=2000",
     "--config.log_every=1",
     "--config.checkpoint_every=1000",
+    constant,
   )
   proc = subprocess.Popen(
     args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
   )
   metrics = tmp_path / "metrics.jsonl"
   deadline = time.time() + 240
-  while time.time() < deadline and (not metrics.exists() or metrics.read_text().count("\n") < 3):
-    time.sleep(0.5)
-  if sig == signal.SIGINT:  # the workdir is locked while its run lives
-    second = run_cli(cli(tmp_path, cache, "--config.total_steps=2000"))
+  if sig == signal.SIGINT:  # the workdir is locked while its run lives (here: while it compiles)
+    while time.time() < deadline and not (tmp_path / "run.lock").exists():
+      time.sleep(0.05)
+    second = run_cli(cli(tmp_path, cache, "--config.total_steps=2000", constant))
     assert second.returncode == 2, second.stderr[-3000:]
     errors = [l for l in second.stderr.splitlines() if "error" in l.lower()]
     assert (
@@ -91,6 +100,8 @@ def test_a_signal_saves_a_checkpoint_and_the_next_run_resumes(tmp_path, cache, s
       and len(errors) == 1
     )
     assert f"is in use by another run (pid {proc.pid} on host" in errors[0]
+  while time.time() < deadline and (not metrics.exists() or metrics.read_text().count("\n") < 3):
+    time.sleep(0.05)
   proc.send_signal(sig)
   _, err = proc.communicate(timeout=120)
   assert proc.returncode == code, err[-3000:]
@@ -98,15 +109,17 @@ def test_a_signal_saves_a_checkpoint_and_the_next_run_resumes(tmp_path, cache, s
   assert len(steps) == 1 and 3 <= steps[0] < 2000
   assert f"({signal.Signals(sig).name}); saving a checkpoint" in err
   assert not (tmp_path / "run.lock").exists()  # released on the way out
-  rerun = cli(tmp_path, cache, f"--config.total_steps={steps[0] + 2}", "--config.log_every=1")
-  r = run_cli(rerun)
+  rerun = cli(
+    tmp_path, cache, f"--config.total_steps={steps[0] + 2}", "--config.log_every=1", constant
+  )
+  r = run_cli(rerun, jax_cache=cli_jax_cache)
   assert r.returncode == 0, r.stderr[-3000:]
   assert f"resumed from checkpoint at step {steps[0]}" in r.stderr
   logged = [json.loads(l)["step"] for l in metrics.read_text().splitlines()]
   assert logged[-3:] == [steps[0] + 1, steps[0] + 2, steps[0] + 2]  # 2 train lines + final eval
   if sig == signal.SIGINT:  # the finished run, rerun: says so, and no file changes
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    r = run_cli(rerun)
+    r = run_cli(rerun, jax_cache=cli_jax_cache)
     assert r.returncode == 0 and "this run already finished" in r.stderr, r.stderr[-3000:]
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 

@@ -18,7 +18,7 @@ from tests.cli_helpers import cli, cli_env, run_cli
 from tests.helpers import ROOT, losses, tiny_config
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax writes here, then renames to <step> when complete
-STEPS = 16
+STEPS = 10  # a checkpoint every step: a kill at a random step 3..7, or during checkpoint 2..9
 
 
 def _cli(workdir, cache, *extra):
@@ -125,27 +125,29 @@ def test_sigkill_then_restart_equals_uninterrupted(tmp_path, cache, jax_cache, r
 
 
 def test_unreadable_latest_checkpoint_falls_back_to_the_previous(tmp_path, cache_dir):
-  full = tiny_config(cache_dir, total_steps=10, checkpoint_every=4)
+  # total_steps=12 like the disk-full tests below: the same programs, compiled once per session.
+  full = tiny_config(cache_dir, total_steps=12, checkpoint_every=4)
   work = tmp_path / "w"
   train.run(
-    tiny_config(cache_dir, total_steps=10, checkpoint_every=4, stop_after_step=8), str(work)
+    tiny_config(cache_dir, total_steps=12, checkpoint_every=4, stop_after_step=8), str(work)
   )
   before = losses(work)  # steps 1..8, uninterrupted
   assert sorted(os.listdir(work / "checkpoints")) == ["4", "8"]
   shutil.rmtree(work / "checkpoints" / "8" / "state")  # a checkpoint with files missing
   summary = train.run(full, str(work))
-  assert summary.final_step == 10
+  assert summary.final_step == 12
   moved = os.listdir(str(work / "checkpoints") + ".unreadable")
   assert len(moved) == 1 and moved[0].startswith("8-")  # kept for inspection
   after = losses(work)
-  assert sorted(after) == list(range(1, 11))
+  assert sorted(after) == list(range(1, 13))
   for step in range(5, 9):  # recomputed from checkpoint 4
     assert after[step] == pytest.approx(before[step], rel=1e-6)
 
 
 def test_no_readable_checkpoint_is_one_clear_error(tmp_path, cache_dir):
+  # total_steps=12 like the tests around it: the same programs, compiled once per session.
   train.run(
-    tiny_config(cache_dir, total_steps=8, checkpoint_every=4, stop_after_step=4), str(tmp_path)
+    tiny_config(cache_dir, total_steps=12, checkpoint_every=4, stop_after_step=4), str(tmp_path)
   )
   shutil.rmtree(tmp_path / "checkpoints" / "4" / "state")
   with pytest.raises(
@@ -153,18 +155,18 @@ def test_no_readable_checkpoint_is_one_clear_error(tmp_path, cache_dir):
     match=r"no checkpoint in .*checkpoints can be resumed from: "
     r"damaged checkpoints were moved aside \(step 4 \(file state/.* is missing\)",
   ):
-    train.run(tiny_config(cache_dir, total_steps=8, checkpoint_every=4), str(tmp_path))
+    train.run(tiny_config(cache_dir, total_steps=12, checkpoint_every=4), str(tmp_path))
   metrics, first = (tmp_path / "metrics.jsonl").read_text(), losses(tmp_path)
   # Never a silent restart: the refused run wrote nothing; restart_from_scratch starts over.
   with pytest.raises(CheckpointError, match="restart_from_scratch=true"):
-    train.run(tiny_config(cache_dir, total_steps=8, checkpoint_every=4), str(tmp_path))
+    train.run(tiny_config(cache_dir, total_steps=12, checkpoint_every=4), str(tmp_path))
   assert (tmp_path / "metrics.jsonl").read_text() == metrics
   summary = train.run(
-    tiny_config(cache_dir, total_steps=8, checkpoint_every=4, restart_from_scratch=True),
+    tiny_config(cache_dir, total_steps=12, checkpoint_every=4, restart_from_scratch=True),
     str(tmp_path),
   )
-  again = losses(tmp_path)  # steps 1..8 from scratch
-  assert summary.final_step == 8 and sorted(again) == list(range(1, 9))
+  again = losses(tmp_path)  # steps 1..12 from scratch
+  assert summary.final_step == 12 and sorted(again) == list(range(1, 13))
   for step in first:  # the same seed, the same run
     assert again[step] == pytest.approx(first[step], rel=1e-6)
 

@@ -52,13 +52,15 @@ def test_sharded_step_equals_single_device(tmp_path, cache_dir, memory_options, 
 
 
 def test_metrics_and_config_json(tmp_path, cache_dir):
-  train.run(tiny_config(cache_dir, total_steps=4, log_every=2, eval_every=3), str(tmp_path))
+  # 8 steps (tiny_config's): the programs of test_resumed_run_logs_the_same_losses[crossbert].
+  train.run(tiny_config(cache_dir, log_every=2, eval_every=3), str(tmp_path))
   rows = metrics_lib.read_metrics(tmp_path / "metrics.jsonl")
   logged = [r for r in rows if "train/loss" in r]
-  assert [r["step"] for r in logged] == [1, 2, 4]
-  # eval_every need not be a multiple of log_every: step 3 is evaluated, then the final step
+  assert [r["step"] for r in logged] == [1, 2, 4, 6, 8]
+  # eval_every need not be a multiple of log_every: steps 3 and 6 are evaluated, then the final
+  # step
   evals = [r for r in rows if "eval/loss" in r]
-  assert [r["step"] for r in evals] == [3, 4] and evals[0]["tokens_seen"] == 3 * 8 * 32
+  assert [r["step"] for r in evals] == [3, 6, 8] and evals[0]["tokens_seen"] == 3 * 8 * 32
   required = {
     "step",
     "train/loss",
@@ -73,7 +75,7 @@ def test_metrics_and_config_json(tmp_path, cache_dir):
     "time/data_wait_s",
   }
   assert required <= set(logged[-1])
-  assert logged[-1]["tokens_seen"] == 4 * 8 * 32
+  assert logged[-1]["tokens_seen"] == 8 * 8 * 32
   assert "eval/loss" in rows[-1]
   saved = json.loads((tmp_path / "config.json").read_text())
   assert saved["config"]["model"]["vocab_size"] > 0 and saved["config"]["model"]["d_model"] == 32
@@ -81,7 +83,7 @@ def test_metrics_and_config_json(tmp_path, cache_dir):
   assert len(prov["data_manifest_hash"]) >= 16 and "jax" in json.dumps(prov)
   assert saved["flops_per_token"] > 0
   assert os.listdir(tmp_path / "tb")
-  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["4"]
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["4", "8"]
 
 
 def test_planted_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, cache_dir):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from cbert_jax.run import distributed
-from tests.cli_helpers import cli, launch, two_processes
+from tests.cli_helpers import cli, cli_env, launch, two_processes
 from tests.helpers import losses
 
 STEPS = 6  # total_steps of every run (the learning-rate schedule depends on it)
@@ -37,8 +37,10 @@ def cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(cache, tmp_path_factory):
-  """Losses of an uninterrupted 1-process run (2 devices, mesh fsdp=2); also fills the cache."""
+def reference(cache, cli_jax_cache, tmp_path_factory):
+  """Losses of an uninterrupted 1-process run (2 devices, mesh tensor=2); also fills the data
+  cache, and the compilation cache with the programs of the 1-process run that continues the
+  2-process checkpoint on the same mesh (so that one loads them instead of compiling again)."""
   workdir = tmp_path_factory.mktemp("reference")
   [(rc, err)], _ = launch(
     [
@@ -48,10 +50,11 @@ def reference(cache, tmp_path_factory):
         f"--config.total_steps={STEPS}",
         "--config.log_every=1",
         "--config.mesh.data=1",
-        "--config.mesh.fsdp=2",
+        "--config.mesh.tensor=2",
       )
     ],
     workdir / "logs",
+    env=cli_env(cli_jax_cache),
   )
   assert rc == 0, err[-3000:]
   return losses(workdir)
@@ -101,7 +104,7 @@ def test_two_processes_agree_and_match_one_process(two_process_run, reference):
 
 
 def test_two_process_checkpoint_continues_on_one_process(
-  two_process_run, reference, cache, tmp_path
+  two_process_run, reference, cache, cli_jax_cache, tmp_path
 ):
   _, workdir, out, _ = two_process_run
   assert all(rc == 0 for rc, _ in out)
@@ -118,6 +121,7 @@ def test_two_process_checkpoint_continues_on_one_process(
       )
     ],
     tmp_path / "logs",
+    env=cli_env(cli_jax_cache),
   )
   assert rc == 0, err[-3000:]
   assert f"resumed from checkpoint at step {STOP}" in err

@@ -2,13 +2,14 @@
 
 Two real 2-process runs (localhost, 2 fake CPU devices per process) train at once; in one,
 process 1 is SIGKILLed once it has logged a training step, in the other process 0 (the
-coordinator). The survivor must exit with distributed.EXIT_CODE within the heartbeat timeout
-(CBERT_PEER_TIMEOUT_S, small here) plus a margin, printing exactly one "distributed error:" line
-that names the dead process and no C++ fatal message or stack dump. A normal 2-process finish
-(no message, exit 0) is tested in test_multiprocess.py.
+coordinator); the second starts once the first has compiled its train step, and loads the
+compiled programs from their shared compilation cache. The survivor must exit with
+distributed.EXIT_CODE within the heartbeat timeout (CBERT_PEER_TIMEOUT_S, small here) plus a
+margin, printing exactly one "distributed error:" line that names the dead process and no C++
+fatal message or stack dump. A normal 2-process finish (no message, exit 0) is tested in
+test_multiprocess.py.
 """
 
-import os
 import re
 import signal
 import subprocess
@@ -18,15 +19,11 @@ import time
 import pytest
 
 from cbert_jax.run import distributed, peer_watch
-from tests import xla_flags
-from tests.cli_helpers import cli, free_port
+from tests.cli_helpers import cli, cli_env, free_port
 from tests.helpers import ROOT, tiny_config
 
 PEER_TIMEOUT_S = 6  # JAX sends heartbeats every 3 s; a process silent for 6 s is declared dead
 BOUND_S = PEER_TIMEOUT_S + 2 + 8  # the documented bound (timeout + 2 s) + a margin for busy CPUs
-ENV = dict(
-  os.environ, XLA_FLAGS=xla_flags.flags(2), **{distributed.PEER_TIMEOUT_ENV: str(PEER_TIMEOUT_S)}
-)
 TRAINING = re.compile(r"step \d+/\d+ \(")  # a progress line: the process is in the training loop
 # What JAX's own abort prints: an absl FATAL line, a check failure, a stack dump, Python's dump.
 CRASH = re.compile(
@@ -47,11 +44,17 @@ def cache(tmp_path_factory):
 
 
 class _Run:
-  """A 2-process run whose process `victim` gets SIGKILL once it is training."""
+  """A 2-process run whose process `victim` gets SIGKILL once it is training (`start` starts it)."""
 
-  def __init__(self, victim: int, base, cache_dir: str):
+  def __init__(self, victim: int, base, cache_dir: str, jax_cache: str):
     self.victim, self.survivor = victim, 1 - victim
+    self.base, self.cache_dir = base, cache_dir
+    self.env = cli_env(jax_cache) | {distributed.PEER_TIMEOUT_ENV: str(PEER_TIMEOUT_S)}
     self.logs = [base / f"p{i}.log" for i in range(2)]
+    self.procs = []
+    self.killed_at = self.exited_after = None
+
+  def start(self) -> None:
     flags = [
       f"--coordinator_address=127.0.0.1:{free_port()}",
       "--num_processes=2",
@@ -61,20 +64,20 @@ class _Run:
       "--config.checkpoint_every=1000",
       "--config.mesh.data=-1",
     ]
-    self.procs = []
     for i, log in enumerate(self.logs):
-      args = cli(base / "run", cache_dir, *flags, f"--process_id={i}")
+      args = cli(self.base / "run", self.cache_dir, *flags, f"--process_id={i}")
       with open(log, "w") as f:
         self.procs.append(
-          subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=f)
+          subprocess.Popen(args, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=f)
         )
-    self.killed_at = self.exited_after = None
 
   def log(self, i: int) -> str:
-    return self.logs[i].read_text()
+    return self.logs[i].read_text() if self.logs[i].exists() else ""
 
   def step(self) -> bool:
     """Advance: kill the victim once it trains, note when the survivor exits. True when done."""
+    if not self.procs:
+      return False
     survivor = self.procs[self.survivor]
     if self.killed_at is None:
       if any(p.poll() is not None for p in self.procs):  # nothing may exit before the kill
@@ -97,12 +100,22 @@ class _Run:
 
 
 @pytest.fixture(scope="module")
-def killed_runs(cache, tmp_path_factory):
-  """{victim: finished _Run}: both runs at once, to halve the wall time."""
-  runs = {v: _Run(v, tmp_path_factory.mktemp(f"kill_process_{v}"), cache) for v in (1, 0)}
+def killed_runs(cache, cli_jax_cache, tmp_path_factory):
+  """{victim: finished _Run}: both runs at once, to halve the wall time; the second starts once
+  the first has compiled its train step (process 0 writes the cache), so it compiles nothing."""
+  runs = {
+    v: _Run(v, tmp_path_factory.mktemp(f"kill_process_{v}"), cache, cli_jax_cache) for v in (1, 0)
+  }
+  first, second = runs[1], runs[0]
   try:
+    first.start()
     deadline = time.monotonic() + 300
-    while not all([r.step() for r in runs.values()]) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+      first_done = first.step()
+      if not second.procs and (first_done or "compiled train step" in first.log(0)):
+        second.start()
+      if second.step() and first_done:
+        break
       time.sleep(0.1)
   finally:
     for r in runs.values():

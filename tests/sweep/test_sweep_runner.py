@@ -110,7 +110,9 @@ def _sweep_cmd(root, cache):
     f"--config={SWEEP}:quick",
     f"--workdir={root}",
     *args,
-    "--config.sweep.tokens_per_param=0.3",
+    # 68 and 102 steps, a checkpoint every 7 and 11: the second member is killed at its first
+    # checkpoint with 90-odd steps (seconds) to go
+    "--config.sweep.tokens_per_param=0.15",
     "--config.sweep.probe=false",
     "--config.sweep.report=false",
   ]
