@@ -215,7 +215,7 @@ def test_report_states_both_intervals_and_an_unidentified_floor_in_words():
   assert "| e + b C^-beta, e not identified (e at the optimiser's lower bound 0" in text
   lo, hi = power.alpha_t_ci
   assert f"(exact, 6/46656 skipped) | [{lo:.4f}, {hi:.4f}] | 6 |" in text
-  assert f"t [{lo:.3f}, {hi:.3f}]) over 6 sizes" in text
+  assert f"t [{lo:.3f}, {hi:.3f}]; over 6 sizes" in text
 
 
 def test_two_points_give_no_bootstrap_interval_three_do():
