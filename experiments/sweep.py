@@ -25,6 +25,9 @@ Scales:
          CrossBERT+CMS}, plus CrossBERT without CMS at d96L3 (the CMS sample-efficiency control),
          vocabulary 4096, 128-token rows, 20 tokens per parameter, on offline_small; about 1.5 h
          of training on 2 quiet cores (the largest CrossBERT+CMS alone ~40 min), plus the probes.
+  heldout  the cpu sweep's held-out size d160L3 (N 1.6M), both families, 2 seeds, with the cpu
+         scale's setup: trained after its loss and probe scores were predicted from the cpu sweep
+         (results/heldout_cpu/predictions.md); about 4 h per seed on 2 cores.
   quick  3 sizes (d32L2 d64L2 d96L3) x {BERT, CrossBERT+CMS} at 5 tokens per parameter with the
          probe suite capped at 2000 training texts per task: under 30 minutes.
 
@@ -69,6 +72,9 @@ PAPER_DEVICES = {
 # --config.sweep.chip=h100 (launch.sweep sets it from --tpu_generation / --gpu_type).
 PAPER_CHIP = "v5p"
 CPU_SIZES = ("d32L2", "d64L2", "d96L3", "d128L3")
+# The cpu sweep's held-out size: predicted from the cpu sweep before it was trained (issue 36;
+# results/heldout_cpu/predictions.md), then trained with the cpu scale's setup.
+HELDOUT_SIZES = ("d160L3",)
 # The cpu and quick scales' LR and batch laws: the cpu grid's fits, per family ({model})
 CPU_LAWS = "shipped:cpu-{model}"
 
@@ -83,6 +89,9 @@ SCALES = {
     controls=(("crossbert", "d96L3", False),),
     tokens_per_param=20.0,
     seeds=(0, 1),
+  ),
+  "heldout": dict(
+    bert=HELDOUT_SIZES, crossbert=HELDOUT_SIZES, controls=(), tokens_per_param=20.0, seeds=(0, 1)
   ),
   "quick": dict(
     bert=CPU_SIZES[:3], crossbert=CPU_SIZES[:3], controls=(), tokens_per_param=5.0, seeds=(0,)
@@ -103,9 +112,12 @@ def _scale_of(size: str) -> str:
     return "paper"
   if size in CPU_SIZES:
     return "cpu"
+  if size in HELDOUT_SIZES:
+    return "heldout"
   raise ConfigError(
     f"experiments/sweep.py: size {size!r} is in no sweep; paper: "
-    f"{', '.join(PAPER_SIZES)}; cpu/quick: {', '.join(CPU_SIZES)}"
+    f"{', '.join(PAPER_SIZES)}; cpu/quick: {', '.join(CPU_SIZES)}; heldout: "
+    f"{', '.join(HELDOUT_SIZES)}"
   )
 
 

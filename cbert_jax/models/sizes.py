@@ -21,6 +21,7 @@ LADDER: dict[str, tuple[int, int, int]] = {
   "d128L2": (128, 2, 2),
   "d128L3": (128, 3, 4),
   "d128L4": (128, 4, 4),
+  "d160L3": (160, 3, 5),  # the CPU sweep's pre-registered held-out size (results/heldout_cpu)
   "d192L4": (192, 4, 3),
   "d256L4": (256, 4, 4),
   "d256L6": (256, 6, 4),

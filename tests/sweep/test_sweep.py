@@ -24,7 +24,7 @@ def experiment():
 def test_every_member_of_every_scale_resolves_and_validates_on_its_target_devices():
   exp = experiment()
   counts = {}
-  for scale in ("paper", "cpu", "quick"):
+  for scale in ("paper", "cpu", "heldout", "quick"):
     members = exp.get_sweep(scale)
     counts[scale] = members
     for arg in members:
@@ -58,10 +58,28 @@ def test_every_member_of_every_scale_resolves_and_validates_on_its_target_device
     assert {k for k in d0 if d0[k] != d1[k]} == {"seed", "name", "sweep"}
     assert {k for k in d0["sweep"] if d0["sweep"][k] != d1["sweep"][k]} == {"arg"}
   assert len(counts["quick"]) == 6 and not any("seed=" in a for a in counts["quick"])
+  assert len(counts["heldout"]) == 4  # d160L3 x {BERT, CrossBERT+CMS} x 2 seeds
+
   # predictor depth = layers / 4 (at least 1) on every CrossBERT rung
   for arg in paper:
     c = config_lib.resolve(exp.get_config(arg))
     assert c.model.predictor_layers == max(1, c.model.num_layers // 4)
+
+
+def test_the_heldout_members_are_the_cpu_sweep_at_another_size():
+  """The pre-registered held-out size trains exactly as the cpu sweep's members do: the same
+  data, tokenizer, schedule shape, laws and probes; only the size and what follows from it."""
+  exp = experiment()
+  for model in ("bert", "crossbert"):
+    cpu = config_lib.resolve(exp.get_config(f"scale=cpu,model={model},size=d128L3")).to_dict()
+    held = config_lib.resolve(exp.get_config(f"model={model},size=d160L3")).to_dict()
+    assert held["sweep"]["scale"] == "heldout" and held["model"]["size"] == "d160L3"
+    differ = {k for k in cpu if cpu[k] != held[k]}
+    # the size, its budget's steps and batch (and the periods that follow the steps), its LR
+    follows = {"checkpoint_every", "eval_every"}
+    assert differ - follows == {"name", "model", "sweep", "total_steps", "batch_size", "optim"}
+    assert {k for k in cpu["optim"] if cpu["optim"][k] != held["optim"][k]} == {"lr"}
+    assert held["sweep"]["laws"] == cpu["sweep"]["laws"] and held["data"] == cpu["data"]
 
 
 def test_cms_control_arms_differ_only_in_cms_and_seed():

@@ -1,0 +1,47 @@
+#!/bin/bash
+# The refit stage of PLAN.md, resumable: runs each (model, size, rows, lr) in order, skipping
+# runs already archived under results/lawcheck20_cpu; archives each finished run there.
+# Run from a separate git worktree (~/cbert_runs/wt) so edits to the main tree cannot break it:
+#   nohup nice -n 19 bash results/lawcheck20_cpu/run_refit.sh > ~/cbert_runs/refit.out 2>&1 &
+set -u
+MAIN=${MAIN:-/work/main}
+PY=$MAIN/.venv/bin/python
+ROOT=${ROOT:-$HOME/cbert_runs/lawcheck20_cpu}
+export CBERT_JAX_CACHE=${CBERT_JAX_CACHE:-$HOME/cbert_runs/cache}
+mkdir -p "$ROOT"
+RUNS="
+crossbert d128L3 43 0.002263
+crossbert d128L3 22 0.002263
+crossbert d128L3 86 0.002263
+crossbert d128L3 43 0.0011315
+crossbert d128L3 43 0.004526
+crossbert d128L3 86 0.004526
+bert d96L3 20 0.001475
+bert d96L3 10 0.001475
+bert d96L3 40 0.001475
+bert d96L3 20 0.0059
+bert d96L3 10 0.0059
+bert d96L3 40 0.0059
+bert d128L3 52 0.003271
+bert d128L3 26 0.003271
+bert d128L3 104 0.003271
+bert d128L3 52 0.0016355
+bert d128L3 52 0.006542
+bert d128L3 104 0.006542
+"
+echo "$RUNS" | while read -r model size rows lr; do
+  [ -z "$model" ] && continue
+  name="${model}_${size}_b${rows}_lr$($PY -c "print(f'{$lr:.3g}')")"
+  if [ -e "$MAIN/results/lawcheck20_cpu/$name" ]; then continue; fi
+  echo "$(date -u +%FT%TZ) start $name" >> "$ROOT/progress.log"
+  $PY -m cbert_jax.main \
+    --config "experiments/hparam_grid.py:scale=cpu,model=$model,size=$size,batch=$rows,lr=$lr" \
+    --config.sweep.tokens_per_param=20 --config.seed=0 \
+    --workdir "$ROOT/$name" > "$ROOT/$name.log" 2>&1
+  rc=$?
+  echo "$(date -u +%FT%TZ) end $name rc=$rc" >> "$ROOT/progress.log"
+  if [ $rc -eq 0 ]; then
+    $PY -m cbert_jax.report.archive --root "$ROOT" --out "$MAIN/results/lawcheck20_cpu" \
+      >> "$ROOT/progress.log" 2>&1
+  fi
+done
