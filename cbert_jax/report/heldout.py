@@ -17,7 +17,10 @@ What is predicted, per family, from every seed of every sweep size (the report's
     the one for the number of seeds measured); the saturating law L = e + b C^-beta's point
     prediction beside it (a nonlinear fit: no interval);
   * each probe average (ridge, logreg, kNN, retrieval) from score = s0 + slope log10 C, with the
-    same intervals.
+    same intervals, averaged over the tasks that every sweep member scored and the held-out
+    member's task list names (`shared_tasks`: a task kit can change between the sweep and the
+    held-out runs, and an average over other tasks is another quantity); the tasks and their
+    split sizes are recorded, and the check averages the held-out runs over the same tasks.
 The lack-of-fit test of each line is recorded with it: a line the test rejects (BERT's loss, for
 one) is still the prediction made, and the file says so, so nobody can pick the better-looking
 law afterwards.
@@ -83,8 +86,43 @@ def targets(experiment_spec: str) -> dict:
       "total_steps": int(cfg.total_steps),
       "laws": str(cfg.sweep.laws),
       "corpus": str(cfg.data.corpus),
+      "tasks": [t.strip() for t in cfg.evals.tasks.split(",") if t.strip()],
     }
   return out
+
+
+# ------------------------------------------------------------------ probes on shared tasks ---
+def _scored(workdir: str, step: int) -> dict:
+  """{task: its result} of the offline suite at `step` in `workdir` (scored tasks only)."""
+  from cbert_jax.evaluators import suite  # pylint: disable=import-outside-toplevel
+  from cbert_jax.run import record as record_lib  # pylint: disable=import-outside-toplevel
+
+  found = record_lib.offline_results(workdir, step)
+  results = found[1]["results"] if found else {}
+  return {k: v for k, v in results.items() if k != "average" and not suite.not_scored(v)}
+
+
+def shared_tasks(root: str, members: list[dict], wanted: list[str]) -> list[str]:
+  """The tasks of `wanted` (the held-out member's task list) that every member has scored: the
+  probe averages are predicted and checked over these only, since a task kit can change between
+  the sweep and the held-out runs."""
+  have = [set(_scored(os.path.join(root, m["name"]), m["steps"])) for m in members]
+  return [t for t in wanted if all(t in h for h in have)]
+
+
+def task_averages(workdir: str, step: int, tasks: list[str]) -> tuple[dict, dict]:
+  """({probe: mean score over `tasks`}, {task: its split sizes}) of one member
+  (`evaluators.suite.average` on those tasks' results)."""
+  from cbert_jax.evaluators import suite  # pylint: disable=import-outside-toplevel
+
+  scored = _scored(workdir, step)
+  chosen = {t: scored[t] for t in tasks if t in scored}
+  if len(chosen) < len(tasks):
+    return {}, {}
+  averages = suite.average(chosen)
+  return {k: v for k, v in averages.items() if k in PROBES}, {
+    t: r.get("sizes") for t, r in chosen.items()
+  }
 
 
 # ------------------------------------------------------------------------ predictions ---
@@ -171,9 +209,15 @@ def predict(sweep: str, experiment_spec: str, note: str = "") -> dict:
     if arch not in ARCHS:
       continue
     ms = [m for m in members if m["arch"] == arch]
+    tasks = shared_tasks(sweep, ms, target["tasks"])
+    sizes = {}
+    for m in ms:  # the probe averages over the shared tasks only
+      m["probes"], sizes = task_averages(os.path.join(sweep, m["name"]), m["steps"], tasks)
     families[arch] = {
       "target": target,
       "fitted_on": sorted(m["name"] for m in ms),
+      "tasks": tasks,
+      "task_sizes": sizes,  # train/dev/test sizes in the sweep's kit, checked against the runs'
     } | predict_family(ms, target)
   return {
     "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -257,8 +301,12 @@ def check(directory: str) -> dict:
       entry["loss_saturating"] = _compare(
         {"predicted": sat["predicted"], "intervals": {}}, [m["final_loss"] for m in ms]
       )
+    got = [task_averages(os.path.join(directory, m["name"]), m["steps"], fam["tasks"]) for m in ms]
+    entry["task_sizes_differ"] = sorted(
+      {t for _, sizes in got for t, n in sizes.items() if n != fam["task_sizes"].get(t)}
+    )
     for key, pred in fam["probes"].items():
-      vals = [m["probes"][key] for m in ms if m["probes"].get(key) is not None]
+      vals = [avg[key] for avg, _ in got if avg.get(key) is not None]
       if vals:
         entry["probes"][key] = _compare(pred, vals)
     out["families"][arch] = entry
@@ -297,7 +345,9 @@ def predictions_markdown(p: dict) -> str:
       f"N {t['n_params']:,} non-embedding parameters, {t['tokens']:,} tokens, C {t['compute']:.4g} "
       f"FLOPs ({fam['extrapolation']:.2f}x the sweep's largest), batch {t['batch_size']} rows, "
       f"LR {t['lr']:.4g}, {t['total_steps']} steps, corpus {t['corpus']}, laws {t['laws']}. "
-      f"Fitted on {len(fam['fitted_on'])} members: {', '.join(fam['fitted_on'])}.",
+      f"Fitted on {len(fam['fitted_on'])} members: {', '.join(fam['fitted_on'])}. Probe "
+      f"averages over the {len(fam['tasks'])} tasks both the sweep and the held-out task list "
+      f"have: {', '.join(fam['tasks'])}.",
       "",
       f"| quantity | law | predicted | {pct}% interval, 1 seed | {pct}% interval, 2 seeds | "
       "lack-of-fit p |",
@@ -343,6 +393,11 @@ def check_markdown(c: dict) -> list[str]:
     if "loss_saturating" in fam:
       rows.append(("loss, saturating law", fam["loss_saturating"]))
     rows += [(f"{k} probe", v) for k, v in fam["probes"].items()]
+    if fam.get("task_sizes_differ"):
+      lines.append(
+        f"| {arch} | task splits differ from the sweep's: {', '.join(fam['task_sizes_differ'])} "
+        "| | | | | | | |"
+      )
     for name, r in rows:
       inside = "-" if r["inside"] is None else ("yes" if r["inside"] else "**no**")
       lines.append(

@@ -57,6 +57,7 @@ TARGET = {
   "total_steps": 2000,
   "laws": "shipped:cpu-{model}",
   "corpus": "offline_small",
+  "tasks": ["sentiment", "new_task"],
 }
 
 
@@ -112,14 +113,53 @@ def test_a_sweep_of_two_sizes_is_refused():
     heldout.predict_family(ms, TARGET)
 
 
+def _task_results(scores: dict) -> dict:
+  """The offline suite's results: one classification task per name, ridge test score given."""
+  return {
+    t: {
+      "kind": "classification",
+      "metric": "accuracy",
+      "headline_split": "test",
+      "sizes": {"train": 100, "dev": 10, "test": 10},
+      "ridge": {"test": v},
+    }
+    for t, v in scores.items()
+  }
+
+
+def test_probe_averages_are_over_the_tasks_both_kits_have(tmp_path, monkeypatch):
+  """The sweep scored sentiment and old_task; the held-out list is sentiment and new_task: the
+  averages predicted, and the ones checked, are over sentiment alone."""
+  sweep = tmp_path / "sweep"
+  for m in _sweep_members(noise=0.0):
+    config = members_lib.member_config(
+      model="bert", size=m["size"], seed=m["seed"], sweep={"compute": m["compute"]}
+    )
+    score = _score(m["compute"])  # sentiment on the law; old_task far off it
+    members_lib.write_member(
+      sweep / m["name"],
+      config,
+      val_full={100: m["final_loss"]},
+      probes={100: _task_results({"sentiment": score, "old_task": 0.9 - score})},
+    )
+  monkeypatch.setattr(heldout, "targets", lambda spec: {"bert": TARGET})
+  pred = heldout.predict(str(sweep), "unused")["families"]["bert"]
+  assert pred["tasks"] == ["sentiment"]
+  assert pred["task_sizes"] == {"sentiment": {"train": 100, "dev": 10, "test": 10}}
+  assert pred["probes"]["ridge"]["predicted"] == pytest.approx(_score(C0))
+  assert pred["probes"]["ridge"]["slope"] == pytest.approx(0.05)
+
+
 def _heldout_dir(tmp_path, losses, lr=TARGET["lr"]):
   """A held-out directory: predictions.json for bert at C0, and one workdir per seed."""
   d = tmp_path / "heldout"
   d.mkdir()
+  sizes = {"train": 100, "dev": 10, "test": 10}
+  fam = {"target": TARGET, "tasks": ["sentiment"], "task_sizes": {"sentiment": sizes}}
   pred = {
     "created": "2026-12-06T00:00:00+00:00",
     "level": 0.9,
-    "families": {"bert": {"target": TARGET} | heldout.predict_family(_sweep_members(), TARGET)},
+    "families": {"bert": fam | heldout.predict_family(_sweep_members(), TARGET)},
   }
   (d / heldout.PREDICTIONS).write_text(json.dumps(pred))
   for seed, loss in enumerate(losses):
@@ -133,7 +173,13 @@ def _heldout_dir(tmp_path, losses, lr=TARGET["lr"]):
       sweep={"n_params": TARGET["n_params"], "compute": C0, "tokens": TARGET["tokens"]},
     )
     members_lib.write_member(
-      d / f"bert_d160L3_s{seed}", config, val_full={TARGET["total_steps"]: loss}
+      d / f"bert_d160L3_s{seed}",
+      config,
+      val_full={TARGET["total_steps"]: loss},
+      # new_task is not among the predicted tasks: it must not enter the averages
+      probes={
+        TARGET["total_steps"]: _task_results({"sentiment": 0.5 + seed / 10, "new_task": 0.0})
+      },
     )
   return d, pred["families"]["bert"]
 
@@ -150,6 +196,10 @@ def test_check_reads_the_runs_back_and_says_inside_or_outside(tmp_path):
   assert loss["inside"] is True
   assert loss["miss"] == pytest.approx(predicted - measured)
   assert loss["miss_pct"] == pytest.approx(-100 * 0.002 / 1.002)
+  ridge = got["probes"]["ridge"]
+  assert ridge["per_seed"] == pytest.approx([0.5, 0.6]) and ridge["measured"] == pytest.approx(0.55)
+  assert ridge["interval"] == fam["probes"]["ridge"]["intervals"]["2"]
+  assert got["task_sizes_differ"] == []
 
 
 def test_a_measurement_far_off_the_law_is_outside(tmp_path):
