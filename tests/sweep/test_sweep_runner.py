@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import pytest
 
 from cbert_jax import train
@@ -40,10 +41,26 @@ def tiny_overrides(cache) -> dict:
 
 
 def whole_sweep_config(cache, **extra):
+  """The in-process sweep's config. Its compilation cache is this test process's (conftest.py):
+  a member sets `jax_compilation_cache_dir` to it, and JAX derives part of every compile's cache
+  key from that setting (its autotune cache folder), so another folder (the runner's default,
+  `<root>/compilation_cache`) would change the key of every later compile in this process: these
+  tests' members would never load each other's programs, nor later tests those cached before."""
   c = experiment.load_experiment(SWEEP).get_config("quick")
-  for path, value in (tiny_overrides(cache) | extra).items():
+  jax_cache = jax.config.jax_compilation_cache_dir
+  in_process = {"compilation_cache_dir": jax_cache} if jax_cache else {}
+  for path, value in (tiny_overrides(cache) | in_process | extra).items():
     experiment._set(c, path, value)  # pylint: disable=protected-access
   return c
+
+
+@pytest.fixture(autouse=True)
+def _restore_min_compile_time():
+  """A member sets JAX's persistent-cache threshold to 0.5 s (train.py); put back this process's
+  (conftest.py: 0, every program cached) for the tests after."""
+  before = jax.config.jax_persistent_cache_min_compile_time_secs
+  yield
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
 
 
 def test_runner_trains_probes_reports_then_skips_finished_members(tmp_path, toy_tasks, monkeypatch):  # noqa: F811
