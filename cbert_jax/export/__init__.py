@@ -163,7 +163,13 @@ def check_out(out: str, planned: list[str], overwrite: bool) -> list[str]:
 
 
 def check_options(
-  *, fmt: str, dtype: str, pooler: str, normalize: bool, max_seq_length: int
+  *,
+  fmt: str,
+  dtype: str,
+  pooler: str,
+  normalize: bool,
+  max_seq_length: int,
+  st_padding: str = "max_length",
 ) -> None:
   """ConfigError naming the first bad option (checked before anything is read)."""
   if fmt not in FORMATS:
@@ -181,6 +187,8 @@ def check_options(
     raise ConfigError(
       f"--max_seq_length {max_seq_length}: expected a positive length (0 = the run's data.seq_len)"
     )
+  if st_padding not in sbert.PADDINGS:
+    raise ConfigError(f"--st_padding {st_padding}: expected one of {', '.join(sbert.PADDINGS)}")
 
 
 def _sha256(path: str) -> str:
@@ -243,6 +251,7 @@ def export(
   max_seq_length: int = 0,
   mlm_head: bool = False,
   overwrite: bool = False,
+  st_padding: str = "max_length",
   devices=None,
 ) -> Result:
   """Exports the encoder of `workdir` at checkpoint `step` (default: the latest) to `out`.
@@ -258,6 +267,9 @@ def export(
     max_seq_length: tokens per text for the tokenizer and sentence-transformers (0 = the run's
       data.seq_len).
     mlm_head: BERT only: also write the MLM head as mlm_head.safetensors.
+    st_padding: sentence-transformers' padding, one of `sbert.PADDINGS` (max_length: every batch
+      to max_seq_length, so a batch of only empty texts embeds to zeros; longest: faster on short
+      texts, but such a batch raises in transformers).
     overwrite: replace an earlier export in `out` (its cbert_export.json), keeping other files;
       a non-empty `out` without one is refused all the same.
     devices: where to restore the checkpoint (default: the first JAX device).
@@ -267,7 +279,12 @@ def export(
     CheckpointError: the checkpoint cannot be read.
   """
   check_options(
-    fmt=fmt, dtype=dtype, pooler=pooler, normalize=normalize, max_seq_length=max_seq_length
+    fmt=fmt,
+    dtype=dtype,
+    pooler=pooler,
+    normalize=normalize,
+    max_seq_length=max_seq_length,
+    st_padding=st_padding,
   )
   out = resolve_out(out)
   planned = planned_files(fmt, normalize=normalize, mlm_head=mlm_head)
@@ -315,6 +332,7 @@ def export(
     normalize=normalize,
     max_seq_length=max_len,
     mlm_head=mlm_head,
+    st_padding=st_padding,
     exported_params=int(sum(v.size for v in tensors.values())),
     tokenizer_note=TOKENIZER_NOTE,
   )
@@ -332,7 +350,7 @@ def export(
     shutil.copyfile(tok.model_path, os.path.join(stage, "tokenizer.model"))
     if fmt == "sentence-transformers":
       for rel, text in sbert.files(
-        dim=mc.d_model, max_seq_length=max_len, normalize=normalize
+        dim=mc.d_model, max_seq_length=max_len, normalize=normalize, padding=st_padding
       ).items():
         _write_text(stage, rel, text)
     _write_text(stage, "README.md", readme)
@@ -341,7 +359,7 @@ def export(
     assert not missing, missing  # planned_files and the writers above must agree
     manifest = {
       "files": planned,
-      "workdir": run.workdir,
+      "workdir": os.path.basename(os.path.normpath(run.workdir)),  # its name: no local path
       "step": run.step,
       "model_name": model_name,
       "size": cfg.model.get("size", ""),
@@ -349,6 +367,7 @@ def export(
       "dtype": dtype,
       "normalize": normalize,
       "max_seq_length": max_len,
+      "st_padding": st_padding if fmt == "sentence-transformers" else None,
       "mlm_head": mlm_head,
       "exported_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
       "sha256": {

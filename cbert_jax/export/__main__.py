@@ -47,6 +47,13 @@ def parser() -> argparse.ArgumentParser:
     "(default: the run's data.seq_len)",
   )
   p.add_argument(
+    "--st_padding",
+    default="max_length",
+    help="sentence-transformers' padding: max_length (default: every batch padded to "
+    "max_seq_length, so a batch of only empty texts embeds to zeros) or longest (faster on short "
+    "texts; a batch whose texts are all empty then raises in transformers)",
+  )
+  p.add_argument(
     "--mlm_head", action="store_true", help="BERT: also write the MLM head as mlm_head.safetensors"
   )
   p.add_argument(
@@ -72,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
       max_seq_length=ns.max_seq_length,
       mlm_head=ns.mlm_head,
       overwrite=ns.overwrite,
+      st_padding=ns.st_padding,
     )
   except (ConfigError, CheckpointError) as e:
     kind = "checkpoint error" if isinstance(e, CheckpointError) else "config error"

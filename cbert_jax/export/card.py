@@ -28,6 +28,31 @@ NOT_EXPORTED = {
 }
 
 
+# The transformers example of the card and of the README (MODEL_DIR: the export's path, quoted):
+# mean pooling over real tokens, as the probes and `cbert_jax.embed`; texts cut at the tokenizer's
+# model_max_length; an empty text (no tokens) gives zeros, also in a batch of only empty texts,
+# which transformers cannot run (a [B, 0] input).
+HF_SNIPPET = """import torch
+from transformers import AutoModel, AutoTokenizer
+
+tok = AutoTokenizer.from_pretrained(MODEL_DIR)  # no BOS/EOS are added
+model = AutoModel.from_pretrained(MODEL_DIR).eval()  # LlamaModel, is_causal false
+
+
+def embed(texts):  # the mean over real tokens: the probes' features; "" gives zeros
+  batch = tok(texts, padding=True, truncation=True, return_tensors="pt")
+  m = batch["attention_mask"].unsqueeze(-1)  # [B, T, 1]
+  if m.shape[1] == 0:  # only empty texts: no token to run the model on
+    return torch.zeros(len(texts), model.config.hidden_size)
+  with torch.no_grad():
+    h = model(**batch).last_hidden_state.masked_fill(m == 0, 0.0)  # [B, T, d]
+  return h.sum(1) / m.sum(1).clamp(min=1)  # [B, d]
+
+
+emb = embed(["a sentence", "another one"])
+"""
+
+
 def _fmt_int(x: float) -> str:
   return f"{int(x):,}"
 
@@ -119,6 +144,7 @@ def render(
   mlm_head: bool,
   exported_params: int,
   tokenizer_note: str,
+  st_padding: str = "max_length",
 ) -> str:
   """README.md text for the export of `run` (a `trained.Trained`)."""
   cfg, rec, mc = run.config, run.record, run.model_cfg
@@ -191,17 +217,7 @@ def render(
     "silently run the encoder with causal attention). No custom code is loaded.",
     "",
     "```python",
-    "import torch",
-    "from transformers import AutoModel, AutoTokenizer",
-    "",
-    'path = "path/to/this/directory"',
-    "tok = AutoTokenizer.from_pretrained(path)  # no BOS/EOS are added",
-    "model = AutoModel.from_pretrained(path).eval()",
-    'batch = tok(["a sentence", "another one"], padding=True, return_tensors="pt")',
-    "with torch.no_grad():",
-    "  h = model(**batch).last_hidden_state                     # [B, T, d]",
-    'm = batch["attention_mask"].unsqueeze(-1).float()',
-    "emb = (h * m).sum(1) / m.sum(1)                               # mean over real tokens",
+    *HF_SNIPPET.replace("MODEL_DIR", '"path/to/this/directory"').splitlines(),
     "```",
     "",
   ]
@@ -217,11 +233,31 @@ def render(
     ]
   evals_len = cfg.get("evals", {}).get("seq_len")
   lines += [
-    f"The tokenizer truncates at {max_seq_length} tokens (`model_max_length`; the run "
-    f"trained on rows of {cfg.data.seq_len}"
+    f"**Long texts** are cut to their first {max_seq_length} tokens: the tokenizer's "
+    "`model_max_length`, applied when it is called with `truncation=True` as above"
+    + (" and by sentence-transformers' `max_seq_length`" if is_st else "")
+    + f" (the run trained on rows of {cfg.data.seq_len}"
     + (f", its probes read {evals_len} tokens per text" if evals_len else "")
-    + "). "
-    "Hidden states at padding positions are not meaningful (a padding position attends "
+    + "). **An empty or whitespace-only text** has no tokens (no BOS/EOS are added); its "
+    "embedding is defined as the zero vector, the mean over no tokens, as `cbert_jax.embed` "
+    "gives"
+    + (
+      (
+        "; sentence-transformers pads every batch to max_seq_length (`processing_kwargs` in "
+        "sentence_bert_config.json), so even a batch of only empty texts embeds to zeros. That "
+        "key needs sentence-transformers >= 6.0 (5.x refuses it at load: export with "
+        "`--st_padding longest` for 5.x, and drop empty texts)"
+      )
+      if is_st and st_padding == "max_length"
+      else (
+        "; sentence-transformers pads to the batch's longest text (exported with "
+        "`--st_padding longest`), so a batch whose texts are all empty raises in transformers: "
+        "drop empty texts first"
+      )
+      if is_st
+      else ""
+    )
+    + ". Hidden states at padding positions are not meaningful (a padding position attends "
     "to the real tokens, but none attends to it); pool with the attention mask as above.",
     "",
     "## Training",
@@ -267,8 +303,8 @@ def render(
     "",
     "## Export",
     "",
-    f"Exported by `python -m cbert_jax.export` from checkpoint step {run.step} of "
-    f"`{run.workdir}`. cbert_jax's tests check that `transformers` gives the JAX "
+    f"Exported by `python -m cbert_jax.export` from checkpoint step {run.step} of the run "
+    f"`{os.path.basename(os.path.normpath(run.workdir))}`. cbert_jax's tests check that `transformers` gives the JAX "
     "encoder's final states, and sentence-transformers the probes' mean-pooled features, "
     "within 1e-4 in float32.",
     "",

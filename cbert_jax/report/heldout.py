@@ -65,10 +65,9 @@ def targets(experiment_spec: str) -> dict:
   """{family: the held-out member's resolved numbers} for seed 0 of each family the experiment's
   sweep names (`experiments/sweep.py:heldout`)."""
   from cbert_jax import config_lib  # pylint: disable=import-outside-toplevel (imports the models)
-  from cbert_jax.sweep import experiment as experiment_lib  # pylint: disable=import-outside-toplevel
 
   path, _, arg = experiment_spec.partition(":")
-  exp = experiment_lib.load_experiment(path)
+  exp = config_lib.import_experiment(path, field="--experiment", needs=("get_config", "get_sweep"))
   out = {}
   for member in exp.get_sweep(arg or None):
     cfg = config_lib.resolve(exp.get_config(member))

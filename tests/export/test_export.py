@@ -388,3 +388,58 @@ def test_the_readme_snippets_give_the_probe_features(exported):
     exec(code.replace('"runs/smoke_export"', repr(d)), scope)  # noqa: S102
     got = scope["emb"].numpy() if hasattr(scope["emb"], "numpy") else scope["emb"]
     np.testing.assert_allclose(got, want, rtol=0, atol=TOL)
+
+
+EDGE_TEXTS = ["", "  ", "a" * 5000, "\t\n", "A sentence to embed.", " ".join(["word"] * 400)]
+
+
+def test_empty_and_long_texts_embed_as_cbert_jax_embed_does(exported):
+  """An empty or whitespace-only text (no tokens) embeds to zeros and a text past seq_len is cut,
+  identically through cbert_jax.embed, sentence-transformers (also a batch of only empty texts,
+  which the default --st_padding max_length makes runnable) and the README's transformers
+  snippet; never NaN, never an exception."""
+  run, d = exported["crossbert"]
+  seq_len = int(run.config.data.seq_len)
+  want = embed.Embedder(run, seq_len=seq_len, batch_size=8)(EDGE_TEXTS)  # [6, d]
+  assert np.isfinite(want).all()
+  assert not want[[0, 1, 3]].any() and np.abs(want[[2, 4, 5]]).min(axis=1).max() > 0
+  st = SentenceTransformer(d, device="cpu")
+  assert st.max_seq_length == seq_len
+  np.testing.assert_allclose(st.encode(EDGE_TEXTS), want, rtol=0, atol=1e-5)
+  # sentence-transformers sorts by length: 40 empty texts fill a whole batch of 32 with nothing
+  only_empty = st.encode(["", " "] * 20)
+  assert only_empty.shape == (40, want.shape[1]) and not only_empty.any()
+  hf = [s for s in readme_snippets() if "AutoModel" in s][0]
+  scope: dict = {}
+  exec(hf.replace('"runs/smoke_export"', repr(d)), scope)  # noqa: S102  (as a user copies it)
+  np.testing.assert_allclose(scope["embed"](EDGE_TEXTS).numpy(), want, rtol=0, atol=1e-5)
+  got = scope["embed"](["", "  "]).numpy()
+  assert got.shape == (2, want.shape[1]) and not got.any()
+  assert AutoTokenizer.from_pretrained(d).model_max_length == seq_len
+
+
+def test_st_padding_longest_writes_the_library_default_and_a_bad_value_is_refused(
+  trained_run, tmp_path, capsys
+):
+  workdir = trained_run("crossbert")
+  fast = tmp_path / "fast"
+  argv = ["--workdir", workdir, "--format", "sentence-transformers"]
+  assert export_cli.main([*argv, "--out", str(fast), "--st_padding", "longest"]) == 0
+  cfg = json.loads((fast / "sentence_bert_config.json").read_text())
+  assert "processing_kwargs" not in cfg and cfg["max_seq_length"] > 0
+  assert "--st_padding longest" in (fast / "README.md").read_text()
+  assert SentenceTransformer(str(fast), device="cpu").encode(["", "a b c"]).shape[0] == 2
+  bad = tmp_path / "bad"
+  assert export_cli.main([*argv, "--out", str(bad), "--st_padding", "shortest"]) == 2
+  assert "--st_padding shortest: expected one of max_length, longest" in capsys.readouterr().err
+  assert not bad.exists()
+
+
+def test_the_card_and_manifest_name_the_run_not_its_path(exported):
+  run, d = exported["bert"]
+  card = open(os.path.join(d, "README.md"), encoding="utf-8").read()
+  manifest = json.load(open(os.path.join(d, export_cli.export_lib.MANIFEST)))
+  name = os.path.basename(os.path.normpath(run.workdir))
+  assert f"of the run `{name}`" in card and manifest["workdir"] == name
+  parent = os.path.dirname(os.path.normpath(run.workdir))
+  assert parent not in card and parent not in json.dumps(manifest)
