@@ -241,6 +241,23 @@ def faults() -> ml_collections.ConfigDict:
   return c
 
 
+WANDB_MODES = ("auto", "online", "offline")  # wandb.mode's values
+
+
+def wandb() -> ml_collections.ConfigDict:
+  """Optional Weights & Biases logging (cbert_jax/run/wandb_logger.py; extra `wandb`)."""
+  c = ml_collections.ConfigDict()
+  c.project = ""  # W&B project; "" = off (wandb is not imported)
+  c.entity = ""  # W&B user or team; "" = your default entity
+  c.name = ""  # the run's name; "" = config.name, else the workdir's name
+  c.group = ""  # W&B group (e.g. a sweep's name); "" = none
+  c.tags = ""  # comma-separated W&B tags
+  # online | offline (files in <workdir>/wandb, `wandb sync` later) | auto: online when the W&B
+  # server answers within 3 s and credentials exist, else offline
+  c.mode = "auto"
+  return c
+
+
 def optim() -> ml_collections.ConfigDict:
   """AdamW, gradient clipping, the LR schedule and gradient accumulation (cbert_jax/step/optim)."""
   c = ml_collections.ConfigDict()

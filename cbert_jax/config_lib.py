@@ -72,6 +72,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data = config_groups.data()  # corpus, split, tokenizer, cache
   c.faults = config_groups.faults()  # loss spikes and planted test faults
   c.optim = config_groups.optim()  # AdamW, clipping, schedule, accumulation
+  c.wandb = config_groups.wandb()  # optional Weights & Biases logging
   c.sweep = config_groups.sweep()  # a scaling-sweep member's inputs
   c.mesh = config_groups.mesh()  # ICI mesh sizes; one -1 = fill
   c.mesh_dcn = config_groups.mesh_dcn()  # sizes across slices/hosts
@@ -442,6 +443,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   )
 
   check_fields(config)
+  _check_wandb(config.wandb)
   m, mk, d = config.model, config.masking, config.data
   if config.model_name not in MODEL_NAMES:
     raise ConfigError(
@@ -570,6 +572,28 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     raise ConfigError(
       f"batch_size={config.batch_size} is not divisible by optim.microbatches={k} "
       f"x the data-parallel size {dp} (= {k * dp})"
+    )
+
+
+def _check_wandb(w: ml_collections.ConfigDict) -> None:
+  """The `wandb` group (cbert_jax/run/wandb_logger.py): its mode, W&B's rule for project names, and
+  the package when a project is set (found, not imported: wandb is slow to import)."""
+  if w.mode not in config_groups.WANDB_MODES:
+    raise ConfigError(
+      f"wandb.mode: {w.mode!r}; expected one of {', '.join(config_groups.WANDB_MODES)}"
+    )
+  if not w.project:
+    return
+  bad = [c for c in "/\\#?%:" if c in w.project]
+  if bad:
+    raise ConfigError(
+      f"wandb.project: {w.project!r} contains {' '.join(bad)}; W&B project names may not "
+      "contain / \\ # ? % :"
+    )
+  if importlib.util.find_spec("wandb") is None:
+    raise ConfigError(
+      f"wandb.project={w.project!r} needs the wandb package, which is not installed: "
+      "pip install 'cbert_jax[wandb]'"
     )
 
 

@@ -31,6 +31,7 @@ from cbert_jax.run import (
   planned_devices,
   plotting,
   validation,
+  wandb_logger,
   workdir_lock,
 )
 from cbert_jax.run import metrics as metrics_lib
@@ -166,8 +167,21 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
       source, params, workdir=workdir, resumed_step=start_step if restored else None
     )
 
+  # W&B (config.wandb.project; None when off): the same rows as metrics.jsonl
+  wandb_log = wandb_logger.open_logger(
+    config,
+    workdir,
+    is_primary=is_primary,
+    provenance={
+      "non_embedding_params": counts.non_embedding,
+      "flops_per_token": flops_per_token,
+      "data_manifest_hash": data.manifest.get("hash"),
+      "init_from": init_record,
+    },
+  )
+  sinks = (wandb_log,) if wandb_log else ()
   writer = metrics_lib.MetricWriter(
-    workdir, is_primary=is_primary, resume_step=start_step if restored else None
+    workdir, is_primary=is_primary, resume_step=start_step if restored else None, sinks=sinks
   )
   overview = provenance_lib.parameter_overview(params, include_stats=counts.total < 100_000_000)
   logging.info("parameters:\n%s", overview)
@@ -298,7 +312,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
       params, opt_state, guard_state = _last_good_state(checkpointer, back, st, init_key, source)
     train_iter.set_state({"next_index": bad_index + 1})
     writer.close()
-    writer = metrics_lib.MetricWriter(workdir, is_primary=is_primary, resume_step=back)
+    writer = metrics_lib.MetricWriter(workdir, is_primary=is_primary, resume_step=back, sinks=sinks)
     logging.warning(
       "rolled back from step %d to step %d; the data continues after the spike's "
       "batch (global batch %d)",
@@ -436,6 +450,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str, stop: dict) -> Summary
   finally:
     checkpointer.close()
     writer.close()
+    if wandb_log:
+      wandb_log.close()
   if is_primary and config.plot:
     _plot(workdir, config)
   logging.info("time outside the step: %s", {k: round(v, 2) for k, v in timers.totals().items()})

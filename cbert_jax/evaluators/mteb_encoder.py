@@ -265,7 +265,8 @@ def run(
     name, revision: how mteb names the model in its results (e.g. "cbert_jax/crossbert-d128L4",
       "step_300").
   Returns:
-    {task name: {"type", "main_score" (name), "score", "seconds"}, "average": {"all", per type},
+    {task name: {"type", "main_score" (name), "score", "dataset", "dataset_revision", "splits",
+     "mteb_file" (mteb's TaskResult file, relative to out_dir)}, "average": {"all", per type},
      "failed": {task: error}} (failures are recorded, the other tasks go on).
   """
   mteb = import_mteb()
@@ -307,13 +308,22 @@ def run(
     show_progress_bar=False,
     encode_kwargs={"batch_size": int(ecfg.batch_size)},
   )
+  cache = mteb.ResultCache(out_dir)
   results: dict = {}
   for tr in model_result.task_results:
     task = next(t for t in tasks if t.metadata.name == tr.task_name)
+    dataset = dict(task.metadata.dataset or {})
+    # mteb's own result file (a TaskResult: mteb.TaskResult.from_disk, the leaderboard's format),
+    # relative to out_dir; the model card's metadata (cbert_jax.export) is built from these fields
+    mteb_file = cache.get_task_result_path(tr.task_name, encoder.mteb_model_meta)
     results[tr.task_name] = {
       "type": task.metadata.type,
       "main_score": task.metadata.main_score,
       "score": float(tr.get_score()),
+      "dataset": dataset.get("path"),
+      "dataset_revision": dataset.get("revision"),
+      "splits": list(task.metadata.eval_splits),
+      "mteb_file": os.path.relpath(mteb_file, out_dir),
     }
   failed = {
     str(getattr(e, "task_name", i)): f"{type(e).__name__}: {e}"

@@ -7,6 +7,7 @@ import json
 import os
 from typing import Any
 
+from cbert_jax.export import model_index
 from cbert_jax.run import record as record_lib
 
 FAMILY = {
@@ -169,6 +170,10 @@ def render(
       "tags:",
     ]
     + [f"- {t}" for t in tags]
+    # the exported step's scores, as Hugging Face reads evaluation results (model_index.py)
+    + model_index.yaml_lines(
+      model_index.card_name(run.workdir, name, size), model_index.entries(run.workdir, run.step)
+    )
     + ["---", ""]
   )
   lines += [

@@ -191,6 +191,7 @@ class MetricWriter:
     is_primary: bool,
     resume_step: int | None = None,
     tensorboard: bool = True,
+    sinks: tuple = (),
   ) -> None:
     """Opens the writer.
 
@@ -199,7 +200,10 @@ class MetricWriter:
       is_primary: True on the process that writes (`jax.process_index() == 0`).
       resume_step: Step of the checkpoint this run resumed from, or None for a fresh run.
       tensorboard: Also write TensorBoard event files.
+      sinks: Objects with `log(record)`, given every record as written to metrics.jsonl (the
+        W&B logger, run/wandb_logger.py); their owner closes them.
     """
+    self._sinks = tuple(sinks)
     self._workdir = pathlib.Path(workdir)
     self._enabled = bool(is_primary)
     self._closed = False
@@ -308,6 +312,8 @@ class MetricWriter:
       return
     self._file.write(json.dumps(record, allow_nan=False) + "\n")
     self._file.flush()
+    for sink in self._sinks:
+      sink.log(record)
     if self._tb is not None:
       for name, value in record.items():
         if name != "step":

@@ -50,6 +50,7 @@ RESUMABLE = (
   "allow_config_change",  # this switch itself
   "restart_from_scratch",  # start over when every checkpoint was moved aside as damaged
   "faults.",  # spike policy and its planted test faults (cbert_jax/step/guard.py)
+  "wandb.",  # where the metrics are also logged
   "model.remat",
   "model.ce_chunk",
   "model.attention_impl",  # same maths, other memory / kernel

@@ -195,6 +195,12 @@ def test_mteb_runs_tiny_tasks_and_agrees_with_our_retrieval_metrics(tmp_path, ba
   assert scores["recall_at_1"] == pytest.approx(ours["recall@1"], abs=1e-4)
   table = mteb_encoder.markdown(results)
   assert "| TinyRetrieval | Retrieval | ndcg_at_10 |" in table
+  # Each task's result is also mteb's own file, which mteb's TaskResult loads back unchanged.
+  for name in ("TinyClassification", "TinyRetrieval", "TinySTS"):
+    r = results[name]
+    assert r["dataset"] == "local" and r["dataset_revision"] == "0" and r["splits"] == ["test"]
+    loaded = mteb.TaskResult.from_disk(tmp_path / "mteb" / r["mteb_file"])
+    assert loaded.task_name == name and loaded.get_score() == pytest.approx(r["score"])
 
 
 def test_pooler_embedding_trains_on_the_kit_and_returns_unit_vectors(

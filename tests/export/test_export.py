@@ -443,3 +443,59 @@ def test_the_card_and_manifest_name_the_run_not_its_path(exported):
   assert f"of the run `{name}`" in card and manifest["workdir"] == name
   parent = os.path.dirname(os.path.normpath(run.workdir))
   assert parent not in card and parent not in json.dumps(manifest)
+
+
+def test_the_card_metadata_carries_the_exported_steps_scores(trained_run, tmp_path):
+  """The offline kit's and mteb's scores of the exported step become the card's `model-index`,
+  which huggingface_hub reads back as evaluation results with the same values; a skipped task and
+  a non-finite score are left out."""
+  from huggingface_hub import ModelCard  # pylint: disable=import-outside-toplevel
+
+  workdir = tmp_path / "run"
+  shutil.copytree(trained_run("bert"), workdir)
+  ev = workdir / "eval"
+  offline = {
+    "sentiment": {
+      "kind": "classification",
+      "metric": "accuracy",
+      "headline_split": "test",
+      "ridge": {"dev": 0.6, "test": 0.625},
+    },
+    "graded_sentiment": {
+      "kind": "regression",
+      "metric": "spearman",
+      "headline_split": "test",
+      "ridge": {"test": 0.3125},
+    },
+    "nli": {"kind": "pair", "skipped": "source archive missing"},
+    "average": {"ridge": 0.46875},
+  }
+  mteb_results = {
+    "Banking77Classification": {
+      "type": "Classification",
+      "main_score": "accuracy",
+      "score": 0.5,
+      "dataset": "mteb/banking77",
+      "dataset_revision": "0fd18e25",
+      "splits": ["test"],
+    },
+    "BrokenTask": {"type": "STS", "main_score": "cosine_spearman", "score": float("nan")},
+    "average": {"all": 0.5},
+    "failed": {},
+  }
+  (ev / "step_2.json").write_text(json.dumps({"suite": "offline", "results": offline}))
+  (ev / "mteb-step_2.json").write_text(json.dumps({"suite": "mteb", "results": mteb_results}))
+  out = tmp_path / "export"
+  assert export_cli.main(["--workdir", str(workdir), "--out", str(out)]) == 0
+  data = ModelCard.load(out / "README.md").data
+  got = {
+    (r.dataset_type, r.task_type, r.dataset_split, r.metric_type): r.metric_value
+    for r in data.eval_results
+  }
+  assert got == {
+    ("mteb/banking77", "Classification", "test", "accuracy"): 0.5,
+    ("cbert_jax/offline/sentiment", "Classification", "test", "accuracy"): 0.625,
+    ("cbert_jax/offline/graded_sentiment", "Regression", "test", "spearman"): 0.3125,
+  }
+  assert data.model_name == "cbert_jax/bert-d32L2-run"
+  assert {r.dataset_revision for r in data.eval_results} == {"0fd18e25", None}
