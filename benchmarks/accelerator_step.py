@@ -17,7 +17,13 @@ step as training: forward, loss, backward, AdamW with clipping, buffers donated)
                   gate/up as one matmul each; off by default: no gain on CPU, see
                   docs/performance.md), so one run on the accelerator decides it there too
 Each is compiled, warmed up, then timed over `--steps` steps (median; the clock stops on the loss
-of every step, so no work is left queued). Model FLOPs are `models.flops.flops_per_token` (3x
+of every step, so no work is left queued). On an accelerator each contestant runs in its own child
+process (`--isolate auto`), so the device's peak memory (`memory_stats()["peak_bytes_in_use"]`) is
+that contestant's alone; it is printed beside XLA's compiled figure and the memory plan's
+prediction for the same shape and remat policy (`cbert_jax.scaling.memory.estimate`, what the sweep
+planner fits members with), and the attention kernel that ran is read off the compiled HLO's custom
+calls (cuDNN's fused attention, else XLA's dot + softmax). `--budget_s` (default 420 s) skips the
+contestants that would not finish in time, so the whole check stays under 8 minutes. Model FLOPs are `models.flops.flops_per_token` (3x
 forward matmul FLOPs, no recompute), MFU is against the device's dense spec-sheet peak for
 `--dtype` (`cbert_jax.run.hardware`, e.g. H100/H200 SXM bf16 989 TFLOP/s); a measured 8192^2 matmul
 in the same dtype is printed next to it. Writes <out>/accelerator_step.{json,md}.
@@ -30,7 +36,9 @@ import dataclasses
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,6 +54,19 @@ CONTESTANTS = {  # name -> (family, mask ratio, cms, fused projections)
 }
 
 
+def _without(argv: list[str], flag: str) -> list[str]:
+  """argv less `flag VALUE` and `flag=VALUE`."""
+  out, skip = [], False
+  for a in argv:
+    if skip:
+      skip = False
+    elif a == flag:
+      skip = True
+    elif not a.startswith(flag + "="):
+      out.append(a)
+  return out
+
+
 def time_steps(step: JaxStep, steps: int, warmup: int) -> list[float]:
   for _ in range(warmup):
     step.step()
@@ -55,6 +76,65 @@ def time_steps(step: JaxStep, steps: int, warmup: int) -> list[float]:
     step.step()  # returns the loss as a float: blocks on the step
     times.append(time.perf_counter() - start)
   return times
+
+
+def plan_bytes(step: JaxStep, family: str, shape: Shape, remat: str) -> float:
+  """The memory plan's bytes for this step on one device (no sharding, one micro-batch)."""
+  from cbert_jax.scaling import memory as memory_lib
+
+  one = {"data": 1, "fsdp": 1, "tensor": 1}
+  s = memory_lib.shape_of(family, step.model_cfg, step.mask_cfg, shape.seq, shape.batch, one)
+  return float(memory_lib.estimate(s, memory_lib.Setting(remat=remat))["total"])
+
+
+def measure(name: str, shape: Shape, args, peak: float) -> dict:
+  """One contestant: build and compile, warm up, time; its numbers."""
+  import jax
+
+  family, ratio, cms, fused = CONTESTANTS[name]
+  t0 = time.perf_counter()
+  step = JaxStep(
+    family,
+    shape,
+    ratio,
+    cms,
+    compute_dtype=args.dtype,
+    attention_impl=args.attention,
+    remat=args.remat,
+    fused_projections=fused,
+  )
+  compile_s = time.perf_counter() - t0
+  times = time_steps(step, args.steps, args.warmup)
+  med = statistics.median(times)
+  flops_s = step.flops_per_step / med
+  stats = jax.local_devices()[0].memory_stats() or {}
+  measured = stats.get("peak_bytes_in_use")
+  planned = plan_bytes(step, family, shape, args.remat)
+  return {
+    "params": step.params,
+    "compile_s": compile_s,
+    "step_s": med,
+    "step_s_min": min(times),
+    "step_s_max": max(times),
+    "tokens_per_s": shape.batch * shape.seq / med,
+    "model_flops_per_s": flops_s,
+    "mfu": flops_s / peak,
+    "memory_mb": step.memory_bytes / 2**20,  # XLA's compiled figure
+    "plan_memory_mb": planned / 2**20,  # the memory plan's prediction
+    "peak_memory_mb": measured / 2**20 if measured else None,  # the device's, None on CPU
+    "attention_kernel": step.attention_kernel,
+  }
+
+
+def measure_in_child(name: str, argv: list[str], tmp: str) -> dict:
+  """`measure` in a fresh process: the device's peak memory is this contestant's alone."""
+  out = os.path.join(tmp, f"{len(os.listdir(tmp))}.json")
+  cmd = [sys.executable, os.path.abspath(__file__), *argv, "--contestants", name]
+  r = subprocess.run([*cmd, "--isolate", "no", "--child_json", out], check=False)
+  if r.returncode != 0:
+    return {"error": f"child exited {r.returncode}"}
+  with open(out) as f:
+    return json.load(f)
 
 
 def main(argv=None) -> dict:
@@ -73,6 +153,20 @@ def main(argv=None) -> dict:
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--warmup", type=int, default=3)
   p.add_argument("--out", default="runs/bench/accelerator_step")
+  p.add_argument(
+    "--isolate",
+    default="auto",
+    choices=("auto", "yes", "no"),
+    help="each contestant in its own process (auto: on an accelerator, for its peak memory)",
+  )
+  p.add_argument(
+    "--budget_s",
+    type=float,
+    default=420.0,
+    help="skip contestants that would end past this many seconds (the check stays < 8 min)",
+  )
+  p.add_argument("--child_json", default="", help=argparse.SUPPRESS)  # --isolate's child
+  argv = list(sys.argv[1:] if argv is None else argv)
   args = p.parse_args(argv)
   names = [n.strip() for n in args.contestants.split(",") if n.strip()]
   for n in names:
@@ -96,6 +190,10 @@ def main(argv=None) -> dict:
     batch=args.batch,
   )
   peak, peak_source = hardware.device_peak(args.dtype)
+  if args.child_json:  # one contestant, for the parent's --isolate
+    with open(args.child_json, "w") as f:
+      json.dump(measure(names[0], shape, args, peak), f)
+    return {}
   measured = hardware.measure_matmul_peak(
     args.dtype, n=2048 if device.platform == "cpu" else 8192, seconds=1.0
   )
@@ -104,43 +202,33 @@ def main(argv=None) -> dict:
     f"[{peak_source}]; measured {args.dtype} matmul {measured / 1e12:.1f} TFLOP/s",
     flush=True,
   )
-  results = {}
-  for name in names:
-    family, ratio, cms, fused = CONTESTANTS[name]
-    t0 = time.perf_counter()
-    step = JaxStep(
-      family,
-      shape,
-      ratio,
-      cms,
-      compute_dtype=args.dtype,
-      attention_impl=args.attention,
-      remat=args.remat,
-      fused_projections=fused,
-    )
-    compile_s = time.perf_counter() - t0
-    times = time_steps(step, args.steps, args.warmup)
-    med = statistics.median(times)
-    flops_s = step.flops_per_step / med
-    results[name] = {
-      "params": step.params,
-      "compile_s": compile_s,
-      "step_s": med,
-      "step_s_min": min(times),
-      "step_s_max": max(times),
-      "tokens_per_s": shape.batch * shape.seq / med,
-      "model_flops_per_s": flops_s,
-      "mfu": flops_s / peak,
-      "memory_mb": step.memory_bytes / 2**20,
-    }
-    r = results[name]
-    print(
-      f"  {name}: {r['params'] / 1e6:.0f}M params, step {med * 1e3:.1f} ms, "
-      f"{r['tokens_per_s']:,.0f} tokens/s, {flops_s / 1e12:.1f} TFLOP/s, MFU {100 * r['mfu']:.1f}%, "
-      f"{r['memory_mb']:,.0f} MB (compiled in {compile_s:.0f} s)",
-      flush=True,
-    )
-    del step
+  isolate = args.isolate == "yes" or (args.isolate == "auto" and device.platform != "cpu")
+  parent_argv = _without(argv, "--contestants")  # each child is given its one contestant
+  results, start, longest = {}, time.perf_counter(), 0.0
+  with tempfile.TemporaryDirectory() as tmp:
+    for name in names:
+      elapsed = time.perf_counter() - start
+      if results and elapsed + longest > args.budget_s:  # the first always runs
+        results[name] = {"skipped": f"--budget_s {args.budget_s:g}: {elapsed:.0f} s used"}
+        print(f"  {name}: skipped ({results[name]['skipped']})", flush=True)
+        continue
+      t0 = time.perf_counter()
+      r = measure_in_child(name, parent_argv, tmp) if isolate else measure(name, shape, args, peak)
+      longest = max(longest, time.perf_counter() - t0)
+      results[name] = r
+      if "error" in r:
+        print(f"  {name}: {r['error']}", flush=True)
+        continue
+      peak_mem = f"{r['peak_memory_mb']:,.0f}" if r["peak_memory_mb"] else "-"
+      print(
+        f"  {name}: {r['params'] / 1e6:.0f}M params, step {r['step_s'] * 1e3:.1f} ms, "
+        f"{r['tokens_per_s']:,.0f} tokens/s, {r['model_flops_per_s'] / 1e12:.1f} TFLOP/s, "
+        f"MFU {100 * r['mfu']:.1f}%, memory: compiled {r['memory_mb']:,.0f} MB, plan "
+        f"{r['plan_memory_mb']:,.0f} MB, measured peak {peak_mem} MB; attention "
+        f"{r['attention_kernel']} (compiled in {r['compile_s']:.0f} s)",
+        flush=True,
+      )
+  timed = {n: r for n, r in results.items() if "step_s" in r}
   lines = [
     f"{device.device_kind}, {args.dtype} compute / float32 parameters, attention "
     f"{args.attention}, remat {args.remat}; d {shape.d}, {shape.layers} layers, {shape.heads} "
@@ -148,25 +236,29 @@ def main(argv=None) -> dict:
     f"peak {peak / 1e12:.1f} TFLOP/s ({peak_source}); measured matmul "
     f"{measured / 1e12:.1f} TFLOP/s; median of {args.steps} steps",
     "",
-    "| model | params | step (ms) | data tokens/s | model TFLOP/s | MFU | memory (MB) |",
-    "|---|---|---|---|---|---|---|",
+    "| model | params | step (ms) | data tokens/s | model TFLOP/s | MFU | memory: compiled / "
+    "plan / measured peak (MB) | plan / compiled | attention kernel |",
+    "|---|---|---|---|---|---|---|---|---|",
   ]
   for name, r in results.items():
+    if name not in timed:
+      lines.append(f"| {name} | {r.get('skipped') or r.get('error')} |||||||| ")
+      continue
+    peak_mem = f"{r['peak_memory_mb']:,.0f}" if r["peak_memory_mb"] else "-"
     lines.append(
       f"| {name} | {r['params'] / 1e6:.0f}M | {r['step_s'] * 1e3:.1f} | "
       f"{r['tokens_per_s']:,.0f} | {r['model_flops_per_s'] / 1e12:.1f} | "
-      f"{100 * r['mfu']:.1f}% | {r['memory_mb']:,.0f} |"
+      f"{100 * r['mfu']:.1f}% | {r['memory_mb']:,.0f} / {r['plan_memory_mb']:,.0f} / {peak_mem} | "
+      f"{r['plan_memory_mb'] / r['memory_mb']:.2f} | {r['attention_kernel']} |"
     )
-  if "BERT" in results:
+  if "BERT" in timed:
     lines += [""] + [
-      f"- {n} / BERT data tokens/s: **{r['tokens_per_s'] / results['BERT']['tokens_per_s']:.2f}x**"
-      for n, r in results.items()
+      f"- {n} / BERT data tokens/s: **{r['tokens_per_s'] / timed['BERT']['tokens_per_s']:.2f}x**"
+      for n, r in timed.items()
       if n != "BERT"
     ]
-  if {"CrossBERT+CMS", "CrossBERT+CMS fused"} <= results.keys():
-    ratio = (
-      results["CrossBERT+CMS fused"]["tokens_per_s"] / results["CrossBERT+CMS"]["tokens_per_s"]
-    )
+  if {"CrossBERT+CMS", "CrossBERT+CMS fused"} <= timed.keys():
+    ratio = timed["CrossBERT+CMS fused"]["tokens_per_s"] / timed["CrossBERT+CMS"]["tokens_per_s"]
     lines.append(f"- CrossBERT+CMS fused / CrossBERT+CMS data tokens/s: **{ratio:.2f}x**")
   table = "\n".join(lines)
   print("\n" + table)

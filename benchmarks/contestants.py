@@ -115,6 +115,21 @@ def model_config(s: Shape, **model_kw):
   )
 
 
+# Custom-call targets of fused attention kernels in compiled HLO: cuDNN's flash attention
+# (jax.nn.dot_product_attention(implementation="cudnn")) and, should one appear, a Pallas/Mosaic
+# kernel on TPU. Without one, attention is XLA's own dot + softmax fusions.
+FUSED_ATTENTION_TARGETS = {
+  "__cudnn$fmha": "cuDNN fused attention",
+  "tpu_custom_call": "Pallas/Mosaic",
+}
+
+
+def attention_kernel(hlo_text: str) -> str:
+  """Which attention kernel a compiled step runs, read off its HLO's custom calls."""
+  found = [name for target, name in FUSED_ATTENTION_TARGETS.items() if target in hlo_text]
+  return ", ".join(found) if found else "XLA (dot + softmax fusions)"
+
+
 class JaxStep:
   """One cbert_jax model's jitted, donated train step on a fixed random batch."""
 
@@ -160,6 +175,8 @@ class JaxStep:
       else float("nan")
     )
     self.flops_per_step = flops_lib.flops_per_token(family, cfg, mask, s.seq) * s.batch * s.seq
+    self.model_cfg, self.mask_cfg = cfg, mask  # what the memory plan is asked about
+    self.attention_kernel = attention_kernel(compiled.as_text())
     self.compile_s = None  # XLA's compile time is in "built and warmed up"
     self.params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     self._compiled, self._state, self._i = compiled, (params, opt_state), 0

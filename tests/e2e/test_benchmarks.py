@@ -6,10 +6,16 @@ import json
 
 import pytest
 
-from benchmarks import accelerator_step
+from benchmarks import accelerator_step, contestants
 from cbert_jax.models import flops as flops_lib
 from cbert_jax.models.model_config import MaskConfig, ModelConfig
 from cbert_jax.run import hardware
+from cbert_jax.scaling import memory
+
+# The accelerator benchmark at a CPU-sized shape (a d64L2 model on 4 rows of 32 tokens).
+MICRO = ["--d", "64", "--layers", "2", "--heads", "2", "--vocab", "512", "--seq", "32"]
+MICRO += ["--batch", "4", "--dtype", "bfloat16", "--steps", "2", "--warmup", "1"]
+ONE = {"data": 1, "fsdp": 1, "tensor": 1}  # one device: no sharding
 
 
 def test_accelerator_step_cpu_dry_run_bf16(tmp_path, monkeypatch):
@@ -62,7 +68,35 @@ def test_accelerator_step_cpu_dry_run_bf16(tmp_path, monkeypatch):
     assert r["model_flops_per_s"] == pytest.approx(per_step / r["step_s"])
     assert r["mfu"] == pytest.approx(r["model_flops_per_s"] / info["peak_flops"])
     assert r["step_s_min"] <= r["step_s"] <= r["step_s_max"]
+    # CPU: XLA's attention, no device memory statistics; the plan's bytes for this very shape
+    assert r["attention_kernel"] == "XLA (dot + softmax fusions)" and r["peak_memory_mb"] is None
+    micro = contestants.Shape(layers=2, d=64, heads=2, ffn=256, vocab=512, seq=32, batch=4)
+    mc = contestants.model_config(micro, compute_dtype="bfloat16")
+    shape = memory.shape_of(family, mc, mask, 32, 4, ONE)
+    want = memory.estimate(shape, memory.Setting(remat="none"))["total"] / 2**20
+    assert r["plan_memory_mb"] == pytest.approx(want) and r["memory_mb"] > 0
   assert "| CrossBERT+CMS |" in (tmp_path / "accelerator_step.md").read_text()
+
+
+def test_accelerator_step_isolates_contestants_and_keeps_to_its_time_budget(tmp_path):
+  """--isolate yes: the contestant is measured in a child process and its numbers come back;
+  --budget_s 0: the contestants after the first are skipped, and the table says so."""
+  info = accelerator_step.main(
+    [*MICRO, "--contestants", "BERT,CrossBERT", "--isolate", "yes", "--budget_s", "0"]
+    + ["--out", str(tmp_path)]
+  )
+  bert, crossbert = info["results"]["BERT"], info["results"]["CrossBERT"]
+  assert bert["tokens_per_s"] > 0 and bert["plan_memory_mb"] > 0 and "skipped" not in bert
+  assert crossbert == {"skipped": crossbert["skipped"]}
+  assert crossbert["skipped"].startswith("--budget_s 0:")
+  table = (tmp_path / "accelerator_step.md").read_text()
+  assert "| CrossBERT | --budget_s 0:" in table
+
+
+def test_attention_kernel_is_read_off_the_compiled_hlo():
+  cudnn = 'custom-call(...), custom_call_target="__cudnn$fmhaSoftmax"'
+  assert contestants.attention_kernel(cudnn) == "cuDNN fused attention"
+  assert contestants.attention_kernel("dot(...) fusion(...)") == "XLA (dot + softmax fusions)"
 
 
 def test_accelerator_step_rejects_unknown_contestant(capsys):
