@@ -48,6 +48,8 @@ import shutil
 import tempfile
 import time
 
+import numpy as np
+
 from cbert_jax.errors import ConfigError
 from cbert_jax.export import card as card_lib
 from cbert_jax.export import hf_tokenizer, llama, sbert
@@ -55,6 +57,11 @@ from cbert_jax.export import hf_tokenizer, llama, sbert
 FORMATS = ("hf", "sentence-transformers")
 POOLINGS = ("mean",)
 MANIFEST = "cbert_export.json"
+# --pretraining: the training model's parameters outside the encoder (CrossBERT's predictor and its
+# head, BERT's MLM head, ELECTRA's generator and discriminator head), float32, in cbert_jax's own
+# names and layout; `--config.init_from` of this export into the same family loads them too, so
+# pretraining continues where it stopped (transformers and sentence-transformers ignore the file).
+PRETRAINING = "pretraining.safetensors"
 HF_FILES = (
   "model.safetensors",
   "config.json",
@@ -84,9 +91,12 @@ class Result:
   dim: int  # embedding width
 
 
-def planned_files(fmt: str, *, normalize: bool = False, mlm_head: bool = False) -> list[str]:
+def planned_files(
+  fmt: str, *, normalize: bool = False, mlm_head: bool = False, pretraining: bool = False
+) -> list[str]:
   """The relative paths an export with these options writes."""
   names = list(HF_FILES) + (["mlm_head.safetensors"] if mlm_head else [])
+  names += [PRETRAINING] if pretraining else []
   if fmt == "sentence-transformers":
     names += list(sbert.files(dim=1, max_seq_length=1, normalize=normalize))
   return names + [MANIFEST]
@@ -106,7 +116,9 @@ def _previous_export(out: str) -> list[str]:
   except (OSError, ValueError, KeyError, TypeError):
     return []
   # Only names an export writes: a hand-edited manifest cannot make --overwrite delete other files.
-  known = set(planned_files("sentence-transformers", normalize=True, mlm_head=True))
+  known = set(
+    planned_files("sentence-transformers", normalize=True, mlm_head=True, pretraining=True)
+  )
   return [f for f in files if isinstance(f, str) and f in known]
 
 
@@ -252,6 +264,7 @@ def export(
   mlm_head: bool = False,
   overwrite: bool = False,
   st_padding: str = "max_length",
+  pretraining: bool = False,
   devices=None,
 ) -> Result:
   """Exports the encoder of `workdir` at checkpoint `step` (default: the latest) to `out`.
@@ -267,6 +280,7 @@ def export(
     max_seq_length: tokens per text for the tokenizer and sentence-transformers (0 = the run's
       data.seq_len).
     mlm_head: BERT only: also write the MLM head as mlm_head.safetensors.
+    pretraining: also write PRETRAINING (the rest of the training model, for init_from).
     st_padding: sentence-transformers' padding, one of `sbert.PADDINGS` (max_length: every batch
       to max_seq_length, so a batch of only empty texts embeds to zeros; longest: faster on short
       texts, but such a batch raises in transformers).
@@ -287,7 +301,7 @@ def export(
     st_padding=st_padding,
   )
   out = resolve_out(out)
-  planned = planned_files(fmt, normalize=normalize, mlm_head=mlm_head)
+  planned = planned_files(fmt, normalize=normalize, mlm_head=mlm_head, pretraining=pretraining)
   previous = check_out(out, planned, overwrite)
   _require_packages()
   from cbert_jax.run import trained  # pylint: disable=import-outside-toplevel (JAX only past the checks)
@@ -333,6 +347,7 @@ def export(
     max_seq_length=max_len,
     mlm_head=mlm_head,
     st_padding=st_padding,
+    pretraining=pretraining,
     exported_params=int(sum(v.size for v in tensors.values())),
     tokenizer_note=TOKENIZER_NOTE,
   )
@@ -344,6 +359,9 @@ def export(
     llama.write_safetensors(os.path.join(stage, "model.safetensors"), tensors, meta)
     if head is not None:
       llama.write_safetensors(os.path.join(stage, "mlm_head.safetensors"), head, meta)
+    if pretraining:
+      rest = {n: np.asarray(v, np.float32) for n, v in flat.items() if not n.startswith("encoder/")}
+      llama.write_safetensors(os.path.join(stage, PRETRAINING), rest, meta)
     _write_text(stage, "config.json", json.dumps(config, indent=2) + "\n")
     for rel, text in tok_files.items():
       _write_text(stage, rel, text)
@@ -369,6 +387,7 @@ def export(
       "max_seq_length": max_len,
       "st_padding": st_padding if fmt == "sentence-transformers" else None,
       "mlm_head": mlm_head,
+      "pretraining": pretraining,
       "exported_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
       "sha256": {
         rel: _sha256(os.path.join(stage, rel)) for rel in ("model.safetensors", "tokenizer.model")

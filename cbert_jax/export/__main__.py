@@ -57,6 +57,13 @@ def parser() -> argparse.ArgumentParser:
     "--mlm_head", action="store_true", help="BERT: also write the MLM head as mlm_head.safetensors"
   )
   p.add_argument(
+    "--pretraining",
+    action="store_true",
+    help="also write pretraining.safetensors: the rest of the training model (CrossBERT's "
+    "predictor, BERT's MLM head, ELECTRA's generator), so --config.init_from of this export "
+    "continues pretraining where it stopped",
+  )
+  p.add_argument(
     "--overwrite",
     action="store_true",
     help="replace an earlier export in --out (recognised by its cbert_export.json; other files "
@@ -80,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
       mlm_head=ns.mlm_head,
       overwrite=ns.overwrite,
       st_padding=ns.st_padding,
+      pretraining=ns.pretraining,
     )
   except (ConfigError, CheckpointError) as e:
     kind = "checkpoint error" if isinstance(e, CheckpointError) else "config error"

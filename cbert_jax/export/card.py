@@ -146,6 +146,7 @@ def render(
   exported_params: int,
   tokenizer_note: str,
   st_padding: str = "max_length",
+  pretraining: bool = False,
 ) -> str:
   """README.md text for the export of `run` (a `trained.Trained`)."""
   cfg, rec, mc = run.config, run.record, run.model_cfg
@@ -208,13 +209,19 @@ def render(
       "[V, d]): logits = last_hidden_state @ lm_head.weight.T. transformers does "
       "not load it with the model."
     )
+  if pretraining:
+    lines.append(
+      "* the rest of the training model ("
+      + "; ".join(NOT_EXPORTED.get(name, []))
+      + "), float32, in cbert_jax's own names, in `pretraining.safetensors`: "
+      "`--config.init_from=<this folder>` in cbert_jax loads it with the encoder, so "
+      "pretraining continues where it stopped (the optimizer state is not kept: AdamW and "
+      "the LR schedule start again). transformers and sentence-transformers ignore it."
+    )
+  left_out = [x for x in NOT_EXPORTED.get(name, []) if not (mlm_head and "MLM head" in x)]
   lines += [
     "",
-    "Not exported: "
-    + "; ".join(
-      [x for x in NOT_EXPORTED.get(name, []) if not (mlm_head and "MLM head" in x)] or ["-"]
-    )
-    + ".",
+    "Not exported: " + ("; ".join(left_out) if left_out and not pretraining else "-") + ".",
     "",
     "## Use",
     "",

@@ -4,8 +4,10 @@ PATH is one of
   a cbert_jax workdir      `W` (its newest checkpoint) or `W:step`; read by `run/trained.py`, the
                            one loader of a trained run (embed and export use it too);
   an export                a folder written by `python -m cbert_jax.export` (cbert_export.json,
-                           model.safetensors in Llama's layout, tokenizer.model, and with
-                           --mlm_head BERT's MLM head in mlm_head.safetensors);
+                           model.safetensors in Llama's layout, tokenizer.model, with
+                           --mlm_head BERT's MLM head in mlm_head.safetensors, with
+                           --pretraining the rest of the training model in
+                           pretraining.safetensors);
   a Hugging Face folder    config.json of a Llama model (model_type "llama") and model.safetensors
                            (or a sharded model.safetensors.index.json) holding a LlamaModel's state
                            dict, a bidirectional encoder; LlamaForCausalLM's "model." prefix is
@@ -13,9 +15,9 @@ PATH is one of
 The Llama names are mapped back with `llama.py`'s table (`llama.our_tensors`), so an export read
 back gives the exported arrays bit for bit.
 
-What is loaded: from a run of the same family, every parameter the new model has (heads,
-predictor, generator included); from another family, or from an export or Hugging Face folder,
-the encoder (ELECTRA's: the discriminator), plus BERT's MLM head from an export's
+What is loaded: from a run of the same family, or its export with pretraining.safetensors,
+every parameter the new model has (heads, predictor, generator included); from another family,
+or from an export without that file or a Hugging Face folder, the encoder (ELECTRA's: the discriminator), plus BERT's MLM head from an export's
 mlm_head.safetensors. The rest starts from the run's own random init (CrossBERT's predictor when
 starting from BERT, ELECTRA's generator). The optimizer and the LR schedule always start fresh
 (step 0, warm-up included). The tokenizer comes with the weights: the folder's tokenizer.model
@@ -46,7 +48,7 @@ from absl import logging
 
 from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
-from cbert_jax.export import MANIFEST, llama
+from cbert_jax.export import MANIFEST, PRETRAINING, llama
 
 KINDS = ("workdir", "export", "hf")
 WEIGHTS = "model.safetensors"
@@ -133,7 +135,9 @@ def _check(config, spec: str, path: str, step: int | None) -> Source:
   tok = _tokenizer(config, path, kind)
   _check_vocab(config, path, tok, theirs)
   ours = _target_shapes(config, tok)
-  loaded, unused = _plan(config.model_name, model_name, kind, ours, theirs, path)
+  loaded, unused = _plan(
+    config.model_name, model_name, kind, ours, theirs, path, pretraining=PRETRAINING in files
+  )
   _check_numerics(config, path, numerics)
   return Source(
     spec=spec,
@@ -242,11 +246,17 @@ def _llama_source(path: str, kind: str):
       raise
     except Exception as e:  # pylint: disable=broad-except (safetensors raises its own types)
       raise ConfigError(f"init_from: cannot read {path}/{file} ({type(e).__name__}: {e})") from e
-  if kind == "export" and os.path.isfile(os.path.join(path, MLM_HEAD)):
+  if kind == "export" and os.path.isfile(os.path.join(path, PRETRAINING)):
+    # the rest of the training model, in our names and layout (export --pretraining)
+    with safe_open(os.path.join(path, PRETRAINING), "numpy") as f:
+      for name in f.keys():
+        theirs[name] = tuple(f.get_slice(name).get_shape())
+    files = files + (PRETRAINING,)
+  elif kind == "export" and os.path.isfile(os.path.join(path, MLM_HEAD)):
     with safe_open(os.path.join(path, MLM_HEAD), "numpy") as f:
       if "lm_head.weight" in f.keys():
         theirs["head/w"] = tuple(f.get_slice("lm_head.weight").get_shape())
-  files = files + ((MLM_HEAD,) if "head/w" in theirs else ())
+    files = files + ((MLM_HEAD,) if "head/w" in theirs else ())
   numerics = {
     "norm_eps": body.get("rms_norm_eps", 1e-6),  # transformers' LlamaConfig defaults
     "rope_theta": config_lib.init_model_fields(body).get("rope_theta", 10000.0),
@@ -386,15 +396,24 @@ def _target_shapes(config, tok) -> dict[str, tuple]:
   return {n: shapes[n] for n in encoder} | shapes
 
 
-def _plan(target: str, family: str, kind: str, ours: dict, theirs: dict, path: str):
+def _plan(
+  target: str,
+  family: str,
+  kind: str,
+  ours: dict,
+  theirs: dict,
+  path: str,
+  pretraining: bool = False,
+):
   """(loaded, unused) our names; ConfigError naming the first tensor whose shape differs.
 
-  The whole encoder must come from the source; from a run of the same family everything else of
-  the new model it holds too (anything else starts fresh)."""
-  same_family = kind == "workdir" and family == target
+  The whole encoder must come from the source; from a run of the same family (a workdir, or an
+  export with its pretraining.safetensors) everything else of the new model it holds too (anything
+  else starts fresh)."""
+  same_family = (kind == "workdir" or pretraining) and family == target
   llama_layout = kind != "workdir"
   offered = {k: v for k, v in theirs.items() if same_family or k.startswith("encoder/")}
-  if llama_layout and "head/w" in theirs and target == "bert":
+  if llama_layout and not pretraining and "head/w" in theirs and target == "bert":
     offered["head/w"] = theirs["head/w"][::-1]  # lm_head [V, d] -> head/w [d, V]
   for name, shape in ours.items():  # in the model's order
     if not name.startswith("encoder/") and name not in offered:
@@ -557,10 +576,12 @@ def read_weights(source: Source) -> dict:
 
     run = trained.load(source.path, source.step, devices=jax.local_devices()[:1])
     return llama.flat_params(run.params)
-  tensors, head = {}, None
+  tensors, head, own = {}, None, {}
   for file in source.files:
     for name, value in load_file(os.path.join(source.path, file)).items():
-      if file == MLM_HEAD:
+      if file == PRETRAINING:
+        own[name] = value  # already our names and layout
+      elif file == MLM_HEAD:
         head = value.T if name == "lm_head.weight" else head  # [V, d] -> head/w [d, V]
       elif _our_name(name, source.path, file) is not None:
         tensors[name.removeprefix("model.")] = value
@@ -568,7 +589,7 @@ def read_weights(source: Source) -> dict:
   out = llama.our_tensors(tensors, encoder)
   if head is not None:
     out["head/w"] = np.ascontiguousarray(head)
-  return out
+  return out | own
 
 
 def _flat(tree):

@@ -173,6 +173,35 @@ def test_a_bert_workdir_starts_crossberts_encoder(bert, cache_dir, tmp_path):
   }
 
 
+def test_a_crossbert_export_with_its_pretraining_file_continues_where_it_stopped(
+  trained_run, cache_dir, tmp_path
+):
+  """export --pretraining also writes the predictor (our names, float32): init_from of that export
+  into CrossBERT loads every parameter (nothing fresh), equal to the checkpoint's, so its first
+  training step starts from the trained model's loss; into BERT only the encoder is taken."""
+  source = trained_run("crossbert")
+  out = str(tmp_path / "export")
+  export(source, out, step=2, pretraining=True, devices=jax.devices()[:1])
+  extra = load_file(os.path.join(out, "pretraining.safetensors"))
+  want = flat(trained.load(source, 2).params)
+  assert sorted(extra) == sorted(k for k in want if not k.startswith("encoder/"))
+  assert any(k.startswith("predictor/") for k in extra)
+  w = str(tmp_path / "continued")
+  train.run(tiny_config(cache_dir, "crossbert", total_steps=0, init_from=out), w)
+  got = flat(trained.load(w, 0).params)
+  assert sorted(got) == sorted(want)
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  with open(os.path.join(w, "config.json")) as f:
+    record = json.load(f)["init_from"]
+  assert record["fresh"]["tensors"] == 0 and "predictor" in record["loaded"]["groups"]
+  # Another family takes the encoder alone from the same export.
+  config = config_lib.resolve(tiny_config(cache_dir, "bert", total_steps=2, init_from=out))
+  checked = init_from.check(config, str(tmp_path / "bert"))
+  assert all(k.startswith("encoder/") for k in checked.loaded)
+  assert any(k.startswith("predictor/") for k in checked.unused)
+
+
 @pytest.fixture(scope="module")
 def hf(exported, tmp_path_factory) -> str:
   """The export loaded by transformers and saved with `save_pretrained`: a Hugging Face folder of
