@@ -351,10 +351,17 @@ def _short(setting: str) -> str:
   return f"{v['remat']} ce{v['ce_chunk']} k{v['microbatches']}"
 
 
+def _margin(setting: str) -> float:
+  """The plan's margin for a setting string ('remat=dots, ce_chunk=0, microbatches=2')."""
+  remat = dict(part.split("=") for part in setting.split(", "))["remat"]
+  return memory_lib.margin(memory_lib.Setting(remat=remat))
+
+
 def table(rows: list[dict]) -> str:
   """One line per member: devices, mesh, parameters, chip, the memory setting, the analytic
-  prediction next to XLA's compiled bytes per device, the chip's usable bytes, compile time, the
-  verdict and OK or the error."""
+  prediction next to XLA's compiled bytes per device, their ratio and the margin the plan adds
+  for that setting (memory.margin: the plan fits when predicted x margin <= usable), the chip's
+  usable bytes, compile time, the verdict and OK or the error."""
   head = (
     "member",
     "devices",
@@ -364,6 +371,8 @@ def table(rows: list[dict]) -> str:
     "setting",
     "predicted",
     "compiled",
+    "compiled/pred",
+    "margin",
     "usable",
     "compile",
     "verdict",
@@ -383,6 +392,8 @@ def table(rows: list[dict]) -> str:
         _short(p["setting"]) if p else "-",
         _size(p["predicted"]["total"]) if p else "-",
         _size(mem.get("total")),
+        f"{mem['total'] / p['predicted']['total']:.3f}" if p and mem.get("total") else "-",
+        f"{_margin(p['setting']):.2f}" if p else "-",
         _size(p.get("budget")) if p else "-",
         f"{r['compile_s']:.1f}s" if r["compile_s"] is not None else "-",
         p.get("verdict") or "-",

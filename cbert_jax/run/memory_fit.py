@@ -5,7 +5,7 @@ A sweep member planned for a chip gets its memory verdict from `scaling/plan.py`
 devices it actually has, before data preparation: `data.seq_len=1000000` used to prepare the data
 and then die out of memory with a traceback. The plan is the same one (`memory.judge`: the
 estimate of `cbert_jax/scaling/memory.py` for the run's model, batch, mesh and setting, x
-`memory.MARGIN`, against a budget per device); only the budget depends on the backend:
+`memory.margin(setting)`, against a budget per device); only the budget depends on the backend:
 
   cpu          MEMORY_FRACTION (80%) of the host's available memory (`MemAvailable` of
                /proc/meminfo, capped by the cgroup's `memory.max` or `memory.limit_in_bytes`
@@ -204,7 +204,7 @@ def check(config, devices, process_index: int = 0, budget_: Budget | None = None
   raise ConfigError(
     f"data.seq_len={config.data.seq_len} with batch_size={config.batch_size} does not fit in "
     f"memory: the memory plan (cbert_jax/scaling/memory.py; {setting.describe()}) needs "
-    f"{size(planned)} per device plus a {memory_lib.MARGIN - 1:.0%} margin, but the budget is "
+    f"{size(planned)} per device plus a {memory_lib.margin(setting) - 1:.0%} margin, but the budget is "
     f"{size(budget_.per_device)} per device ({budget_.source}); "
     f"{_advice(config, len(devices), budget_, verdict)}"
   )
