@@ -32,6 +32,7 @@ written separately (`mlm_head_tensors`).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -232,7 +233,22 @@ def llama_config(
 
 
 def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-  """`tensors` as a safetensors file (no torch needed); `metadata` values must be strings."""
-  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+  """`tensors` as a safetensors file (no torch needed); `metadata` values must be strings.
 
-  save_file(tensors, path, metadata={"format": "pt", **metadata})
+  safetensors lays out the arrays; its header's metadata comes out in the order of a Rust HashMap,
+  which differs from process to process, so the header is written again with the metadata keys
+  sorted (same JSON, same length rule: padded with spaces to a multiple of 8 bytes). The same
+  arrays then give the same bytes in every process (an export read back with init_from and
+  exported again is byte-identical)."""
+  from safetensors.numpy import save  # pylint: disable=import-outside-toplevel
+
+  raw = save(tensors, metadata={"format": "pt", **metadata})
+  n = int.from_bytes(raw[:8], "little")
+  header = json.loads(raw[8 : 8 + n])
+  header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+  text = json.dumps(header, separators=(",", ":")).encode()
+  text += b" " * (-len(text) % 8)
+  with open(path, "wb") as f:
+    f.write(len(text).to_bytes(8, "little"))
+    f.write(text)
+    f.write(raw[8 + n :])

@@ -499,3 +499,23 @@ def test_the_card_metadata_carries_the_exported_steps_scores(trained_run, tmp_pa
   }
   assert data.model_name == "cbert_jax/bert-d32L2-run"
   assert {r.dataset_revision for r in data.eval_results} == {"0fd18e25", None}
+
+
+def test_safetensors_files_are_the_same_bytes_in_every_process(tmp_path):
+  """safetensors orders a header's metadata as a Rust HashMap does, differently per process;
+  `llama.write_safetensors` writes it sorted, so four processes write the same bytes (with six
+  metadata keys the unsorted orders of four processes agree by chance about once in 10^8)."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  code = (
+    "import sys, numpy as np; from cbert_jax.export import llama; "
+    "llama.write_safetensors(sys.argv[1], {'w': np.arange(6, dtype=np.float32).reshape(2, 3), "
+    "'a': np.ones(4, np.float32)}, {k: k * 2 for k in ('m', 'b', 'z', 'c', 'q')})"
+  )
+  files = [tmp_path / f"{i}.safetensors" for i in range(4)]
+  for f in files:
+    subprocess.run([sys.executable, "-c", code, str(f)], check=True, cwd=ROOT)
+  assert len({f.read_bytes() for f in files}) == 1
+  got = load_file(str(files[0]))
+  np.testing.assert_array_equal(got["w"], np.arange(6, dtype=np.float32).reshape(2, 3))
