@@ -30,8 +30,6 @@ import urllib.parse
 
 from absl import logging
 
-from cbert_jax.config_groups import WANDB_MODES as MODES  # noqa: F401  (config_lib checks them)
-
 RUN_ID_FILE = "wandb_run_id"
 DEFAULT_HOST = "https://api.wandb.ai"
 CONNECT_TIMEOUT_S = 3.0
