@@ -18,6 +18,7 @@ import operator
 import os
 import pathlib
 import secrets
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -144,6 +145,23 @@ class _DropNonFiniteWarning(logging.Filter):
     return "NaN or Inf found in input tensor" not in record.getMessage()
 
 
+def _import_tensorboardx():
+  """tensorboardX, imported without PyTorch. Its writer module runs `import torch` when it can
+  (only to accept torch tensors, which we never log); with torch installed beside JAX (the test
+  extra's CPU torch, or a shared environment) that import costs 2-3 s of every run's start. An
+  entry of None in sys.modules makes that `import torch` raise ImportError, so tensorboardX takes
+  its numpy-only path; the entry is removed again, and a torch already imported is left alone."""
+  blocked = "torch" not in sys.modules
+  if blocked:
+    sys.modules["torch"] = None  # type: ignore[assignment]
+  try:
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+  finally:
+    if blocked and sys.modules.get("torch", 0) is None:
+      del sys.modules["torch"]
+  return tensorboardX
+
+
 def _quiet_tensorboardx_nan_warning() -> None:
   tbx_logger = logging.getLogger("tensorboardX.x2num")
   if not any(isinstance(f, _DropNonFiniteWarning) for f in tbx_logger.filters):
@@ -218,8 +236,7 @@ class MetricWriter:
     self._prepare_metrics_file(resume_step)
     self._file = open(self.metrics_path, "a", encoding="utf-8")
     if tensorboard:
-      import tensorboardX  # pylint: disable=g-import-not-at-top  # Only the primary needs it.
-
+      tensorboardX = _import_tensorboardx()  # Only the primary needs it.
       _quiet_tensorboardx_nan_warning()
 
       tb_dir = self._workdir / TENSORBOARD_DIRNAME

@@ -231,6 +231,25 @@ def test_tensorboard_scalars_and_text_read_back(tmp_path, caplog):
   assert (tmp_path / "parameter_overview.txt").read_text() == "+---+\n| a |\n+---+\n"
 
 
+def test_the_tensorboard_writer_never_imports_torch_and_leaves_it_importable(tmp_path):
+  """tensorboardX imports torch when it can (2-3 s of every run's start); the writer keeps it
+  out, still writes the events, and a later `import torch` (the export tests') still works."""
+  code = (
+    "import sys, importlib.util\n"
+    "from cbert_jax.run import metrics\n"
+    f"with metrics.MetricWriter({str(tmp_path)!r}, is_primary=True) as w:\n"
+    "  w.write(1, {'train/loss': 2.5})\n"
+    "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    "if importlib.util.find_spec('torch') is not None:\n"
+    "  import torch\n"
+    "  assert torch.zeros(2).sum().item() == 0.0\n"
+    "print('ok')\n"
+  )
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+  assert _tensorboard_scalars(tmp_path / "tb")["train/loss"] == [(1, 2.5)]
+
+
 def test_resumed_tensorboard_purges_steps_past_resume(tmp_path):
   from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
 
