@@ -126,6 +126,7 @@ def tiny_config(cache_dir, model="crossbert", **overrides):
   c.data.vocab_size = 400
   c.data.cache_dir = cache_dir
   c.optim.warmup_steps = 2
+  c.num_devices = 2  # 2 of the 8 fake devices: data-parallel, and a fifth less compile and step time
   c.peak_flops = 1e11  # skip the start-up matmul measurement in tests
   c.plot = False
   c.final_validation = False  # tests/run/test_validation.py and the trained_run fixture turn it on

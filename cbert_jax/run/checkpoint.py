@@ -69,6 +69,11 @@ CRC_MAX_BYTES = 2 << 30  # checkpoints up to this size get a CRC per file (secon
 IO_ATTEMPTS = 4  # reads tried before an I/O error is reported
 IO_BACKOFF_S = 1.0  # wait before the 2nd attempt; doubles each time
 MAX_SHOWN = 4  # differing shapes named in a ConfigError (the rest are counted)
+# Replica-parallel saving: an array replicated on R devices is written 1/R by each replica, each
+# part an on-device slice, compiled once per shape (jit(slice)). Below this many bytes per part
+# the split saves no I/O worth its compiles, so the array is written whole by one replica. Large
+# arrays still split; a d32L2 test model on 8 devices compiled 112 slices (~9 s) without it.
+MIN_REPLICA_SLICE_BYTES = 1 << 20
 _COMMIT_MARKERS = ("_CHECKPOINT_METADATA", "commit_success.txt")  # orbax writes both on commit
 # Reader errors that mean the files are not all there (tensorstore status codes; orbax's item lookup).
 _DAMAGE_WORDS = (
@@ -115,10 +120,29 @@ class _NoAccess(_IOFailure):
     super().__init__(f"permission denied on {path} ({_mode(path)})")
 
 
+def _register_array_handler() -> None:
+  """jax.Array's orbax handler as orbax's default one (with its array metadata store), except
+  for MIN_REPLICA_SLICE_BYTES; once per process. orbax 0.12 exposes the store's class only under
+  _src (pinned)."""
+  current = ocp.type_handlers.get_type_handler(jax.Array)
+  # pylint: disable-next=protected-access
+  if getattr(current, "_min_slice_bytes_for_replica_parallel", None) == MIN_REPLICA_SLICE_BYTES:
+    return
+  # pylint: disable-next=g-import-not-at-top
+  from orbax.checkpoint._src.metadata import array_metadata_store
+
+  handler = ocp.type_handlers.ArrayHandler(
+    min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES,
+    array_metadata_store=array_metadata_store.Store(),
+  )
+  ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+
+
 class Checkpointer:
   """A thin adapter over `ocp.CheckpointManager`, so orbax API churn stays in one file."""
 
   def __init__(self, directory: str, keep: int, async_save: bool = True):
+    _register_array_handler()
     options = ocp.CheckpointManagerOptions(
       max_to_keep=keep, create=True, enable_async_checkpointing=async_save
     )

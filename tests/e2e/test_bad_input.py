@@ -241,7 +241,7 @@ def test_seq_len_beyond_memory_fails_fast_before_data_preparation(tmp_path):
 RUN_CASES = [
   pytest.param({"batch_size": 0}, "batch_size must be positive, got 0", id="zero-batch"),
   pytest.param(
-    {"mesh.data": 3},
+    {"mesh.data": 3, "num_devices": 0},
     "mesh {'data': 3, 'fsdp': 1, 'tensor': 1} needs 3 devices, but 8 are available",
     id="mesh-vs-devices",
   ),
@@ -249,7 +249,7 @@ RUN_CASES = [
     {"num_devices": 16}, "num_devices=16, but only 8 devices are available", id="num-devices"
   ),
   pytest.param(
-    {"batch_size": 12},
+    {"batch_size": 12, "num_devices": 0},
     "batch_size=12 is not divisible by the data-parallel size 8",
     id="batch-vs-data-axes",
   ),
@@ -273,7 +273,7 @@ RUN_CASES = [
     id="corpus-unknown",
   ),
   pytest.param(
-    {"sweep.target_devices": 16},
+    {"sweep.target_devices": 16, "num_devices": 0},
     "sweep.target_devices=16: this member is planned for 16 devices (its batch, "
     "learning rate and memory plan assume them), but the run sees 8 (1 process x 8 "
     "local cpu devices); likely cause: a single process sees only this host's devices",

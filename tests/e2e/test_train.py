@@ -41,7 +41,7 @@ def test_sharded_step_equals_single_device(tmp_path, cache_dir, memory_options, 
   # The sharded run may also chunk the CE and recompute activations: still the plain run's losses.
   mesh_222 = tiny_config(
     cache_dir,
-    **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "total_steps": 4},
+    **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "total_steps": 4, "num_devices": 0},
     **memory_options,
   )
   a = train.run(mesh_222, str(tmp_path / "sharded"))
@@ -169,7 +169,7 @@ def test_rollback_gives_up_after_max_rollbacks(tmp_path, cache_dir):
     ({"masking.mask_ratio": 1.5, "masking.cms": False}, "mask_ratio"),
     ({"masking.mask_ratio": 0.0, "masking.cms": False}, "mask_ratio"),
     ({"mesh.data": 3}, "mesh"),
-    ({"batch_size": 12}, "batch_size"),
+    ({"batch_size": 12, "num_devices": 0}, "batch_size"),  # 8 devices
     ({"data.corpus_files": "/nonexistent/corpus.txt"}, "data.corpus_files"),
     ({"data.tokenizer_path": "/nonexistent/sp.model"}, "data.tokenizer_path"),
     ({"model.size": "d7L7"}, "model.size"),

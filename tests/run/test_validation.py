@@ -177,8 +177,8 @@ def test_cli_matches_the_trainer_skips_when_done_and_covers_a_root(trained_run, 
     for k in ("rows", "target_tokens", "mask_key", "definition", "model_name", "batch_size"):
       assert by_cli[k] == by_trainer[k], k
     for k in ("loss", "masked_acc"):
-      assert by_cli[k] == pytest.approx(by_trainer[k], abs=1e-6), k
-    assert by_cli["metrics"] == pytest.approx(by_trainer["metrics"], abs=1e-6)
+      assert by_cli[k] == pytest.approx(by_trainer[k], rel=1e-6, abs=1e-6), k  # 8 vs 2 devices
+    assert by_cli["metrics"] == pytest.approx(by_trainer["metrics"], rel=1e-6, abs=1e-6)
     assert "half" not in by_cli
   electra = by_cli["metrics"]
   assert electra["loss"] == pytest.approx(electra["gen_loss"] + 50.0 * electra["disc_loss"])
