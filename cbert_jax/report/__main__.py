@@ -1,5 +1,6 @@
-"""`python -m cbert_jax.report --sweep DIR [--grid DIR] [--cms DIR] [--out DIR]`: the scaling
-report of a sweep (report/sweep_report.py), written to report.md, report.json and PNGs."""
+"""`python -m cbert_jax.report --sweep DIR [--grid DIR] [--cms DIR] [--heldout DIR] [--out DIR]`:
+the scaling report of a sweep (report/sweep_report.py), written to report.md, report.json and
+PNGs."""
 
 import argparse
 import sys
@@ -22,6 +23,11 @@ def main(argv=None) -> int:
     "--grid", default=None, help="a hyperparameter grid: its optima join the L(N, D) fit"
   )
   parser.add_argument(
+    "--heldout",
+    default=None,
+    help="a held-out size's directory (predictions.json + its runs): predicted vs measured",
+  )
+  parser.add_argument(
     "--n_boot", type=int, default=loss_surface.N_BOOT, help="bootstrap resamples of the L(N, D) fit"
   )
   parser.add_argument(
@@ -40,6 +46,7 @@ def main(argv=None) -> int:
       n_boot=ns.n_boot,
       command=command,
       progress=None if ns.quiet else Progress(),
+      heldout_dir=ns.heldout,
     )
   except ReportError as e:
     print(f"report error: {e}", file=sys.stderr)

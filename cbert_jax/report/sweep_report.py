@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-from cbert_jax.report import backtest, backtest_text, hparam_laws, loss_surface
+from cbert_jax.report import backtest, backtest_text, heldout, hparam_laws, loss_surface
 from cbert_jax.report.fits import (
   ALL_ARCHS,
   ARCHS,
@@ -575,9 +575,11 @@ def write(
   chinchilla_starts=None,
   command: str | None = None,
   progress: Progress | None = None,
+  heldout_dir: str | None = None,
 ) -> str:
-  """Reads the sweep in `root` (and the controlled CMS experiment in `cms`, the grid in `grid`),
-  writes the report files; returns the markdown's path. `n_boot`, `chinchilla_starts`: the loss
+  """Reads the sweep in `root` (and the controlled CMS experiment in `cms`, the grid in `grid`,
+  the pre-registered held-out size in `heldout_dir`), writes the report files; returns the
+  markdown's path. `n_boot`, `chinchilla_starts`: the loss
   surface's bootstrap resamples and optimiser starts (default: chinchilla.START_GRID); `command`:
   the command line recorded in the surface files' provenance; `progress`: where the progress
   lines go (default none; the CLI prints them to stderr)."""
@@ -585,6 +587,9 @@ def write(
   # read, fits, [the grid], the loss surfaces, plots, laws and their backtests, files
   prog.stages = 6 + (1 if grid else 0)
   root = os.path.abspath(root)
+  # predicted (from the sweep, committed before the runs) vs measured at a held-out size: read
+  # first, so a bad directory is refused before the fits
+  held = heldout.check(heldout_dir) if heldout_dir else None
   prog.begin(f"reading the sweep {root}")
   members = read_sweep(root, prog.callback("member"))
   prog.begin("fitting loss and probe laws, with their backtests")
@@ -649,6 +654,9 @@ def write(
     command=command,
     backtests=backtests,
   )
+  if held:
+    text += "\n".join(["", "## Held-out size: pre-registered prediction vs measured", ""])
+    text += "\n".join(["", *heldout.check_markdown(held), ""])
   path = os.path.join(out_dir, "report.md")
   with open(path, "w") as f:
     f.write(text)
@@ -665,6 +673,7 @@ def write(
         "cms_controlled": controlled,
         "chinchilla": chin,
         "laws": laws_entries,
+        "heldout": held,
         "claims": claims(loss_fits, probe_fits, ratios, eff, controlled, backtests),
         "support": support(members, groups, loss_fits, probe_fits, chin, backtests),
       },

@@ -26,6 +26,7 @@ from cbert_jax.report.grid_read import read_grid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REPORT = os.path.join(ROOT, "docs", "sweep_cpu", "report.json")
+HELDOUT = os.path.join("results", "heldout_cpu")  # predictions.json, check.md and the runs
 CMS = os.path.join(ROOT, "docs", "sweep_cpu", "cms", "cms.json")
 MEMBER_KEYS = ("seed", "n_params", "compute", "tokens", "steps", "batch_size", "lr", "final_loss")
 
@@ -135,8 +136,15 @@ def test_the_report_prints_a_miss_and_a_p_value_beside_every_exponent(tmp_path, 
     grid=os.path.join("results", "grid_cpu"),
     n_boot=0,  # the loss surface's bootstrap: not what is checked here
     chinchilla_starts=[(6.0, 6.8, 0.4, 0.35, 0.3)],
+    heldout_dir=HELDOUT,
   )
   text = open(path, encoding="utf-8").read()
+  # The held-out size's check: the committed check.md's table, recomputed from the archived runs
+  # and the predictions file, is in the report.
+  held = text.split("## Held-out size: pre-registered prediction vs measured", 1)[1]
+  committed = open(os.path.join(HELDOUT, "check.md"), encoding="utf-8").read()
+  table = [line for line in committed.splitlines() if line.startswith("| ")]
+  assert table and all(line in held.splitlines() for line in table), held
   fits = _table(text, "| arch | quantity | law |")
   assert len(fits) == 2 * (2 + len(PROBES))  # per family: power law, saturating law, 4 probes
   miss = re.compile(
