@@ -118,22 +118,11 @@ class WorkdirLock:
     permission) is reported here, before any data preparation.
     """
     self._make_dir()
-    for _ in range(3):  # a stale lock is moved away, then the create is retried
-      try:
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-      except FileExistsError:
-        self._take_over_if_stale()
-        continue
-      except OSError as e:
-        raise WorkdirError(
-          f"--workdir {self.workdir}: cannot write the lock file {self.path} "
-          f"({e.strerror}); the workdir must be writable"
-        ) from e
-      with os.fdopen(fd, "w") as f:
-        json.dump(self._info, f)
-      self._thread = threading.Thread(target=self._heartbeat, daemon=True, name="workdir-lock")
-      self._thread.start()
-      return
+    for _ in range(3):  # a stale lock is moved away and this run's created, else retried
+      if self._create() or self._take_over_if_stale():
+        self._thread = threading.Thread(target=self._heartbeat, daemon=True, name="workdir-lock")
+        self._thread.start()
+        return
     raise WorkdirError(
       f"--workdir {self.workdir}: could not take the lock {self.path} (another "
       "run keeps taking it); retry"
@@ -209,8 +198,9 @@ class WorkdirLock:
 
   @contextlib.contextmanager
   def _takeover_guard(self):
-    """An exclusive flock of the workdir while a stale lock is judged and removed (nothing where
-    the filesystem has no flock: the identity check in `_remove_judged` then suffices)."""
+    """An exclusive flock of the workdir while a stale lock is judged, removed and replaced
+    (nothing where the filesystem has no flock: the identity check in `_remove_judged` then
+    suffices)."""
     try:
       fd = os.open(self.workdir, os.O_RDONLY)
     except OSError:
@@ -226,10 +216,28 @@ class WorkdirLock:
     finally:
       os.close(fd)  # releases the flock
 
-  def _take_over_if_stale(self) -> None:
-    """Move a stale lock away (with a warning); raise WorkdirError for a live one."""
+  def _create(self) -> bool:
+    """Create the lock file with this run's info (O_EXCL); False if a lock file exists."""
+    try:
+      fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      return False
+    except OSError as e:
+      raise WorkdirError(
+        f"--workdir {self.workdir}: cannot write the lock file {self.path} "
+        f"({e.strerror}); the workdir must be writable"
+      ) from e
+    with os.fdopen(fd, "w") as f:
+      json.dump(self._info, f)
+    return True
+
+  def _take_over_if_stale(self) -> bool:
+    """Move a stale lock away (with a warning) and create this run's, both under the guard, so a
+    starter waiting on the guard finds this run's live lock; True if created. Raises
+    WorkdirError for a live lock."""
     with self._takeover_guard():
       self._judge_and_remove()
+      return self._create()
 
   def _judge_and_remove(self) -> None:
     info, ident = self._read_identified()

@@ -77,10 +77,10 @@ def test_a_stale_lock_on_this_host_is_taken_over(tmp_path, case, caplog):
 @pytest.mark.parametrize("flock", ["flock", "no-flock"])
 def test_two_starters_taking_over_one_stale_lock_never_both_win(tmp_path, monkeypatch, flock):
   # Issue 33: takeover was check-then-act. Starter A judges the stale lock and pauses before
-  # removing it; starter B runs meanwhile. With the workdir's flock, B waits until A has removed
-  # the stale lock, then both race to create it (O_EXCL: one wins); without flock (some FUSE
-  # mounts), B takes over first and A's removal must find that the file is no longer the one it
-  # judged. Either way exactly one wins, and the lock file is the winner's.
+  # removing it; starter B runs meanwhile. With the workdir's flock, B waits until A has replaced
+  # the stale lock with its own (both under the flock) and then finds A's live lock; without
+  # flock (some FUSE mounts), B takes over first and A's removal must find that the file is no
+  # longer the one it judged. Either way exactly one wins, and the lock file is the winner's.
   gone = subprocess.Popen(["true"])
   gone.wait()
   _write_lock(tmp_path, pid=gone.pid, pid_start="1")
@@ -119,10 +119,7 @@ def test_two_starters_taking_over_one_stale_lock_never_both_win(tmp_path, monkey
   assert "is in use by another run" in outcome[loser]
   winner = a if winners == ["a"] else b
   assert workdir_lock.WorkdirLock(str(tmp_path))._read() == winner._info
-  if flock == "no-flock":  # B took over inside A's pause; A's removal found another file
-    assert winners == ["b"]
-  # With flock, B waited for A's takeover; once A has removed the stale file and let go of the
-  # flock, both create the lock with O_EXCL, so either may win (once, as checked above).
+  assert winners == (["a"] if flock == "flock" else ["b"])
   assert sorted(os.listdir(tmp_path)) == [workdir_lock.LOCK_NAME]  # nothing left aside
   winner.release()
   assert os.listdir(tmp_path) == []
