@@ -53,11 +53,11 @@ class _QuietLibraries:
 def _exit_distributed(error: Exception):
   """One "distributed error:" line, then exit with EXIT_CODE without JAX's shutdown barrier.
 
-  Every process raises the same error (the checks compare gathered values), but they exit at
-  different moments: one that has already disconnected leaves the barrier waiting for it until the
-  heartbeat timeout, and process 0 (it hosts the coordinator) then hangs for minutes after its
-  line (seen in 2 of 9 localhost pairs on a loaded machine). The others do not need this process
-  at the barrier: each has its own line and exits the same way."""
+  Every process raises the same error (the checks compare gathered values), but the barrier is
+  not reliable between processes that do not fit together: with process 1 started with
+  --num_processes=3, process 1 exited at once and process 0 (it hosts the coordinator) hung in the
+  barrier for minutes after its line (2 of 9 localhost pairs on a loaded machine). No process
+  needs another at the barrier here: each prints its own line and exits the same way."""
   from cbert_jax.run import peer_watch  # pylint: disable=g-import-not-at-top
 
   sys.stdout.flush()
