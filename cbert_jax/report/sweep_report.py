@@ -655,8 +655,8 @@ def write(
     backtests=backtests,
   )
   if held:
-    text += "\n".join(["", "## Held-out size: pre-registered prediction vs measured", ""])
-    text += "\n".join(["", *heldout.check_markdown(held), ""])
+    title = "## Held-out size: pre-registered prediction vs measured"
+    text += "\n".join(["", title, "", *heldout.check_markdown(held), ""])
   path = os.path.join(out_dir, "report.md")
   with open(path, "w") as f:
     f.write(text)

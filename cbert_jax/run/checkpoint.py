@@ -46,6 +46,7 @@ checkpoint; the partial write stays in orbax's temporary directory, which is nev
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import re
@@ -120,14 +121,10 @@ class _NoAccess(_IOFailure):
     super().__init__(f"permission denied on {path} ({_mode(path)})")
 
 
+@functools.cache  # once per process
 def _register_array_handler() -> None:
   """jax.Array's orbax handler as orbax's default one (with its array metadata store), except
-  for MIN_REPLICA_SLICE_BYTES; once per process. orbax 0.12 exposes the store's class only under
-  _src (pinned)."""
-  current = ocp.type_handlers.get_type_handler(jax.Array)
-  # pylint: disable-next=protected-access
-  if getattr(current, "_min_slice_bytes_for_replica_parallel", None) == MIN_REPLICA_SLICE_BYTES:
-    return
+  for MIN_REPLICA_SLICE_BYTES. orbax 0.12 exposes the store's class only under _src (pinned)."""
   # pylint: disable-next=g-import-not-at-top
   from orbax.checkpoint._src.metadata import array_metadata_store
 
