@@ -67,8 +67,9 @@ def compiled(tmp_path_factory):
   exp = tmp / "settings.py"
   exp.write_text(EXPERIMENT.format(sweep=SWEEP))
   out = tmp / "check.json"
-  # The child keeps XLA_FLAGS (conftest's, tests/xla_flags.py: LLVM at -O0), adding its device
-  # count and remat flags; the memory figures are of the HLO's buffer assignment, the same either way.
+  # The child keeps XLA_FLAGS (conftest's, tests/xla_flags.py: LLVM at -O0, the legacy fusion
+  # emitters), adding its device count and remat flags; the memory figures are of the HLO's buffer
+  # assignment, which the fusion emitters move by a few hundred bytes (tests/xla_flags.py).
   env = dict(os.environ)
   proc = subprocess.run(
     [sys.executable, "-m", "launch.compile_check", "--config", str(exp), "--out", str(out)],
