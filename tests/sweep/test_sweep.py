@@ -114,6 +114,47 @@ def test_cms_control_arms_differ_only_in_cms_and_seed():
     cc.get_config("size=d32L2")
 
 
+def test_cms_fair_members_are_cms_controls_at_their_own_batch_lr_seed_and_budget():
+  """experiments/cms_fair.py: the no-CMS grid is the 3 x 3 the 20-tokens-per-parameter check ran
+  for CMS; a member is cms_control's member of its arm with only rows, LR, seed, the budget (for
+  cms_flops) and the validation/probe cadence changed; cms_flops spends no-CMS's training FLOPs."""
+  cf = experiment_lib.load_experiment(os.path.join(ROOT, "experiments", "cms_fair.py"))
+  grid = cf.get_sweep("grid")
+  assert len(grid) == 9 + len(cf.EDGE_POINTS)
+  assert cf.workdir_name(grid[0]) == "nocms_d64L2_b4_lr0.00134_s2"
+  control = {
+    cms: dict(config_lib.leaves(config_lib.resolve(cf.CONTROL.get_config(f"size=d64L2,cms={cms}"))))
+    for cms in ("true", "false")
+  }
+  allowed = {"seed", "batch_size", "optim.lr", "total_steps", "val_full_every", "evals.every"}
+  allowed |= {"name", "sweep.arg", "sweep.experiment", "sweep.batch_size", "sweep.lr"}
+  allowed |= {"eval_every", "checkpoint_every"}  # derived from the steps
+  budget = {"sweep.tokens_per_param", "sweep.tokens", "sweep.target_tokens", "sweep.compute"}
+  budget |= {"optim.warmup_steps", "optim.decay_steps"}
+  cfgs = {}
+  for arm, rows, lr in (("nocms", 14, 2.68e-3), ("cms", 14, 5.36e-3), ("cms_flops", 14, 5.36e-3)):
+    c = config_lib.resolve(cf.get_config(cf.member_arg(arm, rows, lr, 3)))
+    cfgs[arm] = c
+    base = control["false" if arm == "nocms" else "true"]
+    changed = {k for k, v in config_lib.leaves(c) if base.get(k) != v}
+    assert changed <= allowed | (budget if arm == "cms_flops" else set()), (arm, changed)
+    assert (c.batch_size, c.optim.lr, c.seed, c.evals.every) == (rows, lr, 3, 0)
+    assert c.val_full_every == math.ceil(c.total_steps / cf.VAL_POINTS)
+  assert cfgs["cms"].sweep.tokens == cfgs["nocms"].sweep.tokens
+  # matched FLOPs: the same training FLOPs to within one step's, on fewer tokens
+  step_flops = cfgs["cms"].sweep.compute / cfgs["cms"].total_steps
+  assert abs(cfgs["cms_flops"].sweep.compute - cfgs["nocms"].sweep.compute) <= step_flops
+  assert cfgs["cms_flops"].sweep.tokens < cfgs["cms"].sweep.tokens
+  if cf.NOCMS_BEST is None:
+    with pytest.raises(ConfigError, match="stage compare needs NOCMS_BEST"):
+      cf.get_sweep("compare")
+  with pytest.raises(ConfigError, match=r"seed must be one of 2, 3"):
+    cf.get_config("arm=cms,rows=14,lr=0.00536,seed=0")
+  with pytest.raises(ConfigError, match=r"arm must be one of cms, nocms, cms_flops"):
+    cf.get_config("arm=bert,rows=14,lr=0.00536,seed=2")
+  assert cf.get_config("grid").mode == "sweep"
+
+
 def test_member_plan_arithmetic_follows_budget_and_laws():
   exp = experiment()
   c = config_lib.resolve(exp.get_config("model=crossbert,size=d96L3"))  # scale from the size
