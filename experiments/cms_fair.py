@@ -2,19 +2,20 @@ r"""A fair CMS comparison (issue 36, item 4): CrossBERT without CMS at its own b
 CrossBERT+CMS at its own, and CMS at matched training FLOPs with its own complete schedule, on
 seeds the sweep never used.
 
-  python -m cbert_jax.main --config experiments/cms_fair.py:grid --workdir runs/cms_fair
+  python -m cbert_jax.main --config experiments/cms_fair.py:grid --workdir runs/cms_fair/grid
                                                     # stage A: the no-CMS batch x LR grid
-  python -m cbert_jax.main --config experiments/cms_fair.py:compare --workdir runs/cms_fair
-                                                    # stage B, once NOCMS_BEST below is set
-  python -m cbert_jax.report.cms_fair --runs runs/cms_fair   # both stages -> report/
+  python -m cbert_jax.main --config experiments/cms_fair.py:compare \
+      --workdir runs/cms_fair/compare               # stage B's CMS arms (independent of stage A)
+  python -m cbert_jax.report.cms_fair --runs runs/cms_fair/grid runs/cms_fair/compare
   python -m cbert_jax.main --config \
       experiments/cms_fair.py:arm=nocms,rows=14,lr=0.00268,seed=2 --workdir runs/cms_fair/x
                                                     # one member
 
-Arguments: `grid` or `compare` (a stage, mode=sweep); or one member: `arm=` (cms | nocms |
-cms_flops), `rows=`, `lr=`, `seed=`. Two members at a time:
+Arguments: `grid` or `compare` (a stage, mode=sweep: the sweep runner's scale, so each stage
+has its own root); or one member: `arm=` (cms | nocms | cms_flops), `rows=`, `lr=`, `seed=`. Two
+members at a time:
   python -m launch.sweep --config experiments/cms_fair.py:grid --backend local --parallel 2 \
-      --workdir_root runs/cms_fair --execute
+      --workdir_root runs/cms_fair/grid --execute
 
 Why: the controlled experiment (experiments/cms_control.py) ran the no-CMS arm on the CMS arm's
 batch, LR and steps, never its own; its CMS arms were the sweep's own members; and its per-FLOP
@@ -35,19 +36,19 @@ Design, fixed before any member ran (commit history: this file precedes its runs
     both arms are tuned on the same points. Edge rule: if the seed-2 best lies on the grid's edge,
     one more point beyond it (rows x 2 or x 1/2, LR x 2 or x 1/2, at the best's other
     coordinate; both when it is a corner), repeated while the best moves to a new edge. Then
-    seed 3 of the seed-2 best and of the centre (7 rows, 2.68e-3) when they differ. The no-CMS
-    best (NOCMS_BEST) is the seed-2 best when its 2-seed mean beats the centre's, else the centre.
+    seed 3 of the seed-2 best (GRID_BEST) and of the centre (7 rows, 2.68e-3) when they differ.
+    The no-CMS best is the seed-2 best when its 2-seed mean beats the centre's, else the centre.
   * CMS's best: the check at 20 tokens per parameter found 14 rows, lr 5.36e-3 (2-seed mean 5.297
     against 5.321 at the sweep's 7 rows, 2.68e-3; CMS_BEST).
-  * Stage B, seeds 2 and 3 each: CMS at CMS_BEST on the full budget (`cms`), no-CMS at
-    NOCMS_BEST (its seed-2 run is the grid's), and CMS at CMS_BEST on the training FLOPs of
+  * Stage B, seeds 2 and 3 each: CMS at CMS_BEST on the full budget (`cms`), no-CMS at its best
+    (stage A's runs of that point), and CMS at CMS_BEST on the training FLOPs of
     no-CMS's full budget (`cms_flops`: tokens per parameter 20 x no-CMS's FLOPs per token / CMS's,
     the analytic counts of cbert_jax/models/flops.py, so about half the tokens, with the warmup
     and decay of a schedule that ends there; the batch and LR are CMS_BEST's, tuned on the full
     budget).
   * Analysis (cbert_jax/report/cms_fair.py), whichever way it comes out:
     - the grid's final `half` losses, the best and the decision above;
-    - tokens to a level, no-CMS at NOCMS_BEST against CMS at CMS_BEST, per seed, on cms_control's
+    - tokens to a level, no-CMS at its best against CMS at CMS_BEST, per seed, on cms_control's
       rule (10 levels over the pair's shared range, interpolated in log tokens; median over
       levels, then mean over seeds), and the FLOPs ratio it implies;
     - at matched FLOPs: `cms_flops` - `nocms` final `half` loss and final probe averages, per seed
@@ -75,8 +76,9 @@ CENTRE = (7, 2.68e-3)  # the sweep's point for CrossBERT+CMS d64L2 (both arms' g
 CMS_BEST = (14, 5.36e-3)  # results/lawcheck20_cpu: CrossBERT+CMS d64L2's best at 20 tokens/param
 # Points beyond the grid added by the edge rule, in order, each with the reason (none yet).
 EDGE_POINTS: tuple[tuple[int, float], ...] = ()
-# The no-CMS best by the rule above: set after stage A (None until then; stage B refuses to run).
-NOCMS_BEST: tuple[int, float] | None = None
+# The seed-2 grid's best (after the edge rule): set when those runs finish; stage A then adds seed 3
+# of it and of the centre.
+GRID_BEST: tuple[int, float] | None = None
 TOKENS_PER_PARAM = 20.0  # the sweep's budget
 VAL_POINTS = 20  # full-split validations per run (val_full_every = ceil(steps / this))
 ARMS = ("cms", "nocms", "cms_flops")
@@ -119,32 +121,19 @@ def grid_points() -> list[tuple[int, float]]:
 
 
 def get_sweep(arg=None) -> list[str]:
-  """Stage A: the grid at seed 2, then seed 3 of the best and the centre (once NOCMS_BEST is
-  set); stage B: the three arms at both seeds (the no-CMS seed-2 run is the grid's)."""
+  """Stage A: the grid at seed 2, then seed 3 of its best and of the centre (once GRID_BEST is
+  set); stage B: the two CMS arms at both seeds (its no-CMS members, the no-CMS best at seeds 2
+  and 3, are stage A's; the report picks them by the rule)."""
   stage = _parse(arg).stage
   if stage == "grid":
     members = [member_arg("nocms", r, lr, SEEDS[0]) for r, lr in grid_points()]
-    if NOCMS_BEST is not None:
-      seed3 = dict.fromkeys([NOCMS_BEST, CENTRE])
+    if GRID_BEST is not None:
+      seed3 = dict.fromkeys([GRID_BEST, CENTRE])
       members += [member_arg("nocms", r, lr, SEEDS[1]) for r, lr in seed3]
     return members
   if stage == "compare":
-    best = _nocms_best()
-    return [
-      member_arg(arm, *(best if arm == "nocms" else CMS_BEST), seed)
-      for seed in SEEDS
-      for arm in ARMS
-    ]
+    return [member_arg(arm, *CMS_BEST, seed) for seed in SEEDS for arm in ("cms", "cms_flops")]
   raise ConfigError(f"experiments/cms_fair.py: a stage ({' | '.join(STAGES)}) lists members")
-
-
-def _nocms_best() -> tuple[int, float]:
-  if NOCMS_BEST is None:
-    raise ConfigError(
-      "experiments/cms_fair.py: stage compare needs NOCMS_BEST, set from stage A's grid by the "
-      "rule in this file's docstring (python -m cbert_jax.report.cms_fair --runs <grid root>)"
-    )
-  return NOCMS_BEST
 
 
 def _member(arg) -> ml_collections.ConfigDict:
@@ -188,7 +177,7 @@ def get_config(arg=None):
     c.name = f"cms_fair/{a.stage}"
     c.sweep.experiment = __file__
     c.sweep.arg = a.stage
-    c.sweep.scale = CONTROL.SCALE
+    c.sweep.scale = a.stage  # the runner lists a scale's members: the stage's
     c.sweep.report = False  # the analysis is python -m cbert_jax.report.cms_fair
     return c
   a = _member(arg)

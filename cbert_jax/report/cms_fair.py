@@ -1,8 +1,8 @@
 r"""The fair CMS comparison's analysis (experiments/cms_fair.py): each arm at its own batch and LR.
 
-  python -m cbert_jax.report.cms_fair --runs runs/cms_fair [--out DIR]
+  python -m cbert_jax.report.cms_fair --runs runs/cms_fair/grid runs/cms_fair/compare [--out DIR]
 
-Reads the member workdirs under --runs (as cbert_jax.report.cms reads them: config.json, the
+Reads the member workdirs under each --runs root (one per stage) (as cbert_jax.report.cms reads them: config.json, the
 `half` full-split validation records, the final offline probe suite) and writes <out>/cms_fair.md,
 cms_fair.json and cms_fair.png (`half` loss against training FLOPs, every stage-B member). Unlike
 the controlled experiment, the arms' batch, LR and steps differ by design; they must share the
@@ -49,10 +49,10 @@ def _point(m: dict) -> tuple[int, float]:
   return int(m["batch_size"]), float(m["lr"])
 
 
-def read(runs: str) -> tuple[list[dict], list[str]]:
-  """(finished members with arm, rows, lr; warnings for the unfinished ones)."""
+def read(runs: list[str]) -> tuple[list[dict], list[str]]:
+  """(finished members under the roots `runs`, with their arm; warnings for unfinished ones)."""
   members, warnings = [], []
-  for m in cms_lib.read_runs(runs):
+  for m in (m for root in runs for m in cms_lib.read_runs(root)):
     arg = record_lib.read_config(m["path"]).get("sweep", {}).get("arg", "")
     fields = dict(kv.split("=", 1) for kv in str(arg).split(",") if "=" in kv)
     if fields.get("arm") not in ARMS:
@@ -63,7 +63,7 @@ def read(runs: str) -> tuple[list[dict], list[str]]:
       continue
     members.append(m)
   if not members:
-    raise FairError(f"--runs: {runs!r} holds no finished member")
+    raise FairError(f"--runs: {' '.join(runs)} hold no finished member")
   for k in PREMISE:
     values = {m[k] for m in members}
     if len(values) > 1:
@@ -181,7 +181,7 @@ def markdown(result: dict) -> str:
   L = [
     "# A fair CMS comparison: each arm at its own batch and LR",
     "",
-    f"Runs: `{result['runs']}`.",
+    "Runs: " + ", ".join(f"`{r}`" for r in result["runs"]) + ".",
   ]
   L += ["", DESIGN, "", "## Stage A: the no-CMS grid, seed 2 (final `half` loss)", ""]
   if g["points"]:
@@ -256,27 +256,30 @@ def plot(result: dict, members: list[dict], path: str, root: str) -> None:
   Canvas(fig).print_png(path)
 
 
-def analyse(runs: str, out: str | None = None) -> dict:
-  """Reads the runs and writes cms_fair.md, .json and .png to `out` (default <runs>/report)."""
+def analyse(runs: list[str], out: str | None = None) -> dict:
+  """Reads the roots `runs` and writes cms_fair.md, .json and .png to `out` (default
+  <first root>/report)."""
   members, warnings = read(runs)
   g = grid(members)
   best = tuple(g["decision"]["point"]) if g.get("decision") else None
-  result = {"runs": os.path.abspath(runs), "warnings": warnings, "grid": g}
+  result = {"runs": [os.path.abspath(r) for r in runs], "warnings": warnings, "grid": g}
   result["compare"] = compare(members, best)
-  out = out or os.path.join(runs, "report")
+  out = out or os.path.join(runs[0], "report")
   os.makedirs(out, exist_ok=True)
   files = [os.path.join(out, f"cms_fair{ext}") for ext in (".md", ".json", ".png")]
   with open(files[0], "w") as f:
     f.write(markdown(result))
   status_lib.write_json_atomic(files[1], result)
-  plot(result, members, files[2], runs)
+  plot(result, members, files[2], runs[0])
   return result | {"files": files}
 
 
 def main(argv=None) -> int:
   """The CLI: 0, or 2 with a one-line `cms_fair error:` on stderr."""
   parser = argparse.ArgumentParser("python -m cbert_jax.report.cms_fair", description=DESIGN)
-  parser.add_argument("--runs", required=True, help="the experiment's root (member workdirs)")
+  parser.add_argument(
+    "--runs", required=True, nargs="+", help="each stage's root (member workdirs)"
+  )
   parser.add_argument("--out", default=None, help="output directory (default <runs>/report)")
   ns = parser.parse_args(argv)
   try:

@@ -1,7 +1,8 @@
 #!/bin/bash
 # The fair CMS comparison (experiments/cms_fair.py, committed before its runs), resumable across
 # machines: members archived here are copied back into the run root, so the sweep runner skips
-# them and trains only what is missing. STAGES: grid, then compare once NOCMS_BEST is set.
+# them and trains only what is missing. STAGES: grid and compare (independent; one
+# root each under ROOT and OUT).
 # Run from a separate git worktree (~/cbert_runs/wt):
 #   STAGES=grid nohup nice -n 5 bash results/cms_fair_cpu/run.sh > ~/cbert_runs/cms_fair.out 2>&1 &
 set -u
@@ -11,17 +12,19 @@ ROOT=${ROOT:-$HOME/cbert_runs/cms_fair_cpu}
 OUT=$MAIN/results/cms_fair_cpu
 STAGES=${STAGES:-grid compare}
 export CBERT_JAX_CACHE=${CBERT_JAX_CACHE:-$HOME/cbert_runs/cache}
-mkdir -p "$ROOT"
-for d in "$OUT"/*/; do  # archived members come back as done
-  [ -f "$d/config.json" ] && [ ! -e "$ROOT/$(basename "$d")" ] && cp -r "$d" "$ROOT/"
-done
-archive() { $PY -m cbert_jax.report.archive --root "$ROOT" --out "$OUT" >> "$ROOT/archive.log" 2>&1; }
-( while sleep 300; do archive; done ) &
-watcher=$!
 for stage in $STAGES; do
-  $PY -m cbert_jax.main --config "experiments/cms_fair.py:$stage" --workdir "$ROOT"
+  root="$ROOT/$stage" out="$OUT/$stage"
+  mkdir -p "$root"
+  for d in "$out"/*/; do  # archived members come back as done
+    [ -f "$d/config.json" ] && [ ! -e "$root/$(basename "$d")" ] && cp -r "$d" "$root/"
+  done
+  archive() { $PY -m cbert_jax.report.archive --root "$root" --out "$out" >> "$root/archive.log" 2>&1; }
+  ( while sleep 300; do archive; done ) &
+  watcher=$!
+  $PY -m cbert_jax.main --config "experiments/cms_fair.py:$stage" --workdir "$root"
   echo "stage $stage exit $?"
+  kill $watcher
+  archive
 done
-kill $watcher
-archive
-$PY -m cbert_jax.report.cms_fair --runs "$OUT" --out "$OUT/report"
+done_roots=$(for s in grid compare; do [ -d "$OUT/$s" ] && echo "$OUT/$s"; done)
+$PY -m cbert_jax.report.cms_fair --runs $done_roots --out "$OUT/report"

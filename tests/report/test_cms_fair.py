@@ -79,13 +79,13 @@ def grid(root, seed3_offset: float = 0.0) -> None:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
   root = tmp_path_factory.mktemp("cms_fair")
-  grid(root)
+  grid(root / "grid")  # one root per stage, as experiments/cms_fair.py runs them
   for seed in (2, 3):
-    write(root, "cms", 14, 5.36e-3, seed)
-    write(root, "cms_flops", 14, 5.36e-3, seed)
-  write(root, "cms", 7, 2.68e-3, 3, last=10)  # an unfinished member: listed, left out
-  assert cms_fair.main(["--runs", str(root)]) == 0
-  with open(root / "report" / "cms_fair.json") as f:
+    write(root / "compare", "cms", 14, 5.36e-3, seed)
+    write(root / "compare", "cms_flops", 14, 5.36e-3, seed)
+  write(root / "compare", "cms", 7, 2.68e-3, 3, last=10)  # an unfinished member: left out
+  assert cms_fair.main(["--runs", str(root / "grid"), str(root / "compare")]) == 0
+  with open(root / "grid" / "report" / "cms_fair.json") as f:
     return root, json.load(f)
 
 
@@ -111,7 +111,7 @@ def test_grid_best_edge_and_decision(report):
 def test_a_worse_second_seed_keeps_the_centre(tmp_path):
   """The best's seed 3 draws 0.5 nats worse: its 2-seed mean loses to the centre's."""
   grid(tmp_path, seed3_offset=0.5)
-  res = cms_fair.analyse(str(tmp_path))
+  res = cms_fair.analyse([str(tmp_path)])
   assert res["grid"]["decision"]["point"] == list(cms_fair.CENTRE)
   assert res["compare"] is None  # no CMS member yet
   assert "No decision yet" not in (tmp_path / "report" / "cms_fair.md").read_text()
@@ -129,9 +129,9 @@ def test_tokens_ratio_matched_flops_and_equal_token_probes(report):
   assert c["matched_loss"]["mean"] == pytest.approx(want) and c["matched_loss"]["resolved"]
   assert c["matched_probes"]["ridge"]["mean"] == pytest.approx(0.01 * math.log(R / 2))
   assert c["equal_token_probes"]["ridge"]["mean"] == pytest.approx(0.01 * math.log(R))
-  md = (root / "report" / "cms_fair.md").read_text()
+  md = (root / "grid" / "report" / "cms_fair.md").read_text()
   assert "cms_d64L2_b7_lr0.00268_s3: unfinished" in md
-  assert f"{want:+.4f}" in md and (root / "report" / "cms_fair.png").stat().st_size > 1000
+  assert f"{want:+.4f}" in md and (root / "grid" / "report" / "cms_fair.png").stat().st_size > 1000
 
 
 def test_members_of_another_sequence_length_are_refused(tmp_path):

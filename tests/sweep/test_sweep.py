@@ -145,14 +145,16 @@ def test_cms_fair_members_are_cms_controls_at_their_own_batch_lr_seed_and_budget
   step_flops = cfgs["cms"].sweep.compute / cfgs["cms"].total_steps
   assert abs(cfgs["cms_flops"].sweep.compute - cfgs["nocms"].sweep.compute) <= step_flops
   assert cfgs["cms_flops"].sweep.tokens < cfgs["cms"].sweep.tokens
-  if cf.NOCMS_BEST is None:
-    with pytest.raises(ConfigError, match="stage compare needs NOCMS_BEST"):
-      cf.get_sweep("compare")
+  compare = [cf.workdir_name(a) for a in cf.get_sweep("compare")]
+  assert compare == [
+    f"{arm}_d64L2_b14_lr0.00536_s{s}" for s in (2, 3) for arm in ("cms", "cms-flops")
+  ]
   with pytest.raises(ConfigError, match=r"seed must be one of 2, 3"):
     cf.get_config("arm=cms,rows=14,lr=0.00536,seed=0")
   with pytest.raises(ConfigError, match=r"arm must be one of cms, nocms, cms_flops"):
     cf.get_config("arm=bert,rows=14,lr=0.00536,seed=2")
-  assert cf.get_config("grid").mode == "sweep"
+  stage = cf.get_config("grid")
+  assert stage.mode == "sweep" and stage.sweep.scale == "grid"  # the runner lists the stage's
 
 
 def test_member_plan_arithmetic_follows_budget_and_laws():
