@@ -74,8 +74,14 @@ GRID_ROWS = (4, 7, 14)
 GRID_LRS = (1.34e-3, 2.68e-3, 5.36e-3)
 CENTRE = (7, 2.68e-3)  # the sweep's point for CrossBERT+CMS d64L2 (both arms' grids' centre)
 CMS_BEST = (14, 5.36e-3)  # results/lawcheck20_cpu: CrossBERT+CMS d64L2's best at 20 tokens/param
-# Points beyond the grid added by the edge rule, in order, each with the reason (none yet).
-EDGE_POINTS: tuple[tuple[int, float], ...] = ()
+# Points beyond the grid added by the edge rule, in order, each with the reason.
+EDGE_POINTS: tuple[tuple[int, float], ...] = (
+  # 2026-12-07: the seed-2 3 x 3 put its best in the corner of the largest batch and the highest
+  # LR (14 rows, lr 5.36e-3: 5.5972, against 5.6203 at 14 rows, 2.68e-3 and 5.7049 at 7 rows,
+  # 5.36e-3), so one point beyond it along each edge
+  (28, 5.36e-3),
+  (14, 1.072e-2),
+)
 # The seed-2 grid's best (after the edge rule): set when those runs finish; stage A then adds seed 3
 # of it and of the centre.
 GRID_BEST: tuple[int, float] | None = None
