@@ -231,13 +231,45 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, members: list[dict], path: str, root: str) -> None:
-  """`half` loss against training FLOPs of every stage-B member: one colour per arm, one line style
-  per seed."""
+  """Two panels: the no-CMS grid's final `half` loss per (rows, LR) at the first seed, the best
+  boxed; and `half` loss against training FLOPs of every stage-B member (one colour per arm, one
+  line style per seed), or a note that stage B has not run."""
   Figure, Canvas = plotting.matplotlib_classes(os.path.join(root, ".matplotlib"))
-  fig = Figure(figsize=(6.5, 4.5))
-  ax = fig.add_subplot(1, 1, 1)
+  from matplotlib import patches  # pylint: disable=import-outside-toplevel  # after the setup
+
+  fig = Figure(figsize=(12, 4.5))
+  g = result["grid"]
+  ax = fig.add_subplot(1, 2, 1)
+  if g["points"]:
+    rows = sorted({p["rows"] for p in g["points"]})
+    lrs = sorted({p["lr"] for p in g["points"]})
+    grid_loss = [[float("nan")] * len(lrs) for _ in rows]
+    for p in g["points"]:
+      grid_loss[rows.index(p["rows"])][lrs.index(p["lr"])] = p["loss"]
+    im = ax.imshow(grid_loss, cmap="viridis_r", aspect="auto", origin="lower")
+    for p in g["points"]:
+      i, j = rows.index(p["rows"]), lrs.index(p["lr"])
+      best = p is g["best"] or (p["rows"], p["lr"]) == (g["best"]["rows"], g["best"]["lr"])
+      dark = im.norm(p["loss"]) > 0.5  # viridis_r: high losses are the dark cells
+      ax.text(
+        j,
+        i,
+        f"{p['loss']:.3f}",
+        ha="center",
+        va="center",
+        fontsize=9,
+        fontweight="bold" if best else "normal",
+        color="w" if dark else "k",
+      )
+      if best:  # the best point boxed
+        ax.add_patch(patches.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, lw=2.5, ec="r"))
+    ax.set_xticks(range(len(lrs)), [f"{lr:.3g}" for lr in lrs])
+    ax.set_yticks(range(len(rows)), [str(r) for r in rows])
+    fig.colorbar(im, ax=ax, label="final val_full half loss")
+  ax.set(xlabel="peak LR", ylabel="rows per step", title=f"no-CMS grid, seed {SEEDS[0]}")
+  ax = fig.add_subplot(1, 2, 2)
   c = result["compare"] or {"arms": {}}
-  best = (result["grid"].get("decision") or {}).get("point")
+  best = (g.get("decision") or {}).get("point")
   for i, a in enumerate(ARMS):
     for m in members:
       if m["arm"] != a or m["seed"] not in c["arms"].get(a, []):
@@ -247,11 +279,13 @@ def plot(result: dict, members: list[dict], path: str, root: str) -> None:
       pts = [(p["flops"], p["half_loss"]) for p in m["curve"]]
       ls = "-" if m["seed"] == SEEDS[0] else "--"
       ax.plot(*zip(*pts), ls=ls, color=f"C{i}", label=f"{LABEL[a]} seed {m['seed']}")
-  ax.set(xscale="log", xlabel="training FLOPs", ylabel="val_full half loss")
-  ax.set(title="fair CMS comparison, d64L2")
-  ax.grid(True, which="both", alpha=0.3)
   if ax.lines:
+    ax.set(xscale="log")
     ax.legend(fontsize=8)
+  else:
+    ax.text(0.5, 0.5, "stage B: not run yet", ha="center", va="center", transform=ax.transAxes)
+  ax.set(xlabel="training FLOPs", ylabel="val_full half loss", title="each arm at its own best")
+  ax.grid(True, which="both", alpha=0.3)
   fig.tight_layout()
   Canvas(fig).print_png(path)
 
