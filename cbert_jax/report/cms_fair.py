@@ -2,9 +2,10 @@ r"""The fair CMS comparison's analysis (experiments/cms_fair.py): each arm at it
 
   python -m cbert_jax.report.cms_fair --runs runs/cms_fair/grid runs/cms_fair/compare [--out DIR]
 
-Reads the member workdirs under each --runs root (one per stage) (as cbert_jax.report.cms reads them: config.json, the
-`half` full-split validation records, the final offline probe suite) and writes <out>/cms_fair.md,
-cms_fair.json and cms_fair.png (`half` loss against training FLOPs, every stage-B member). Unlike
+Reads the member workdirs under each --runs root, one per stage, as cbert_jax.report.cms reads them
+(config.json, the `half` full-split validation records, the final offline probe suite), and writes
+<out>/cms_fair.md, cms_fair.json and cms_fair.png (the grid's losses; `half` loss against training
+FLOPs of every stage-B member). Unlike
 the controlled experiment, the arms' batch, LR and steps differ by design; they must share the
 sequence length and N. A member without its final validation record is listed as unfinished and
 left out. Reads files only: no JAX.
@@ -151,8 +152,7 @@ def compare(members: list[dict], best: tuple[int, float] | None) -> dict | None:
     seeds = {s: p[key]["median"] for s, p in ranged.items()}
     out[key] = {"mean": statistics.fmean(seeds.values()) if seeds else None, "seeds": seeds}
   out["flops"] = {
-    a: {str(s): float(m["flops_per_token"]) * m["curve"][-1]["tokens"] for s, m in arms[a].items()}
-    for a in ARMS
+    a: {str(s): float(m["curve"][-1]["flops"]) for s, m in arms[a].items()} for a in ARMS
   }
   out["matched_loss"] = _diff(arms["cms_flops"], arms["nocms"], final_loss)
   probes = sorted({k for a in ARMS for m in arms[a].values() for k in final_probes(m)})
@@ -249,7 +249,7 @@ def plot(result: dict, members: list[dict], path: str, root: str) -> None:
     im = ax.imshow(grid_loss, cmap="viridis_r", aspect="auto", origin="lower")
     for p in g["points"]:
       i, j = rows.index(p["rows"]), lrs.index(p["lr"])
-      best = p is g["best"] or (p["rows"], p["lr"]) == (g["best"]["rows"], g["best"]["lr"])
+      best = p == g["best"]
       dark = im.norm(p["loss"]) > 0.5  # viridis_r: high losses are the dark cells
       ax.text(
         j,
@@ -314,7 +314,9 @@ def main(argv=None) -> int:
   parser.add_argument(
     "--runs", required=True, nargs="+", help="each stage's root (member workdirs)"
   )
-  parser.add_argument("--out", default=None, help="output directory (default <runs>/report)")
+  parser.add_argument(
+    "--out", default=None, help="output directory (default <first --runs root>/report)"
+  )
   ns = parser.parse_args(argv)
   try:
     result = analyse(ns.runs, ns.out)
