@@ -12,19 +12,15 @@ ROOT=${ROOT:-$HOME/cbert_runs/cms_fair_cpu}
 OUT=$MAIN/results/cms_fair_cpu
 STAGES=${STAGES:-grid compare}
 export CBERT_JAX_CACHE=${CBERT_JAX_CACHE:-$HOME/cbert_runs/cache}
+. "$(dirname "$0")/../runner_lib.sh"
 for stage in $STAGES; do
   root="$ROOT/$stage" out="$OUT/$stage"
-  mkdir -p "$root"
-  for d in "$out"/*/; do  # archived members come back as done
-    [ -f "$d/config.json" ] && [ ! -e "$root/$(basename "$d")" ] && cp -r "$d" "$root/"
-  done
-  archive() { $PY -m cbert_jax.report.archive --root "$root" --out "$out" >> "$root/archive.log" 2>&1; }
-  ( while sleep 300; do archive; done ) &
-  watcher=$!
+  restore_archived "$out" "$root"
+  start_archiver "$root" "$out"
   $PY -m cbert_jax.main --config "experiments/cms_fair.py:$stage" --workdir "$root"
   echo "stage $stage exit $?"
-  kill $watcher
-  archive
+  kill $ARCHIVER
+  archive "$root" "$out"
 done
 done_roots=$(for s in grid compare; do [ -d "$OUT/$s" ] && echo "$OUT/$s"; done)
 $PY -m cbert_jax.report.cms_fair --runs $done_roots --out "$OUT/report"

@@ -11,15 +11,11 @@ ROOT=${ROOT:-$HOME/cbert_runs/heldout_cpu}
 OUT=$MAIN/results/heldout_cpu
 MODELS=${MODELS:-bert,crossbert}
 export CBERT_JAX_CACHE=${CBERT_JAX_CACHE:-$HOME/cbert_runs/cache}
-mkdir -p "$ROOT"
-for d in "$OUT"/*/; do  # archived members come back as done
-  [ -f "$d/config.json" ] && [ ! -e "$ROOT/$(basename "$d")" ] && cp -r "$d" "$ROOT/"
-done
-archive() { $PY -m cbert_jax.report.archive --root "$ROOT" --out "$OUT" >> "$ROOT/archive.log" 2>&1; }
-( while sleep 300; do archive; done ) &
-watcher=$!
+. "$(dirname "$0")/../runner_lib.sh"
+restore_archived "$OUT" "$ROOT"
+start_archiver "$ROOT" "$OUT"
 $PY -m cbert_jax.main --config experiments/sweep.py:heldout --config.sweep.models="$MODELS" \
   --config.sweep.report=false --workdir "$ROOT"
 echo "sweep exit $?"
-kill $watcher
-archive
+kill $ARCHIVER
+archive "$ROOT" "$OUT"
