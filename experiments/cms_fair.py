@@ -81,6 +81,12 @@ EDGE_POINTS: tuple[tuple[int, float], ...] = (
   # 5.36e-3), so one point beyond it along each edge
   (28, 5.36e-3),
   (14, 1.072e-2),
+  # 2026-12-07: 28 rows, lr 5.36e-3 beat the corner (5.5647) and 14 rows, lr 1.07e-2 did not
+  # (5.8201: 14 rows' LR optimum is interior at 5.36e-3), so the best sits on the batch edge alone:
+  # 56 rows at its LR. The 28-row row has one LR, and larger batches take larger LRs, so LR x 2 there
+  # as well (LR x 1/2 is not tried: at 14 rows it was 0.023 nats worse than 5.36e-3).
+  (56, 5.36e-3),
+  (28, 1.072e-2),
 )
 # The seed-2 grid's best (after the edge rule): set when those runs finish; stage A then adds seed 3
 # of it and of the centre.
