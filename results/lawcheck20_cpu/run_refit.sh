@@ -3,7 +3,11 @@
 # runs already archived under results/lawcheck20_cpu; archives each finished run there.
 # Run from a separate git worktree (~/cbert_runs/wt) so edits to the main tree cannot break it:
 #   nohup nice -n 19 bash results/lawcheck20_cpu/run_refit.sh > ~/cbert_runs/refit.out 2>&1 &
+# SHARD=k/n runs every n-th run of the list starting at the k-th (0-based), so n copies share the
+# list without training the same run twice (one per core: SHARD=0/2 and SHARD=1/2).
 set -u
+SHARD=${SHARD:-0/1}
+shard_k=${SHARD%/*} shard_n=${SHARD#*/}
 MAIN=${MAIN:-/work/main}
 PY=$MAIN/.venv/bin/python
 ROOT=${ROOT:-$HOME/cbert_runs/lawcheck20_cpu}
@@ -29,11 +33,14 @@ bert d128L3 52 0.0016355
 bert d128L3 52 0.006542
 bert d128L3 104 0.006542
 "
+i=-1
 echo "$RUNS" | while read -r model size rows lr; do
   [ -z "$model" ] && continue
+  i=$((i + 1))
+  [ $((i % shard_n)) -ne "$shard_k" ] && continue
   name="${model}_${size}_b${rows}_lr$($PY -c "print(f'{$lr:.3g}')")"
   if [ -e "$MAIN/results/lawcheck20_cpu/$name" ]; then continue; fi
-  echo "$(date -u +%FT%TZ) start $name" >> "$ROOT/progress.log"
+  echo "$(date -u +%FT%TZ) start $name (shard $SHARD)" >> "$ROOT/progress.log"
   $PY -m cbert_jax.main \
     --config "experiments/hparam_grid.py:scale=cpu,model=$model,size=$size,batch=$rows,lr=$lr" \
     --config.sweep.tokens_per_param=20 --config.seed=0 \
