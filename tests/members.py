@@ -159,6 +159,7 @@ def grid_member(
   failed="",
   eval_loss=None,
   val_full=True,
+  seed=0,
 ):
   """A grid member `root/name` as train.run leaves it: metrics.jsonl with eval/loss at the end
   (`eval_loss`, default `loss`) and, for a finished run (unless `val_full` is False), the
@@ -173,6 +174,7 @@ def grid_member(
     seq_len=SEQ_LEN,
     lr=lr,
     sweep={"n_params": n, "compute": compute, "n_definition": "non_embedding"},
+    seed=seed,
     name=name,
   )
   metrics = [

@@ -16,6 +16,8 @@ the split (biased and batch-dependent; for grids from before val_full). Then:
   * members whose last logged step is short of total_steps are skipped, with a warning listing
     them; a member that diverged (non-finite loss, or a FAILED file saying so) stays in the grid
     as a loss of +inf: it bounds the grid, it is never the best;
+  * members that differ only in their seed are one grid point whose loss is their mean
+    (`grid_read.pool_seeds`; +inf when a seed diverged), named by their names joined with "+";
   * per (model, size), the member with the lowest final validation loss is the best grid point;
     the optimum (B*, lr*) is located around it (`--optimum`, `grid_vertex`): by default the vertex
     of a parabola in log lr through it and its LR neighbours in its batch row, and of one in log B
@@ -90,7 +92,7 @@ import numpy as np
 
 from cbert_jax.report import grid_vertex
 from cbert_jax.report.grid_plot import draw, draw_curves
-from cbert_jax.report.grid_read import METRICS, GridError, Member, Optimum, read_grid
+from cbert_jax.report.grid_read import METRICS, GridError, Member, Optimum, pool_seeds, read_grid
 from cbert_jax.scaling import fit as fit_lib
 from cbert_jax.scaling import laws as laws_lib
 
@@ -167,6 +169,7 @@ def select(
       f"--exclude: {', '.join(unknown)} not in the grid (its sizes: {', '.join(sorted(present))})"
     )
   chosen = [m for m in chosen if f"{m.arch}:{m.size}" not in set(exclude)]
+  chosen = pool_seeds(chosen)  # one point per (size, rows, LR): its seeds' mean loss
   skipped = [m for m in chosen if m.state in ("unfinished", "failed")]
   warnings = []
   if skipped:

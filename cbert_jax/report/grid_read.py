@@ -51,6 +51,7 @@ class Member:
   loss: float | None  # the grid's metric (METRICS) at total_steps; +inf when diverged
   state: str  # done | diverged | unfinished | failed
   reason: str = ""  # why it is not done
+  seeds: tuple[int, ...] = (0,)  # the config's seed; several after pool_seeds (their mean loss)
 
   @property
   def batch_tokens(self) -> int:
@@ -101,6 +102,7 @@ def read_member(workdir: str, metric: str = "val_full") -> Member | None:
       final_step=0,
       loss=None,
       state="unfinished",
+      seeds=(int(cfg.get("seed", 0)),),
     )
   except (ValueError, KeyError, TypeError):
     return None
@@ -136,6 +138,47 @@ def read_member(workdir: str, metric: str = "val_full") -> Member | None:
   else:
     m.reason = f"step {m.final_step}/{m.total_steps}"
   return m
+
+
+def pool_seeds(members: list[Member]) -> list[Member]:
+  """One member per grid point: finished (done or diverged) members that differ only in their seed
+  (same arch, size, compute, rows, LR and steps) become one, named by their names joined with "+",
+  whose loss is the mean over the seeds, or +inf (diverged) when any seed diverged. A point's
+  optimum is judged on every seed run there, the rule the 20-tokens-per-parameter check decides by
+  (results/lawcheck20_cpu/PLAN.md: 2-seed means). Unfinished and failed members pass through."""
+  points: dict[tuple, list[Member]] = {}
+  out = []
+  for m in members:
+    if m.state in ("done", "diverged"):
+      key = (m.arch, m.size, m.compute, m.batch_size, m.lr, m.total_steps)
+      points.setdefault(key, []).append(m)
+    else:
+      out.append(m)
+  for group in points.values():
+    if len(group) == 1:
+      out.append(group[0])
+      continue
+    group = sorted(group, key=lambda m: m.seeds)
+    seeds = tuple(s for m in group for s in m.seeds)
+    if len(set(seeds)) < len(seeds):
+      raise GridError(
+        f"--grid: {', '.join(m.name for m in group)} are the same grid point with the same seed "
+        f"({seeds}); keep one of them"
+      )
+    bad = [m for m in group if m.state == "diverged"]
+    pooled = dataclasses.replace(
+      group[0],
+      name="+".join(m.name for m in group),
+      final_step=min(m.final_step for m in group),
+      seeds=seeds,
+    )
+    if bad:
+      pooled.state, pooled.loss = "diverged", math.inf
+      pooled.reason = f"seed(s) {', '.join(str(m.seeds[0]) for m in bad)} diverged"
+    else:
+      pooled.loss = sum(m.loss for m in group) / len(group)
+    out.append(pooled)
+  return sorted(out, key=lambda m: (m.arch, m.compute, m.batch_size, m.lr))
 
 
 def read_grid(grid: str, metric: str = "val_full", progress=None) -> list[Member]:

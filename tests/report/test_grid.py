@@ -486,3 +486,50 @@ def test_bad_grid_input_is_one_line_naming_the_path_exit_2(tmp_path, capsys):
     grid_lib.main(["fit", "--grid", one, "--bootstrap", "-1"])
   assert e.value.code == 2
   capsys.readouterr()
+
+
+def test_seeds_of_one_point_are_pooled_to_their_mean_as_if_measured_once(tmp_path, capsys):
+  """A grid point run with two seeds counts once, at the mean of its seeds' losses: the fit on a
+  grid with a second seed at BERT d64L2's best (a bad draw, so the mean moves the best to a
+  neighbour) equals the fit on the same grid with that point's loss replaced by the mean. A
+  diverged seed makes the point diverged; the same point twice with one seed is refused."""
+  two_seeds, one_point = str(tmp_path / "two_seeds"), str(tmp_path / "one_point")
+  best = make_grid(two_seeds)
+  make_grid(one_point)
+  name, compute, n, rows, lr = best[("bert", "d64L2")]
+  with open(os.path.join(two_seeds, name, "eval", f"val_full-step_{100}.json")) as f:
+    seed0 = json.load(f)["loss"]
+  seed1 = seed0 + 0.5  # bad enough that the pooled point is no longer the size's best
+  grid_member(two_seeds, name + "_s1", "bert", "d64L2", int(n), compute, rows, lr, seed1, seed=1)
+  shutil.rmtree(os.path.join(one_point, name))
+  grid_member(one_point, name, "bert", "d64L2", int(n), compute, rows, lr, (seed0 + seed1) / 2)
+  fits = {}
+  for root in (two_seeds, one_point):
+    out = str(tmp_path / f"{os.path.basename(root)}.json")
+    argv = ["fit", "--grid", root, "--model", "bert", "--bootstrap", "0", "--out", out]
+    assert grid_lib.main(argv) == 0
+    fits[root] = laws_lib.load(out)
+  capsys.readouterr()
+  a, b = fits[two_seeds], fits[one_point]
+  for law in ("lr", "batch_tokens", "lr_n", "batch_tokens_n"):
+    assert getattr(a, law).alpha == pytest.approx(getattr(b, law).alpha, abs=1e-12)
+    assert getattr(a, law).a == pytest.approx(getattr(b, law).a, rel=1e-12)
+  run = next(r for r in a.provenance["runs"] if r["size"] == "d64L2")
+  assert run["name"] != name  # the pooled point lost; a neighbour is the best now
+  assert f"{name}+{name}_s1" in run["grid_members"]
+  assert next(r for r in b.provenance["runs"] if r["size"] == "d64L2")["name"] == run["name"]
+  # One seed diverged: the point is diverged (+inf), named in the provenance.
+  status_lib.mark_failed(os.path.join(two_seeds, name + "_s1"), "NonFiniteLossError: loss nan")
+  out = str(tmp_path / "diverged.json")
+  argv = ["fit", "--grid", two_seeds, "--model", "bert", "--bootstrap", "0", "--out", out]
+  assert grid_lib.main(argv) == 0
+  assert f"{name}+{name}_s1" in laws_lib.load(out).provenance["diverged"]
+  # The same point and seed twice: one line naming both, exit 2, nothing written.
+  shutil.rmtree(os.path.join(two_seeds, name + "_s1"))
+  grid_member(two_seeds, name + "_copy", "bert", "d64L2", int(n), compute, rows, lr, seed1)
+  out = str(tmp_path / "dup.json")
+  argv = ["fit", "--grid", two_seeds, "--model", "bert", "--bootstrap", "0", "--out", out]
+  assert grid_lib.main(argv) == 2
+  err = capsys.readouterr().err
+  assert f"{name}, {name}_copy are the same grid point with the same seed" in err, err
+  assert not os.path.exists(out)
