@@ -5,8 +5,11 @@
 #   nohup nice -n 19 bash results/lawcheck20_cpu/run_refit.sh > ~/cbert_runs/refit.out 2>&1 &
 # SHARD=k/n runs every n-th run of the list starting at the k-th (0-based), so n copies share the
 # list without training the same run twice (one per core: SHARD=0/2 and SHARD=1/2).
+# ONLY=REGEX trains only the runs whose name matches (grep -E), e.g. ONLY=bert_d96L3 to fill the
+# end of a session with the short runs.
 set -u
 SHARD=${SHARD:-0/1}
+ONLY=${ONLY:-.}
 shard_k=${SHARD%/*} shard_n=${SHARD#*/}
 MAIN=${MAIN:-/work/main}
 PY=$MAIN/.venv/bin/python
@@ -40,6 +43,7 @@ echo "$RUNS" | while read -r model size rows lr; do
   [ $((i % shard_n)) -ne "$shard_k" ] && continue
   name="${model}_${size}_b${rows}_lr$($PY -c "print(f'{$lr:.3g}')")"
   if [ -e "$MAIN/results/lawcheck20_cpu/$name" ]; then continue; fi
+  echo "$name" | grep -Eq "$ONLY" || continue
   echo "$(date -u +%FT%TZ) start $name (shard $SHARD)" >> "$ROOT/progress.log"
   $PY -m cbert_jax.main \
     --config "experiments/hparam_grid.py:scale=cpu,model=$model,size=$size,batch=$rows,lr=$lr" \
