@@ -93,8 +93,9 @@ EDGE_POINTS: tuple[tuple[int, float], ...] = (
   (28, 2.68e-3),
 )
 # The seed-2 grid's best (after the edge rule): set when those runs finish; stage A then adds seed 3
-# of it and of the centre.
-GRID_BEST: tuple[int, float] | None = None
+# of it and of the centre. 2026-12-07: 28 rows, lr 5.36e-3 (5.5647), interior on both axes: 14 rows
+# 5.5972 and 56 rows 5.8235 at its LR; lr 2.68e-3 5.7443 and 1.07e-2 5.8167 at its rows.
+GRID_BEST: tuple[int, float] | None = (28, 5.36e-3)
 TOKENS_PER_PARAM = 20.0  # the sweep's budget
 VAL_POINTS = 20  # full-split validations per run (val_full_every = ceil(steps / this))
 ARMS = ("cms", "nocms", "cms_flops")
