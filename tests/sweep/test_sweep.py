@@ -120,7 +120,9 @@ def test_cms_fair_members_are_cms_controls_at_their_own_batch_lr_seed_and_budget
   cms_flops) and the validation/probe cadence changed; cms_flops spends no-CMS's training FLOPs."""
   cf = experiment_lib.load_experiment(os.path.join(ROOT, "experiments", "cms_fair.py"))
   grid = cf.get_sweep("grid")
-  assert len(grid) == 9 + len(cf.EDGE_POINTS)
+  seed3 = [] if cf.GRID_BEST is None else list(dict.fromkeys([cf.GRID_BEST, cf.CENTRE]))
+  assert len(grid) == 9 + len(cf.EDGE_POINTS) + len(seed3)
+  assert grid[len(grid) - len(seed3) :] == [cf.member_arg("nocms", r, lr, 3) for r, lr in seed3]
   assert cf.workdir_name(grid[0]) == "nocms_d64L2_b4_lr0.00134_s2"
   control = {
     cms: dict(config_lib.leaves(config_lib.resolve(cf.CONTROL.get_config(f"size=d64L2,cms={cms}"))))
