@@ -22,5 +22,7 @@ for stage in $STAGES; do
   kill $ARCHIVER
   archive "$root" "$out"
 done
-done_roots=$(for s in grid compare; do [ -d "$OUT/$s" ] && echo "$OUT/$s"; done)
-$PY -m cbert_jax.report.cms_fair --runs $done_roots --out "$OUT/report"
+# the report from the archives, from the repository root so it names them relative to it
+cd "$MAIN" || exit 1
+done_roots=$(for s in grid compare; do [ -d "results/cms_fair_cpu/$s" ] && echo "results/cms_fair_cpu/$s"; done)
+$PY -m cbert_jax.report.cms_fair --runs $done_roots --out results/cms_fair_cpu/report

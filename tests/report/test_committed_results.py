@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 REPORT = os.path.join(ROOT, "docs", "sweep_cpu", "report.json")
 HELDOUT = os.path.join("results", "heldout_cpu")  # predictions.json, check.md and the runs
 CMS = os.path.join(ROOT, "docs", "sweep_cpu", "cms", "cms.json")
+CMS_FAIR = os.path.join(ROOT, "results", "cms_fair_cpu")  # grid/, compare/ and report/
 MEMBER_KEYS = ("seed", "n_params", "compute", "tokens", "steps", "batch_size", "lr", "final_loss")
 
 
@@ -95,6 +96,21 @@ def test_the_committed_cms_analysis_is_recomputed_from_the_archive(tmp_path):
   assert got["LEVELS"] == committed["LEVELS"] and got["definition"] == committed["definition"]
   got = json.loads(json.dumps(got))  # as written: tuples become lists, keys strings
   for key in ("pairs", "sizes", "probes", "verdict"):
+    _close(got[key], committed[key], key)
+
+
+def test_the_committed_fair_cms_comparison_is_recomputed_from_its_archive(tmp_path):
+  """results/cms_fair_cpu/report (docs/scaling.md's fair CMS comparison, quoted in the README) is
+  what its archived members give: the grid, the rule's decision, the tokens ratio, the
+  matched-FLOPs and equal-token differences."""
+  from cbert_jax.report import cms_fair  # pylint: disable=import-outside-toplevel
+
+  committed = _load(os.path.join(CMS_FAIR, "report", "cms_fair.json"))
+  runs = [os.path.join(CMS_FAIR, stage) for stage in ("grid", "compare")]
+  got = json.loads(json.dumps(cms_fair.analyse(runs, out=str(tmp_path))))
+  assert committed["runs"] == [os.path.relpath(r, ROOT) for r in runs]
+  assert got["grid"]["decision"] and got["compare"]["tokens_ratio"]  # finished, not interim
+  for key in ("warnings", "grid", "compare"):
     _close(got[key], committed[key], key)
 
 
