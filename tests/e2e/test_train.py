@@ -135,14 +135,17 @@ def test_planted_spike_warn_skip_and_rollback(tmp_path, cache_dir):
     8,
     32,
   )
-  # skip: identical up to the spike (where(apply, new, old) changes nothing while there is no
-  # spike), then the update of step 9 is not applied -> different after.
-  assert [skip[s]["train/loss"] for s in (1, 2, 4, 6, 8)] == [
-    off[s]["train/loss"] for s in (1, 2, 4, 6, 8)
-  ]
+  # skip: the same training up to the spike (where(apply, new, old) keeps every update while there
+  # is no spike), then the update of step 9 is not applied -> different after. The skip step is
+  # another XLA program (the select), whose fusions may round differently in the last bits: a CI
+  # run saw 6.1363525 against 6.1363530 at step 4, so "the same" is to float32 rounding (1e-5),
+  # and "different" is 100x that.
+  before = [(skip[s]["train/loss"], off[s]["train/loss"]) for s in (1, 2, 4, 6, 8)]
+  np.testing.assert_allclose(*zip(*before), rtol=1e-5, atol=0)
   assert all(off[s]["train/spikes"] == 0 for s in (1, 2, 4, 6, 8, 12, 14))  # no false alarm
   assert skip[10]["train/skipped"] == 1 and off[10]["train/skipped"] == 0
-  assert skip[12]["train/loss"] != off[12]["train/loss"]
+  after = abs(skip[12]["train/loss"] - off[12]["train/loss"])
+  assert after > 1e-3 * off[12]["train/loss"], after
   # rollback: back to checkpoint 8, batch 9 (global batch index 8) skipped, so the logged step
   # 10 is trained on the data of uninterrupted step 11: the weights differ but the run finishes.
   assert roll.final_step == 14 and rolled[8]["train/loss"] == off[8]["train/loss"]
