@@ -1,6 +1,7 @@
 #!/bin/bash
 # The refit stage of PLAN.md, resumable: runs each (model, size, rows, lr) in order, skipping
-# runs already archived under results/lawcheck20_cpu; archives each finished run there.
+# runs already archived under results/lawcheck20_cpu; archives each finished run there
+# (results/runner_lib.sh's archive, logged in ROOT/archive.log).
 # Run from a separate git worktree (~/cbert_runs/wt) so edits to the main tree cannot break it:
 #   nohup nice -n 19 bash results/lawcheck20_cpu/run_refit.sh > ~/cbert_runs/refit.out 2>&1 &
 # SHARD=k/n runs every n-th run of the list starting at the k-th (0-based), so n copies share the
@@ -15,6 +16,7 @@ MAIN=${MAIN:-/work/main}
 PY=$MAIN/.venv/bin/python
 ROOT=${ROOT:-$HOME/cbert_runs/lawcheck20_cpu}
 export CBERT_JAX_CACHE=${CBERT_JAX_CACHE:-$HOME/cbert_runs/cache}
+. "$(dirname "$0")/../runner_lib.sh"
 mkdir -p "$ROOT"
 RUNS="
 crossbert d128L3 43 0.002263
@@ -51,8 +53,5 @@ echo "$RUNS" | while read -r model size rows lr; do
     --workdir "$ROOT/$name" > "$ROOT/$name.log" 2>&1
   rc=$?
   echo "$(date -u +%FT%TZ) end $name rc=$rc" >> "$ROOT/progress.log"
-  if [ $rc -eq 0 ]; then
-    $PY -m cbert_jax.report.archive --root "$ROOT" --out "$MAIN/results/lawcheck20_cpu" \
-      >> "$ROOT/progress.log" 2>&1
-  fi
+  [ $rc -eq 0 ] && archive "$ROOT" "$MAIN/results/lawcheck20_cpu"  # log: $ROOT/archive.log
 done
