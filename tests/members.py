@@ -160,6 +160,7 @@ def grid_member(
   eval_loss=None,
   val_full=True,
   seed=0,
+  tokens_per_param=20.0,
 ):
   """A grid member `root/name` as train.run leaves it: metrics.jsonl with eval/loss at the end
   (`eval_loss`, default `loss`) and, for a finished run (unless `val_full` is False), the
@@ -173,7 +174,12 @@ def grid_member(
     batch_size=rows,
     seq_len=SEQ_LEN,
     lr=lr,
-    sweep={"n_params": n, "compute": compute, "n_definition": "non_embedding"},
+    sweep={
+      "n_params": n,
+      "compute": compute,
+      "n_definition": "non_embedding",
+      "tokens_per_param": tokens_per_param,
+    },
     seed=seed,
     name=name,
   )

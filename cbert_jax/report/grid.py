@@ -307,6 +307,13 @@ def fit_grid(
       f"--grid {grid!r}: members count N differently ({', '.join(defs)}); fit "
       "grids with one sweep.n_definition"
     )
+  budgets = sorted({m.tokens_per_param for o in optima for m in o.members})
+  if len(budgets) > 1:
+    raise GridError(
+      f"--grid {grid!r}: members trained on different budgets (sweep."
+      f"tokens_per_param {', '.join(f'{b:g}' for b in budgets)}); the optimal batch and LR move "
+      "with it: fit one budget at a time"
+    )
   c = np.array([o.best.compute for o in optima])
   n = np.array([o.best.n_params for o in optima], np.float64)
   lr = np.array([o.lr for o in optima])
@@ -335,6 +342,9 @@ def fit_grid(
     "models": models,
     "model_filter": model,
     "n_definition": defs[0],
+    # the budget the grid trained at (sweep.tokens_per_param; null when its configs lack it): a
+    # sweep at another budget is warned that the laws were not fitted there (scaling/plan.py)
+    "tokens_per_param": budgets[0] or None,
     "selection": f"lowest {metric} per (model, size): {METRICS[metric]}",
     "optimum": optimum,  # grid_vertex.METHODS: how lr* and B* are located around that member
     "metric": metric,

@@ -42,6 +42,7 @@ class Member:
   size: str  # ladder rung
   n_params: int  # sweep.n_params (N under sweep.n_definition)
   n_definition: str  # sweep.n_definition
+  tokens_per_param: float  # sweep.tokens_per_param: the training budget (0 = not recorded)
   compute: float  # sweep.compute: training FLOPs of the run
   batch_size: int  # rows per step
   seq_len: int  # tokens per row
@@ -94,6 +95,7 @@ def read_member(workdir: str, metric: str = "val_full") -> Member | None:
       size=str(cfg.get("model", {}).get("size", "")) or "custom",
       n_params=int(sweep.get("n_params", 0)),
       n_definition=str(sweep.get("n_definition", "")),
+      tokens_per_param=float(sweep.get("tokens_per_param", 0.0)),
       compute=float(sweep.get("compute", 0.0)),
       batch_size=int(cfg["batch_size"]),
       seq_len=int(cfg["data"]["seq_len"]),

@@ -24,6 +24,12 @@ from cbert_jax.scaling.fit import PowerLaw
 OVERRIDDEN_MARK = "; checks overridden: "
 
 
+# A member whose budget (tokens per parameter) differs from its laws' grid by more than this factor
+# is warned (HyperLaws.budget_mismatch). At 4x the cpu check found CrossBERT+CMS d64L2's optimum
+# moved by one grid step (2x batch, 2x LR, 0.024 nats); 1.5x stays below a factor-2 grid step.
+BUDGET_TOLERANCE = 1.5
+
+
 @dataclasses.dataclass(frozen=True)
 class HyperLaws:
   """lr(C) and batch size in tokens B(C) (and, when fitted, the same against N); their source."""
@@ -53,6 +59,27 @@ class HyperLaws:
   def override_reason(self) -> str:
     """Why the overridden checks were overridden (`provenance["override_reason"]`)."""
     return self.provenance.get("override_reason") or "none given"
+
+  @property
+  def tokens_per_param(self) -> float | None:
+    """The training budget (tokens per parameter) of the grid the laws were fitted on; None when
+    the provenance does not record it (the published defaults, grids from before 2026-12-07)."""
+    value = self.provenance.get("tokens_per_param")
+    return float(value) if value else None
+
+  def budget_mismatch(self, tokens_per_param: float) -> str:
+    """A one-line note when a member training at `tokens_per_param` uses laws fitted at a budget
+    more than BUDGET_TOLERANCE times away from it ("" otherwise): the optimal batch and LR move with
+    the budget (docs/scaling.md, "Checked at the sweep's 20 tokens per parameter")."""
+    fitted = self.tokens_per_param
+    if fitted is None or not tokens_per_param > 0:
+      return ""
+    if max(fitted, tokens_per_param) / min(fitted, tokens_per_param) <= BUDGET_TOLERANCE:
+      return ""
+    return (
+      f"the laws were fitted on a grid trained at {fitted:g} tokens per parameter and this member "
+      f"trains at {tokens_per_param:g}; the optimal batch and LR move with the budget"
+    )
 
   def axis(self, law_axis: str) -> tuple[PowerLaw, PowerLaw]:
     """(lr law, batch law) against `law_axis` (compute | params); ConfigError when not fitted."""

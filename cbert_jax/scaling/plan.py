@@ -10,6 +10,7 @@ from the laws (or N, `sweep.law_axis`) -> steps = ceil(target / (rows x seq_len)
 
 from __future__ import annotations
 
+import logging
 import math
 
 import ml_collections
@@ -22,6 +23,8 @@ from cbert_jax.scaling import budget as budget_lib
 from cbert_jax.scaling import laws as laws_lib
 from cbert_jax.scaling import memory as memory_lib
 from cbert_jax.step import mesh_shape
+
+_BUDGET_WARNED: set[tuple[str, float]] = set()  # (laws source, budget) already warned about
 
 # Ids only matter to the data path; FLOPs and counts do not depend on them.
 _MASK_ID, _SPECIAL = 4, (0, 2, 3, 4)
@@ -61,6 +64,10 @@ def derive(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   )
   rows = s.batch_size or rows
   lr = s.lr or lr * s.lr_scale
+  mismatch = laws.budget_mismatch(s.tokens_per_param) if not (s.lr and s.batch_size) else ""
+  if mismatch and (laws.source, s.tokens_per_param) not in _BUDGET_WARNED:
+    _BUDGET_WARNED.add((laws.source, s.tokens_per_param))  # once per laws and budget (a sweep
+    logging.warning("sweep.laws: %s (%s)", mismatch, laws.source)  # resolves its members often)
   plan = budget_lib.make_budget(counts, s.n_definition, s.tokens_per_param, rows, seq_len)
   with config.unlocked():
     config.total_steps = plan.steps

@@ -36,7 +36,9 @@ Where every number comes from:
                  (or shipped:<name>); without it `laws.DEFAULT` (DeepSeek LLM's published laws);
                  the output names the source (`laws.source`), the x range the laws were fitted on
                  (from their provenance's grid runs) and, in a note, how many decades x lies
-                 outside it (an extrapolation), and any refusal check overridden with its reason.
+                 outside it (an extrapolation), any refusal check overridden with its reason, and
+                 a note when the plan's tokens per parameter are more than 1.5x away from the
+                 budget the laws' grid trained at (`HyperLaws.budget_mismatch`).
   steps          ceil(D / (rows x seq_len)); the run trains steps x rows x seq_len tokens (at most
                  one step's tokens more than D).
   loss           with --surface: the point L(N, D) at the rung and its trained tokens, and the
@@ -379,6 +381,9 @@ def make_plan(
     note = range_note("the laws were", name, name, x, span, "the LR and batch are an extrapolation")
     if note:
       notes.append(note)
+  mismatch = laws.budget_mismatch(trained / rung.n_params)
+  if mismatch:
+    notes.append(mismatch.replace("this member trains", "this plan trains"))
   if laws.overridden:
     notes.append(
       f"the laws were fitted with checks overridden: {', '.join(laws.overridden)} "

@@ -533,3 +533,69 @@ def test_seeds_of_one_point_are_pooled_to_their_mean_as_if_measured_once(tmp_pat
   err = capsys.readouterr().err
   assert f"{name}, {name}_copy are the same grid point with the same seed" in err, err
   assert not os.path.exists(out)
+
+
+def test_the_laws_record_their_grid_budget_and_a_member_at_another_budget_is_warned(
+  tmp_path, capsys, caplog, monkeypatch
+):
+  # The optimal batch and LR move with the training budget (tokens per parameter): the fit
+  # records the budget its grid trained at, refuses a grid that mixes budgets, and a member or a
+  # plan more than 1.5x away from it is told (the cpu sweep at 20 used laws fitted at 5).
+  from cbert_jax.scaling import plan as plan_lib
+  from cbert_jax.sweep import planner
+
+  root = str(tmp_path / "grid")
+  make_grid(root, SIZES[:3])  # members at the sweep's 20 tokens per parameter
+  path = os.path.join(root, "laws.json")
+  assert grid_lib.main(["fit", "--grid", root, "--no_plot", "--bootstrap", "0"]) == 0
+  capsys.readouterr()
+  laws = laws_lib.load(path)
+  assert laws.provenance["tokens_per_param"] == 20.0 and laws.tokens_per_param == 20.0
+  assert laws.budget_mismatch(20.0) == laws.budget_mismatch(29.0) == ""  # within 1.5x
+  assert laws.budget_mismatch(5.0) == (
+    "the laws were fitted on a grid trained at 20 tokens per parameter and this member trains "
+    "at 5; the optimal batch and LR move with the budget"
+  )
+  assert laws_lib.DEFAULT.tokens_per_param is None and laws_lib.DEFAULT.budget_mismatch(5.0) == ""
+  # A sweep member at the laws' budget resolves quietly; one at 5 is warned once per process.
+  monkeypatch.setattr(plan_lib, "_BUDGET_WARNED", set())
+  sweep = experiment.load_experiment(SWEEP)
+  member = sweep.get_config("model=bert,size=d64L2")
+  member.sweep.laws = path
+  assert member.sweep.tokens_per_param == 20.0
+  with caplog.at_level("WARNING"):
+    config_lib.resolve(member)
+  assert "tokens per parameter" not in caplog.text
+  for _ in range(2):
+    member = sweep.get_config("model=bert,size=d64L2")
+    member.sweep.laws, member.sweep.tokens_per_param = path, 5.0
+    with caplog.at_level("WARNING"):
+      config_lib.resolve(member)
+  assert caplog.text.count("trained at 20 tokens per parameter and this member trains at 5") == 1
+  # Both LR and batch set by hand: the laws are not used, nothing to warn about.
+  caplog.clear()
+  monkeypatch.setattr(plan_lib, "_BUDGET_WARNED", set())
+  member = sweep.get_config("model=bert,size=d64L2")
+  member.sweep.laws, member.sweep.tokens_per_param = path, 5.0
+  member.sweep.lr, member.sweep.batch_size = 1e-3, 8
+  with caplog.at_level("WARNING"):
+    config_lib.resolve(member)
+  assert "tokens per parameter" not in caplog.text
+  # The planner's notes say the same for a plan at another budget, and nothing at the laws' own.
+  for budget, noted in (("20", False), ("5", True)):
+    assert planner.main(["--flops", "1e13", "--model", "bert", "--ladder", "all", "--laws", path,
+                         "--tokens_per_param", budget, "--json"]) == 0  # fmt: skip
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("this plan trains at" in n for n in notes) == noted, notes
+  # A grid whose members trained on two budgets is refused, one line naming both; nothing written.
+  os.remove(path)
+  size = SIZES[0]
+  grid_member(
+    root, "extra", size[0], size[1], int(size[2]), 120.0 * size[2] ** 2, 3, 1e-3, 9.0,
+    tokens_per_param=5.0,
+  )  # fmt: skip
+  assert grid_lib.main(["fit", "--grid", root, "--no_plot", "--bootstrap", "0"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and root in err, err
+  assert "different budgets (sweep.tokens_per_param 5, 20)" in err and "one budget at a time" in err
+  assert not os.path.exists(path)

@@ -76,3 +76,9 @@ def test_the_shipped_cpu_laws_are_the_fit_of_the_archived_cpu_grid(model, tmp_pa
       else:
         assert got[field] == value, (law, field)
   assert refit.laws.provenance["runs"] == prov["runs"]
+  # The grid trained at 5 tokens per parameter (added to the shipped provenance on 2026-12-07,
+  # when the fit began recording it); the cpu sweep trains at 20, and its members are told.
+  assert refit.laws.provenance["tokens_per_param"] == prov["tokens_per_param"] == 5.0
+  assert "trained at 5 tokens per parameter and this member trains at 20" in (
+    shipped.budget_mismatch(20.0)
+  )
