@@ -105,6 +105,7 @@ def read_member(workdir: str) -> dict | None:
     "n_definition": sweep.get("n_definition"),
     "compute": float(sweep.get("compute", 0.0)),
     "tokens": int(sweep.get("tokens", 0)),
+    "tokens_per_param": float(sweep.get("tokens_per_param", 0.0) or 0.0),  # the budget
     "steps": total,
     "batch_size": int(cfg["batch_size"]),
     "lr": float(cfg["optim"]["lr"]),

@@ -63,6 +63,7 @@ def describe(spec: str, families: list[str], grid_dir=None, grid_members=None) -
   entry["fitted_compute"] = list(span) if span else None
   entry["overridden"] = list(laws.overridden)
   entry["override_reason"] = laws.override_reason
+  entry["tokens_per_param"] = laws.tokens_per_param  # the grid's budget (None: not recorded)
   # [file, suffix of its copy]: the laws plot (.png) and the grid plot (_grid.png), if they exist
   pairs = zip(plot_paths(path), (".png", "_grid.png")) if path else ()
   entry["plots"] = [[p, suffix] for p, suffix in pairs if os.path.exists(p)]
@@ -86,6 +87,28 @@ def _mismatch(hb: dict, laws: dict) -> list[str]:
     for field, bt in hb.get("laws", {}).items()
     if field in laws and abs(bt["slope"] - laws[field]["alpha"]) > 1e-6 * max(1.0, abs(bt["slope"]))
   ]
+
+
+def budget_line(entry: dict, members: list[dict]) -> str:
+  """The bullet comparing the budget the laws' grid trained at with the budgets of the members
+  that used them ("" when the laws file does not record it); more than BUDGET_TOLERANCE apart is
+  called out: the optimal batch and LR move with the budget."""
+  fitted = entry.get("tokens_per_param")
+  if not fitted:
+    return ""
+  budgets = sorted(
+    {m["tokens_per_param"] for m in members if m.get("laws_spec") == entry["spec"]} - {0.0}
+  )
+  text = f"* Fitted on a grid trained at {fitted:g} tokens per parameter"
+  if budgets:
+    text += f"; the members that used it train at {', '.join(f'{b:g}' for b in budgets)}"
+    far = [b for b in budgets if max(b, fitted) / min(b, fitted) > laws_lib.BUDGET_TOLERANCE]
+    if far:
+      text += (
+        f", more than {laws_lib.BUDGET_TOLERANCE:g}x away: the optimal batch and LR move with the "
+        "budget, so these laws were used outside the budget they were measured at"
+      )
+  return text + "."
 
 
 def section(
@@ -148,6 +171,9 @@ def section(
           f"({max(used_c) / hi:.2g}x the largest fitted C at most)"
         )
       lines.append(f"* {text}.")
+    budget = budget_line(e, members)
+    if budget:
+      lines.append(budget)
     if e["overridden"]:
       lines.append(
         f"* Refused by default; fitted with check(s) {', '.join(e['overridden'])} overridden "

@@ -348,6 +348,7 @@ def test_the_laws_the_members_used_are_shown_with_intervals_range_override_and_p
       provenance={
         "runs": [{"compute": c, "n_params": 1} for c in runs],
         "override_reason": "because" if over else "",
+        "tokens_per_param": 5.0 if model == "bert" else 20.0,  # the grid's budget
       },
       overridden=over,
     )
@@ -358,6 +359,7 @@ def test_the_laws_the_members_used_are_shown_with_intervals_range_override_and_p
   for d in root.iterdir():
     cfg = record_lib.read_config(str(d))
     cfg["sweep"]["laws"] = str(laws_dir / "{model}.json")
+    cfg["sweep"]["tokens_per_param"] = 20.0
     if d.name == "crossbert_d32L2":
       cfg["sweep"]["lr"], cfg["sweep"]["batch_size"] = 1e-3, 4
     members.write_config(str(d), cfg)
@@ -386,6 +388,16 @@ def test_the_laws_the_members_used_are_shown_with_intervals_range_override_and_p
   )
   assert text.count("Refused by default") == 1 and "Source: fit: grid_bert (3 sizes)." in text
   assert f"({max(used['bert']) / 2e10:.2g}x the largest fitted C at most)" in text
+  # The budget the laws' grid trained at against the members': BERT's laws were used 4x away.
+  assert bert["tokens_per_param"] == 5.0 and cross["tokens_per_param"] == 20.0
+  assert (
+    "* Fitted on a grid trained at 5 tokens per parameter; the members that used it train at 20, "
+    "more than 1.5x away: the optimal batch and LR move with the budget" in text
+  )
+  assert (
+    "* Fitted on a grid trained at 20 tokens per parameter; the members that used it train at 20.\n"
+    in text
+  )
   for name in ("laws_bert.png", "laws_bert_grid.png", "laws_crossbert.png"):
     assert (root / "report" / name).read_bytes() == b"png" and f"![{name}]({name})" in text
   # A laws plot that is missing: the grid plot keeps its own name.
