@@ -21,6 +21,9 @@ CENTRE = {
   ("crossbert", "d64L2"): (7, 0.00268),
   ("bert", "d96L3"): (20, 0.00295),
   ("crossbert", "d96L3"): (17, 0.00247),
+  # the refit stage (PLAN.md, 2026-12-06)
+  ("bert", "d128L3"): (52, 0.003271),
+  ("crossbert", "d128L3"): (43, 0.002263),
 }
 
 
@@ -35,6 +38,9 @@ def main() -> int:
   verdicts = []
   for (model, size), (rows, lr) in CENTRE.items():
     group = [m for m in members if m.model == model and m.size == size]
+    if not group:
+      verdicts.append(f"{model} {size}: no run archived yet")
+      continue
     points = sorted({(m.batch_size, m.lr) for m in group})
     by = {(p, s): m.loss for m in group for p in [(m.batch_size, m.lr)] for s in [seed(m)]}
     for p in points:
