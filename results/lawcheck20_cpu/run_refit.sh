@@ -37,6 +37,8 @@ bert d128L3 104 0.003271
 bert d128L3 52 0.0016355
 bert d128L3 52 0.006542
 bert d128L3 104 0.006542
+bert d96L3 80 0.0059
+bert d96L3 40 0.0118
 "
 i=-1
 echo "$RUNS" | while read -r model size rows lr; do
