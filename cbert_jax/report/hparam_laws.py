@@ -102,8 +102,7 @@ def budget_line(entry: dict, members: list[dict]) -> str:
   text = f"* Fitted on a grid trained at {fitted:g} tokens per parameter"
   if budgets:
     text += f"; the members that used it train at {', '.join(f'{b:g}' for b in budgets)}"
-    far = [b for b in budgets if max(b, fitted) / min(b, fitted) > laws_lib.BUDGET_TOLERANCE]
-    if far:
+    if any(laws_lib.budgets_apart(fitted, b) for b in budgets):
       text += (
         f", more than {laws_lib.BUDGET_TOLERANCE:g}x away: the optimal batch and LR move with the "
         "budget, so these laws were used outside the budget they were measured at"

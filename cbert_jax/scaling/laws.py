@@ -30,6 +30,11 @@ OVERRIDDEN_MARK = "; checks overridden: "
 BUDGET_TOLERANCE = 1.5
 
 
+def budgets_apart(fitted: float, used: float) -> bool:
+  """Whether two budgets (tokens per parameter) are more than BUDGET_TOLERANCE times apart."""
+  return max(fitted, used) / min(fitted, used) > BUDGET_TOLERANCE
+
+
 @dataclasses.dataclass(frozen=True)
 class HyperLaws:
   """lr(C) and batch size in tokens B(C) (and, when fitted, the same against N); their source."""
@@ -67,17 +72,16 @@ class HyperLaws:
     value = self.provenance.get("tokens_per_param")
     return float(value) if value else None
 
-  def budget_mismatch(self, tokens_per_param: float) -> str:
-    """A one-line note when a member training at `tokens_per_param` uses laws fitted at a budget
-    more than BUDGET_TOLERANCE times away from it ("" otherwise): the optimal batch and LR move with
-    the budget (docs/scaling.md, "Checked at the sweep's 20 tokens per parameter")."""
+  def budget_mismatch(self, tokens_per_param: float, subject: str = "this member") -> str:
+    """A one-line note when `subject` (a member, a plan) training at `tokens_per_param` uses laws
+    fitted at a budget more than BUDGET_TOLERANCE times away from it ("" otherwise): the optimal
+    batch and LR move with the budget (docs/scaling.md, "Checked at the sweep's 20 tokens per
+    parameter")."""
     fitted = self.tokens_per_param
-    if fitted is None or not tokens_per_param > 0:
-      return ""
-    if max(fitted, tokens_per_param) / min(fitted, tokens_per_param) <= BUDGET_TOLERANCE:
+    if fitted is None or not tokens_per_param > 0 or not budgets_apart(fitted, tokens_per_param):
       return ""
     return (
-      f"the laws were fitted on a grid trained at {fitted:g} tokens per parameter and this member "
+      f"the laws were fitted on a grid trained at {fitted:g} tokens per parameter and {subject} "
       f"trains at {tokens_per_param:g}; the optimal batch and LR move with the budget"
     )
 

@@ -381,9 +381,9 @@ def make_plan(
     note = range_note("the laws were", name, name, x, span, "the LR and batch are an extrapolation")
     if note:
       notes.append(note)
-  mismatch = laws.budget_mismatch(trained / rung.n_params)
+  mismatch = laws.budget_mismatch(trained / rung.n_params, subject="this plan")
   if mismatch:
-    notes.append(mismatch.replace("this member trains", "this plan trains"))
+    notes.append(mismatch)
   if laws.overridden:
     notes.append(
       f"the laws were fitted with checks overridden: {', '.join(laws.overridden)} "
