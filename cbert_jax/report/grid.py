@@ -129,7 +129,7 @@ class FitResult:
 
 
 # ---------------------------------------------------------------------------------- fits ---
-def _edges(best: Member, grid: list[Member]) -> list[str]:
+def edges_of(best: Member, grid: list[Member]) -> list[str]:
   """Where `best` touches the edge of its size's grid: the lowest/highest batch tried, or the
   lowest/highest LR tried at its own batch. The LR edge is judged within the best member's row
   because lr* is located along that row (`grid_vertex`); a grid whose rows try different LRs (the
@@ -188,7 +188,7 @@ def select(
       empty.append(f"{arch} {size}")
       continue
     best = min(done, key=lambda m: m.loss)
-    edges = _edges(best, grid)
+    edges = edges_of(best, grid)
     if edges:
       warnings.append(
         f"{arch} {size}: the best run {best.name} (B {best.batch_size} rows, "

@@ -187,3 +187,18 @@ def test_the_report_prints_a_miss_and_a_p_value_beside_every_exponent(tmp_path, 
     # one optimum per size: no replicates, so no lack-of-fit test, and never called a law
     assert row["lack of fit"] == "- (not testable: one observation per size (no replicates))"
     assert row["reads as"].startswith("a slope over the sizes measured (N ")
+
+
+def test_the_committed_check_of_the_laws_at_20_tokens_per_parameter_is_recomputed(tmp_path):
+  # results/lawcheck20_cpu/check.json (docs/scaling.md's table and verdicts) from the archived
+  # runs beside it, the sweep's points re-derived from the shipped laws the check is about.
+  from cbert_jax.report import lawcheck  # pylint: disable=import-outside-toplevel
+
+  where = os.path.join("results", "lawcheck20_cpu")
+  committed = _load(os.path.join(ROOT, where, lawcheck.CHECK))
+  got = lawcheck.check(os.path.join(ROOT, where), committed["experiment"], committed["laws"])
+  assert committed["grid"] == where and not committed["pending"]
+  got["grid"] = where
+  _close(got, committed)
+  statuses = {f"{g['arch']} {g['size']}": g["status"] for g in committed["groups"]}
+  assert statuses["crossbert d64L2"] == "moved" and statuses["bert d64L2"] == "not moved"
