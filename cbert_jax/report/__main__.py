@@ -1,4 +1,5 @@
-"""`python -m cbert_jax.report --sweep DIR [--grid DIR] [--cms DIR] [--heldout DIR] [--out DIR]`:
+"""`python -m cbert_jax.report --sweep DIR [--grid DIR] [--cms DIR] [--heldout DIR]
+[--lawcheck DIR ...] [--out DIR]`:
 the scaling report of a sweep (report/sweep_report.py), written to report.md, report.json and
 PNGs."""
 
@@ -28,6 +29,13 @@ def main(argv=None) -> int:
     help="a held-out size's directory (predictions.json + its runs): predicted vs measured",
   )
   parser.add_argument(
+    "--lawcheck",
+    action="append",
+    default=[],
+    help="a check of the sweep's LR/batch laws where it used them (check.json of python -m "
+    "cbert_jax.report.lawcheck); shown under the laws it checked; repeatable",
+  )
+  parser.add_argument(
     "--n_boot", type=int, default=loss_surface.N_BOOT, help="bootstrap resamples of the L(N, D) fit"
   )
   parser.add_argument(
@@ -47,6 +55,7 @@ def main(argv=None) -> int:
       command=command,
       progress=None if ns.quiet else Progress(),
       heldout_dir=ns.heldout,
+      lawcheck_dirs=tuple(ns.lawcheck),
     )
   except ReportError as e:
     print(f"report error: {e}", file=sys.stderr)

@@ -13,7 +13,7 @@ import os
 import shutil
 
 from cbert_jax.errors import ConfigError
-from cbert_jax.report import backtest, backtest_text
+from cbert_jax.report import backtest, backtest_text, lawcheck
 from cbert_jax.report.grid import plot_paths
 from cbert_jax.scaling import laws as laws_lib
 
@@ -111,12 +111,13 @@ def budget_line(entry: dict, members: list[dict]) -> str:
 
 
 def section(
-  members: list[dict], out_dir: str, grid_dir=None, grid_members=None
+  members: list[dict], out_dir: str, grid_dir=None, grid_members=None, lawchecks=()
 ) -> tuple[list[str], list[dict]]:
   """The markdown lines of the section and its entries (report.json); each laws file's plots are
   copied into `out_dir` as laws_<name>.png and embedded. With the grid the laws were fitted on
   (`grid_dir`; `grid_members` when already read), each law's leave-one-size-out misses, loss costs
-  and the best constant's beside them."""
+  and the best constant's beside them. `lawchecks`: checks of laws where the sweep used them
+  (`lawcheck.load`), each shown under the laws it checked."""
   entries = [
     describe(spec, fams, grid_dir, grid_members) for spec, fams in sorted(used(members).items())
   ]
@@ -173,6 +174,12 @@ def section(
     budget = budget_line(e, members)
     if budget:
       lines.append(budget)
+    checked = [c for c in (lawcheck.for_spec(c, e["spec"]) for c in lawchecks) if c]
+    e["lawchecks"] = [
+      {"dir": c["dir"], "status": {f"{g['arch']} {g['size']}": g["status"] for g in c["groups"]}}
+      for c in checked
+    ]
+    lines += [lawcheck.summary_line(c) for c in checked]
     if e["overridden"]:
       lines.append(
         f"* Refused by default; fitted with check(s) {', '.join(e['overridden'])} overridden "

@@ -181,6 +181,62 @@ def check(grid: str, experiment_spec: str, laws: str, metric: str = "val_full") 
 
 
 # ------------------------------------------------------------------------------- output ---
+def load(directory: str) -> dict:
+  """check.json in `directory` (written by this command), for the scaling report's laws section;
+  GridError naming the file when it is missing or not a check."""
+  path = os.path.join(directory, CHECK)
+  try:
+    with open(path, encoding="utf-8") as f:
+      result = json.load(f)
+    if not isinstance(result.get("groups"), list) or not result.get("laws"):
+      raise ValueError("no 'groups' or 'laws'")
+  except FileNotFoundError as e:
+    raise GridError(
+      f"--lawcheck: no {path} (write it with python -m cbert_jax.report.lawcheck --grid "
+      f"{directory} ...)"
+    ) from e
+  except (ValueError, AttributeError) as e:
+    raise GridError(f"--lawcheck: {path} is not a check of laws ({e})") from e
+  result["dir"] = directory
+  return result
+
+
+def for_spec(result: dict, spec: str) -> dict | None:
+  """`result` with only the groups whose family read the laws file `spec` (as the members resolved
+  it: "shipped:cpu-bert" for laws "shipped:cpu-{model}"); None when no group did."""
+  from cbert_jax.scaling import laws as laws_lib  # pylint: disable=import-outside-toplevel
+
+  groups = [
+    g
+    for g in result["groups"]
+    if laws_lib.for_model(result["laws"], g["arch"].split("-")[0]) == spec
+  ]
+  return result | {"groups": groups} if groups else None
+
+
+def summary_line(result: dict) -> str:
+  """One bullet for the scaling report: where the laws were checked and each group's verdict."""
+  by_status: dict[str, list[str]] = {}
+  for g in result["groups"]:
+    by_status.setdefault(g["status"], []).append(f"{g['arch']} {g['size']}")
+  parts = []
+  for status in ("moved", "not moved", "open"):
+    if status in by_status:
+      parts.append(f"{status} at {', '.join(by_status[status])}")
+  moved = [g for g in result["groups"] if g["status"] == "moved"]
+  detail = "".join(
+    f" {g['arch']} {g['size']}: best {g['best']['rows']} rows, lr {g['best']['lr']:.3g} against "
+    f"the sweep's {g['centre_point']['rows']} rows, lr {g['centre_point']['lr']:.3g} (seed means "
+    f"{g['means']['best']:.4f} vs {g['means']['centre']:.4f}, seed range {g['seed_range']:.4f})."
+    for g in moved
+  )
+  return (
+    f"* Checked at {result['tokens_per_param']:g} tokens per parameter around the sweep's own "
+    f"points (`{os.path.join(result['dir'], 'check.md')}`; a best moved when its seed mean beats "
+    f"the sweep's point's by more than the seeds' range): {'; '.join(parts)}.{detail}"
+  )
+
+
 def _loss(v: float | None) -> str:
   if v is None:
     return ""

@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-from cbert_jax.report import backtest, backtest_text, heldout, hparam_laws, loss_surface
+from cbert_jax.report import backtest, backtest_text, heldout, hparam_laws, lawcheck, loss_surface
 from cbert_jax.report.fits import (
   ALL_ARCHS,
   ARCHS,
@@ -576,9 +576,11 @@ def write(
   command: str | None = None,
   progress: Progress | None = None,
   heldout_dir: str | None = None,
+  lawcheck_dirs: tuple[str, ...] = (),
 ) -> str:
   """Reads the sweep in `root` (and the controlled CMS experiment in `cms`, the grid in `grid`,
-  the pre-registered held-out size in `heldout_dir`), writes the report files; returns the
+  the pre-registered held-out size in `heldout_dir`, the checks of its laws where it used them in
+  `lawcheck_dirs`), writes the report files; returns the
   markdown's path. `n_boot`, `chinchilla_starts`: the loss
   surface's bootstrap resamples and optimiser starts (default: chinchilla.START_GRID); `command`:
   the command line recorded in the surface files' provenance; `progress`: where the progress
@@ -590,8 +592,19 @@ def write(
   # predicted (from the sweep, committed before the runs) vs measured at a held-out size: read
   # first, so a bad directory is refused before the fits
   held = heldout.check(heldout_dir) if heldout_dir else None
+  try:
+    checks = [lawcheck.load(d) for d in lawcheck_dirs]
+  except GridError as e:
+    raise ReportError(str(e)) from e
   prog.begin(f"reading the sweep {root}")
   members = read_sweep(root, prog.callback("member"))
+  specs = hparam_laws.used(members)
+  for c in checks:
+    if not any(lawcheck.for_spec(c, spec) for spec in specs):
+      raise ReportError(
+        f"--lawcheck {c['dir']}: it checked the laws {c['laws']!r}, which no member of the sweep "
+        f"used (they used: {', '.join(sorted(specs)) or 'none'})"
+      )
   prog.begin("fitting loss and probe laws, with their backtests")
   groups = group(members)
   out_dir = out_dir or os.path.join(root, "report")
@@ -636,7 +649,7 @@ def write(
     plots.append(os.path.join(out_dir, "cms_efficiency.png"))
     plot_cms(members, eff, plots[-1], root)
   prog.begin("hyperparameter laws and their backtests")
-  laws_lines, laws_entries = hparam_laws.section(members, out_dir, grid, grid_members)
+  laws_lines, laws_entries = hparam_laws.section(members, out_dir, grid, grid_members, checks)
   prog.begin(f"writing {out_dir}")
   shown = os.path.relpath(root) if not os.path.relpath(root).startswith("..") else root
   text = markdown(

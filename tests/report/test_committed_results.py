@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 REPORT = os.path.join(ROOT, "docs", "sweep_cpu", "report.json")
 HELDOUT = os.path.join("results", "heldout_cpu")  # predictions.json, check.md and the runs
 CMS = os.path.join(ROOT, "docs", "sweep_cpu", "cms", "cms.json")
+LAWCHECK = os.path.join("results", "lawcheck20_cpu")  # the laws checked at 20 tokens/param
 CMS_FAIR = os.path.join(ROOT, "results", "cms_fair_cpu")  # grid/, compare/ and report/
 MEMBER_KEYS = ("seed", "n_params", "compute", "tokens", "steps", "batch_size", "lr", "final_loss")
 
@@ -153,8 +154,16 @@ def test_the_report_prints_a_miss_and_a_p_value_beside_every_exponent(tmp_path, 
     n_boot=0,  # the loss surface's bootstrap: not what is checked here
     chinchilla_starts=[(6.0, 6.8, 0.4, 0.35, 0.3)],
     heldout_dir=HELDOUT,
+    lawcheck_dirs=(LAWCHECK,),
   )
   text = open(path, encoding="utf-8").read()
+  # The check of the laws at the sweep's budget, under the laws it checked (each family its own)
+  lines = text.splitlines()
+  checked = [i for i, line in enumerate(lines) if line.startswith("* Checked at 20 tokens")]
+  assert len(checked) == 2, checked
+  assert "moved at crossbert d64L2;" in lines[checked[1]] and " bert " not in lines[checked[1]]
+  assert "not moved at bert d64L2, bert d96L3" in lines[checked[0]]
+  assert lines[checked[0] - 1].startswith("* Fitted on a grid trained at 5 tokens per parameter")
   # The held-out size's check: the committed check.md's table, recomputed from the archived runs
   # and the predictions file, is in the report.
   held = text.split("## Held-out size: pre-registered prediction vs measured", 1)[1]
@@ -194,7 +203,7 @@ def test_the_committed_check_of_the_laws_at_20_tokens_per_parameter_is_recompute
   # runs beside it, the sweep's points re-derived from the shipped laws the check is about.
   from cbert_jax.report import lawcheck  # pylint: disable=import-outside-toplevel
 
-  where = os.path.join("results", "lawcheck20_cpu")
+  where = LAWCHECK
   committed = _load(os.path.join(ROOT, where, lawcheck.CHECK))
   got = lawcheck.check(os.path.join(ROOT, where), committed["experiment"], committed["laws"])
   assert committed["grid"] == where and not committed["pending"]
@@ -202,3 +211,27 @@ def test_the_committed_check_of_the_laws_at_20_tokens_per_parameter_is_recompute
   _close(got, committed)
   statuses = {f"{g['arch']} {g['size']}": g["status"] for g in committed["groups"]}
   assert statuses["crossbert d64L2"] == "moved" and statuses["bert d64L2"] == "not moved"
+
+
+def test_a_check_of_laws_the_sweep_did_not_use_is_refused_before_the_fits(tmp_path, monkeypatch):
+  monkeypatch.chdir(ROOT)
+  check = _load(os.path.join(LAWCHECK, "check.json"))
+  check["laws"] = "shipped:other-{model}"
+  os.makedirs(tmp_path / "check")
+  with open(tmp_path / "check" / "check.json", "w") as f:
+    json.dump(check, f)
+  with pytest.raises(report.ReportError) as e:
+    report.write(
+      os.path.join("results", "sweep_cpu"),
+      str(tmp_path / "out"),
+      lawcheck_dirs=(str(tmp_path / "check"),),
+    )
+  assert "it checked the laws 'shipped:other-{model}', which no member of the sweep used" in str(
+    e.value
+  )
+  assert "(they used: shipped:cpu-bert, shipped:cpu-crossbert)" in str(e.value)
+  assert not os.path.exists(tmp_path / "out" / "report.md")
+  with pytest.raises(report.ReportError, match=r"--lawcheck: no .*check.json"):
+    report.write(
+      os.path.join("results", "sweep_cpu"), str(tmp_path / "out"), lawcheck_dirs=(str(tmp_path),)
+    )
