@@ -180,6 +180,38 @@ def check(grid: str, experiment_spec: str, laws: str, metric: str = "val_full") 
   }
 
 
+# ---------------------------------------------------------------------------- next runs ---
+# Beyond a best on an edge: one grid step (x2 or x1/2) along that edge at the best's other
+# coordinate (PLAN.md's edge rule); "1 row" and "only one ... tried" have no automatic next point
+# (no grid goes below 1 row; a group with one point needs its planned grid first).
+_BEYOND = {
+  "highest lr": lambda rows, lr: (rows, lr * 2),
+  "lowest lr": lambda rows, lr: (rows, lr / 2),
+  "highest batch": lambda rows, lr: (rows * 2, lr),
+  "lowest batch": lambda rows, lr: (int(rows / 2 + 0.5), lr) if rows > 1 else None,
+}
+
+
+def next_runs(group: dict) -> list[tuple[int, float, int]]:
+  """(rows, lr, seed) the decision rule asks for next in one judged group (`judge`'s output with
+  "arch" and "size"): a point beyond each edge the seed-0 best sits on, else seed 1 of the best
+  and of the sweep's point where missing; [] once the group is decided or when no rule applies."""
+  if group["status"] != "open" or not group.get("best"):
+    return []
+  best = (group["best"]["rows"], group["best"]["lr"])
+  if group.get("edges"):
+    out = []
+    for edge in group["edges"]:
+      step = _BEYOND.get(edge.split(" (")[0])
+      point = step(*best) if step else None
+      if point and point not in out:
+        out.append(point)
+    return [(rows, lr, 0) for rows, lr in out]
+  centre = (group["centre_point"]["rows"], group["centre_point"]["lr"])
+  seeded = {(p["rows"], p["lr"]) for p in group["points"] if "1" in p["losses"]}
+  return [(rows, lr, 1) for rows, lr in (best, centre) if (rows, lr) not in seeded]
+
+
 # ------------------------------------------------------------------------------- output ---
 def load(directory: str) -> dict:
   """check.json in `directory` (written by this command), for the scaling report's laws section;
@@ -305,10 +337,28 @@ def main(argv=None) -> int:
   )
   p.add_argument("--out", default=None, help="where check.json/.md and grid.png go (the grid)")
   p.add_argument("--no_plot", action="store_true", help="skip grid.png")
+  p.add_argument(
+    "--next",
+    action="store_true",
+    help="print the runs the rule asks for next, one 'model size rows lr seed' per line, and "
+    "write nothing (a runner's input)",
+  )
+  p.add_argument(
+    "--wait_for",
+    action="append",
+    default=[],
+    help="with --next: model:size whose planned runs are not all finished (no next runs for it)",
+  )
   ns = p.parse_args(argv)
   out = ns.out or ns.grid
   try:
     result = check(ns.grid, ns.experiment, ns.laws)
+    if ns.next:
+      for g in result["groups"]:  # arch: bert | crossbert | crossbert-nocms (without CMS)
+        if f"{g['arch']}:{g['size']}" not in ns.wait_for:
+          for rows, lr, seed in next_runs(g):
+            print(f"{g['arch']} {g['size']} {rows} {lr:.6g} {seed}")
+      return 0
     os.makedirs(out, exist_ok=True)
     text = markdown(result)
     with open(os.path.join(out, CHECK), "w") as f:

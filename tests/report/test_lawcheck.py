@@ -163,3 +163,43 @@ def test_the_cli_writes_the_check_and_refuses_a_grid_at_another_budget(tmp_path,
   assert err.startswith("lawcheck error: --grid") and len(err.strip().splitlines()) == 1
   assert "trained at [5.0] tokens per parameter and the sweep" in err
   assert not os.path.exists(other / "check.json")
+
+
+def test_the_next_runs_are_the_rules_edge_points_then_the_second_seeds(tmp_path, capsys):
+  rows0, lr0 = CENTRE
+  corner = _cross(best=((14, lr0 * 2, 0), 4.9))
+  group = lawcheck.judge(_group(tmp_path / "corner", corner), CENTRE)
+  assert lawcheck.next_runs(group) == [
+    (14, pytest.approx(lr0 * 4), 0),
+    (28, pytest.approx(lr0 * 2), 0),
+  ]
+  low = _cross(best=((3, lr0 / 2, 0), 4.9))  # 7 // 2 = 3 rows: the lowest batch and LR
+  group = lawcheck.judge(_group(tmp_path / "low", low), CENTRE)
+  assert lawcheck.next_runs(group) == [
+    (3, pytest.approx(lr0 / 4), 0),
+    (2, pytest.approx(lr0 / 2), 0),
+  ]
+  # interior after the edge points: seed 1 of the best and of the sweep's point
+  widened = lawcheck.judge(_group(tmp_path / "widened", corner | BEYOND), CENTRE)
+  assert lawcheck.next_runs(widened) == [
+    (14, pytest.approx(lr0 * 2), 1),
+    (7, pytest.approx(lr0), 1),
+  ]
+  half = lawcheck.judge(_group(tmp_path / "half", corner | BEYOND | {(*CENTRE, 1): 5.0}), CENTRE)
+  assert lawcheck.next_runs(half) == [(14, pytest.approx(lr0 * 2), 1)]
+  # decided (either way), or a lone point: nothing more
+  done = corner | BEYOND | {(*CENTRE, 1): 5.0, (14, lr0 * 2, 1): 4.91}
+  decided = lawcheck.judge(_group(tmp_path / "done", done), CENTRE)
+  assert decided["status"] == "moved" and lawcheck.next_runs(decided) == []
+  alone = lawcheck.judge(_group(tmp_path / "alone", {(*CENTRE, 0): 5.0}), CENTRE)
+  assert lawcheck.next_runs(alone) == []
+  # the CLI prints them for a runner, and none for a group it is told to wait for
+  argv = ["--grid", str(tmp_path / "corner"), "--experiment", CPU, "--laws", LAWS, "--next"]
+  assert lawcheck.main(argv) == 0
+  assert capsys.readouterr().out.splitlines() == [
+    "bert d64L2 14 0.01052 0",
+    "bert d64L2 28 0.00526 0",
+  ]
+  assert lawcheck.main([*argv, "--wait_for", "bert:d64L2"]) == 0
+  assert capsys.readouterr().out == ""
+  assert not os.path.exists(tmp_path / "corner" / "check.json")
