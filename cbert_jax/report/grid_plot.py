@@ -17,7 +17,7 @@ CI_LEVEL = fit_lib.LEVEL  # the bands' level (as the laws' intervals)
 MARKERS = {"bert": "o", "crossbert": "s", "crossbert-nocms": "^"}
 
 
-def _mpl_cache_dir() -> str:
+def mpl_cache_dir() -> str:
   """matplotlib's font cache: the package's cache ($CBERT_JAX_CACHE or ~/.cache/cbert_jax), not
   the plots' folder (laws may be written into the package or the repo's results/)."""
   return os.path.join(fetch.cache_root(), "matplotlib")
@@ -52,7 +52,7 @@ def draw(
   its final loss above the best of its size (the lowest over the other hyperparameter where
   several share an x, y), diverged points as grey crosses, the best grid points as stars, the
   located optima the laws are fitted to (`grid_vertex`) as red diamonds."""
-  Figure, FigureCanvasAgg = plotting.matplotlib_classes(_mpl_cache_dir())  # pylint: disable=invalid-name
+  Figure, FigureCanvasAgg = plotting.matplotlib_classes(mpl_cache_dir())  # pylint: disable=invalid-name
   # After plotting's first import, the rest of matplotlib imports as usual.
   import matplotlib  # pylint: disable=import-outside-toplevel
   from matplotlib import cm, colors  # pylint: disable=import-outside-toplevel
@@ -152,7 +152,7 @@ def draw_curves(optima: list[Optimum], path: str, metric: str = "val_full") -> N
   (log x), one line per batch size; the size's best run starred, diverged runs as crosses on the
   panel's top edge, the located lr* (what the law is fitted to) as a red dotted line. What the
   optima in laws.png were chosen from."""
-  Figure, FigureCanvasAgg = plotting.matplotlib_classes(_mpl_cache_dir())  # pylint: disable=invalid-name
+  Figure, FigureCanvasAgg = plotting.matplotlib_classes(mpl_cache_dir())  # pylint: disable=invalid-name
   import matplotlib  # pylint: disable=import-outside-toplevel
   from matplotlib import ticker  # pylint: disable=import-outside-toplevel
 
