@@ -23,6 +23,16 @@ def mpl_cache_dir() -> str:
   return os.path.join(fetch.cache_root(), "matplotlib")
 
 
+def law_axes(ax, xkey: str, ylabel: str) -> None:
+  """A law panel's axes: log-log, x training compute (xkey "compute") or N ("n_params")."""
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlabel("training compute C (FLOPs)" if xkey == "compute" else "N (parameters)")
+  ax.set_ylabel(ylabel)
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend(fontsize=7, loc="best")
+
+
 def _band(x, y, xs, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
   """Bootstrap percentile band of the fitted line at `xs` (exact or `n_boot` draws, as the
   laws' intervals; None without a bootstrap)."""
@@ -127,12 +137,7 @@ def draw(
       lw=1.2,
       label=f"{law.a:.3g} {'C' if xkey == 'compute' else 'N'}^{law.alpha:.3f}{ci}",
     )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("training compute C (FLOPs)" if xkey == "compute" else "N (parameters)")
-    ax.set_ylabel(ylabel)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    law_axes(ax, xkey, ylabel)
   fig.colorbar(
     cm.ScalarMappable(norm=norm, cmap=cmap),
     ax=fig.axes,

@@ -140,10 +140,10 @@ def markdown(result: dict) -> str:
 
 def draw(specs: list[str], path: str) -> None:
   """The figure: lr* and B* against C (top row) and N (bottom row), one colour per laws file."""
-  from cbert_jax.report.grid_plot import MARKERS, mpl_cache_dir  # pylint: disable=import-outside-toplevel
+  from cbert_jax.report import grid_plot  # pylint: disable=import-outside-toplevel
   from cbert_jax.run import plotting  # pylint: disable=import-outside-toplevel
 
-  Figure, FigureCanvasAgg = plotting.matplotlib_classes(mpl_cache_dir())  # pylint: disable=invalid-name
+  Figure, FigureCanvasAgg = plotting.matplotlib_classes(grid_plot.mpl_cache_dir())  # pylint: disable=invalid-name
   loaded = {s: _laws_of(s) for s in specs}
   optima = {s: _optima(laws) for s, laws in loaded.items()}
   fig = Figure(figsize=(11, 8.5), layout="constrained")
@@ -156,7 +156,9 @@ def draw(specs: list[str], path: str) -> None:
       for s, colour in zip(specs, colours):
         pts = sorted(optima[s].items(), key=lambda kv: kv[1][axis])
         for (model, _), o in pts:
-          ax.scatter([o[axis]], [o[q]], color=colour, marker=MARKERS.get(model, "o"), s=40)
+          ax.scatter(
+            [o[axis]], [o[q]], color=colour, marker=grid_plot.MARKERS.get(model, "o"), s=40
+          )
         law = _law(loaded[s], q, axis)
         lo, hi = pts[0][1][axis], pts[-1][1][axis]
         inside = (xs_all >= lo) & (xs_all <= hi)
@@ -168,12 +170,7 @@ def draw(specs: list[str], path: str) -> None:
           lw=1.6,
           label=f"{_label(s, loaded[s])}: {law.a:.3g} {xname}^{law.alpha:.3f}",
         )
-      ax.set_xscale("log")
-      ax.set_yscale("log")
-      ax.set_xlabel("training compute C (FLOPs)" if axis == "compute" else "N (parameters)")
-      ax.set_ylabel(qname)
-      ax.grid(True, which="both", alpha=0.3)
-      ax.legend(fontsize=7)
+      grid_plot.law_axes(ax, axis, qname)
   fig.suptitle(
     "LR/batch laws fitted at different budgets: located optima (points), fits (solid over their "
     "own points, dotted beyond)",
