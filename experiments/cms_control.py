@@ -20,7 +20,8 @@ Design, fixed before any member ran (commit history: this file precedes its runs
   * Sizes: d64L2 and d96L3 of the cpu ladder (N 197k and 443k non-embedding parameters); seeds
     0 and 1 (`config.seed`: initialisation, data order and masks). 2 x 2 x 2 = 8 members.
   * Identical batch, peak LR, schedule and steps in both arms: those experiments/sweep.py's cpu
-    scale plans for the CrossBERT+CMS member of the size (its laws at the CMS member's compute),
+    scale plans for the CrossBERT+CMS member of the size (its laws at the CMS member's compute;
+    the laws it used then, `LAWS`, pinned since the cpu scale's CrossBERT moved to its refit),
     set explicitly (`sweep.batch_size`, `sweep.lr`) in both; the budget is the sweep's 20 tokens
     per parameter, so both arms see the same data tokens in the same number of steps (the no-CMS
     arm spends fewer FLOPs on them: its predictor decodes half the tokens once, CMS's all).
@@ -99,10 +100,22 @@ def get_sweep(arg=None) -> list[str]:
   return [member_arg(size, cms, seed) for seed in SEEDS for size in SIZES for cms in ARMS]
 
 
+# The laws the cpu sweep planned with when this experiment ran (2026-12-05; results/cms_control),
+# pinned: the cpu scale's CrossBERT reads the laws refitted at 20 tokens per parameter since.
+LAWS = SWEEP.CPU_LAWS
+
+
+def _sweep_member(size: str):
+  c = SWEEP.get_config(SWEEP.member_arg(SCALE, "crossbert", size))
+  c.sweep.laws = LAWS
+  return c
+
+
 @functools.cache
 def cms_plan(size: str) -> tuple[int, float, int]:
-  """(rows, peak lr, total steps) the cpu sweep plans for its CrossBERT+CMS member of `size`."""
-  c = config_lib.resolve(SWEEP.get_config(SWEEP.member_arg(SCALE, "crossbert", size)))
+  """(rows, peak lr, total steps) the cpu sweep planned for its CrossBERT+CMS member of `size`
+  under `LAWS`."""
+  c = config_lib.resolve(_sweep_member(size))
   return int(c.batch_size), float(c.optim.lr), int(c.total_steps)
 
 
@@ -126,7 +139,7 @@ def get_config(arg=None):
       f"experiments/cms_control.py: seed must be one of {', '.join(map(str, SEEDS))}, got {a.seed}"
     )
   rows, lr, steps = cms_plan(a.size)
-  c = SWEEP.get_config(SWEEP.member_arg(SCALE, "crossbert", a.size))
+  c = _sweep_member(a.size)
   c.name = f"cms_control/{workdir_name(arg)}"
   c.sweep.experiment = __file__
   c.sweep.arg = arg

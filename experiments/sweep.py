@@ -31,13 +31,21 @@ Scales:
   quick  3 sizes (d32L2 d64L2 d96L3) x {BERT, CrossBERT+CMS} at 5 tokens per parameter with the
          probe suite capped at 2000 training texts per task: under 30 minutes.
 
-LR and batch laws: `cpu` and `quick` use the laws fitted on the cpu grid (experiments/
-hparam_grid.py:cpu), one per family, shipped in the package (`shipped:cpu-{model}`:
-cbert_jax/scaling/fitted/cpu-bert.json, cpu-crossbert.json, with their provenance and plots;
-CrossBERT without CMS reads CrossBERT's). Their implausible-exponent check was overridden by a
-rule fixed before the final fit (docs/scaling.md). `paper` keeps the published defaults
-(DeepSeek LLM's, fitted on decoders) until the paper grid (experiments/hparam_grid.py:paper) is
-run and fitted: --config.sweep.laws=<its laws.json>.
+LR and batch laws (`LAWS`, per scale and family; CrossBERT without CMS reads CrossBERT's), fits
+shipped in the package (cbert_jax/scaling/fitted/, with their provenance and plots):
+  cpu      CrossBERT: `shipped:cpu20-{model}` (cpu20-crossbert), refitted on a batch x LR grid
+           at the sweep's own 20 tokens per parameter (results/lawcheck20_cpu, issue 36), where
+           its optimum at d64L2 had moved from what the 5-tokens-per-parameter laws gave; BERT:
+           `shipped:cpu-{model}` until its own refit at 20 lands (its optimum had not moved at
+           d64L2 or d96L3).
+  quick    `shipped:cpu-{model}`: the cpu grid's fits (experiments/hparam_grid.py:cpu), trained at
+           5 tokens per parameter, the quick scale's own budget. Their implausible-exponent check
+           was overridden by a rule fixed before the final fit (docs/scaling.md).
+  heldout  `shipped:cpu-{model}`, pinned: its predictions were made for the LR and batch those give.
+  paper    the published defaults (DeepSeek LLM's, fitted on decoders) until the paper grid
+           (experiments/hparam_grid.py:paper) is run and fitted: --config.sweep.laws=<laws.json>.
+results/sweep_cpu (2026-12-05) was trained with `shipped:cpu-{model}` for both families; to train
+it again as it was: --config.sweep.laws='shipped:cpu-{model}'.
 """
 
 from cbert_jax import config_lib
@@ -75,8 +83,15 @@ CPU_SIZES = ("d32L2", "d64L2", "d96L3", "d128L3")
 # The cpu sweep's held-out size: predicted from the cpu sweep before it was trained (issue 36;
 # results/heldout_cpu/predictions.md), then trained with the cpu scale's setup.
 HELDOUT_SIZES = ("d160L3",)
-# The cpu and quick scales' LR and batch laws: the cpu grid's fits, per family ({model})
+# The cpu grid's fits at 5 tokens per parameter, per family ({model}): what results/sweep_cpu and
+# the held-out size were trained with
 CPU_LAWS = "shipped:cpu-{model}"
+# Each scale's LR and batch laws per family (docstring); paper: none (the published defaults)
+LAWS = {
+  "cpu": {"bert": CPU_LAWS, "crossbert": "shipped:cpu20-{model}"},
+  "heldout": {"bert": CPU_LAWS, "crossbert": CPU_LAWS},
+  "quick": {"bert": CPU_LAWS, "crossbert": CPU_LAWS},
+}
 
 SCALES = {
   # scale: BERT sizes, CrossBERT+CMS sizes, controls (model, size, cms), tokens per parameter
@@ -217,7 +232,7 @@ def get_config(arg=None):
     c.log_every = 50
     c.eval_batches = 16
   else:
-    c.sweep.laws = CPU_LAWS  # fitted on the cpu grid, one law per family (docstring)
+    c.sweep.laws = LAWS[scale][a.model]  # this scale's fit for this family (docstring)
     c.data.corpus = "offline_small"
     c.data.vocab_size = 4096
     c.data.seq_len = 128

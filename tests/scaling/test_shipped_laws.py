@@ -14,6 +14,19 @@ from tests.members import SIZES, make_grid
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _assert_same_laws(got_laws, want_laws) -> None:
+  """Every constant and interval of the four laws equal up to float rounding (another CPU's
+  libm/BLAS moves the last bits, 1e-15 relative)."""
+  for law in ("lr", "batch_tokens", "lr_n", "batch_tokens_n"):
+    got, want = getattr(got_laws, law).to_dict(), getattr(want_laws, law).to_dict()
+    assert got.keys() == want.keys(), law
+    for field, value in want.items():
+      if isinstance(value, float) or (isinstance(value, (list, tuple)) and value):
+        assert got[field] == pytest.approx(value, rel=1e-9), (law, field)
+      else:
+        assert got[field] == value, (law, field)
+
+
 def test_shipped_laws_load_by_name_and_unknown_names_are_listed(tmp_path, monkeypatch):
   root = str(tmp_path / "grid")
   make_grid(root, SIZES[:3])
@@ -66,15 +79,7 @@ def test_the_shipped_cpu_laws_are_the_fit_of_the_archived_cpu_grid(model, tmp_pa
     exclude=[f"{model}:d32L2"],
   )
   assert not refit.skipped
-  for law in ("lr", "batch_tokens", "lr_n", "batch_tokens_n"):
-    # Equal up to float rounding: another CPU's libm/BLAS moves the last bits (1e-15 relative).
-    got, want = getattr(refit.laws, law).to_dict(), getattr(shipped, law).to_dict()
-    assert got.keys() == want.keys(), law
-    for field, value in want.items():
-      if isinstance(value, float) or (isinstance(value, (list, tuple)) and value):
-        assert got[field] == pytest.approx(value, rel=1e-9), (law, field)
-      else:
-        assert got[field] == value, (law, field)
+  _assert_same_laws(refit.laws, shipped)
   assert refit.laws.provenance["runs"] == prov["runs"]
   # The grid trained at 5 tokens per parameter (added to the shipped provenance on 2026-12-07,
   # when the fit began recording it); the cpu sweep trains at 20, and its members are told.
@@ -82,3 +87,28 @@ def test_the_shipped_cpu_laws_are_the_fit_of_the_archived_cpu_grid(model, tmp_pa
   assert "trained at 5 tokens per parameter and this member trains at 20" in (
     shipped.budget_mismatch(20.0)
   )
+
+
+def test_the_shipped_crossbert_refit_at_20_is_the_fit_of_the_archived_check_grid(tmp_path):
+  # cpu20-crossbert (the cpu sweep's CrossBERT laws since 2026-12-07) was fitted on the check at
+  # 20 tokens per parameter, results/lawcheck20_cpu, by the command in its provenance, with every
+  # check passed (nothing overridden, nothing excluded): the archive must give it again.
+  shipped = laws_lib.load("shipped:cpu20-crossbert")
+  prov = shipped.provenance
+  assert prov["grid"] == "results/lawcheck20_cpu" and prov["tokens_per_param"] == 20.0
+  assert shipped.overridden == () and not prov["excluded"]
+  assert all(c["passed"] for c in prov["checks"].values())
+  assert prov["optimum"] == "vertex" and prov["metric"] == "val_full"
+  assert shipped.budget_mismatch(20.0) == "" and shipped.budget_mismatch(5.0)
+  refit = grid_lib.fit_grid(
+    os.path.join(ROOT, "results", "lawcheck20_cpu"),
+    str(tmp_path / "cpu20-crossbert.json"),
+    model="crossbert",
+    n_boot=prov["n_bootstrap"],
+    seed=prov["seed"],
+    plot=False,
+  )
+  _assert_same_laws(refit.laws, shipped)
+  assert [r["name"] for r in refit.laws.provenance["runs"]] == [r["name"] for r in prov["runs"]]
+  # the sizes it was fitted on: each optimum interior, located between grid points
+  assert [r["size"] for r in prov["runs"]] == ["d64L2", "d96L3", "d128L3"]

@@ -1,6 +1,7 @@
 """experiments/sweep.py and the member plan: every member resolves and validates, budgets and
 hyperparameters follow the laws (the scaling report's tests: tests/report/test_report.py)."""
 
+import json
 import math
 import os
 
@@ -79,7 +80,10 @@ def test_the_heldout_members_are_the_cpu_sweep_at_another_size():
     follows = {"checkpoint_every", "eval_every"}
     assert differ - follows == {"name", "model", "sweep", "total_steps", "batch_size", "optim"}
     assert {k for k in cpu["optim"] if cpu["optim"][k] != held["optim"][k]} == {"lr"}
-    assert held["sweep"]["laws"] == cpu["sweep"]["laws"] and held["data"] == cpu["data"]
+    assert held["data"] == cpu["data"]
+    # the laws the predictions were made for, pinned; the cpu scale's CrossBERT reads its refit
+    assert held["sweep"]["laws"] == exp.CPU_LAWS == "shipped:cpu-{model}"
+    assert cpu["sweep"]["laws"] == exp.LAWS["cpu"][model]
 
 
 def test_cms_control_arms_differ_only_in_cms_and_seed():
@@ -91,7 +95,9 @@ def test_cms_control_arms_differ_only_in_cms_and_seed():
   names = [cc.workdir_name(a) for a in args]
   assert len(set(names)) == 8 and "crossbert-nocms_d96L3_s1" in names
   cfgs = {n: config_lib.resolve(cc.get_config(a)) for n, a in zip(names, args)}
-  sweep_cms = config_lib.resolve(experiment().get_config("scale=cpu,model=crossbert,size=d64L2"))
+  sweep_cms = experiment().get_config("scale=cpu,model=crossbert,size=d64L2")
+  sweep_cms.sweep.laws = cc.LAWS  # pinned: what the cpu sweep planned with when this ran
+  sweep_cms = config_lib.resolve(sweep_cms)
   for size in cc.SIZES:
     cms, nocms = cfgs[f"crossbert_{size}_s0"], cfgs[f"crossbert-nocms_{size}_s0"]
     for c in (cms, nocms, cfgs[f"crossbert_{size}_s1"]):
@@ -102,6 +108,16 @@ def test_cms_control_arms_differ_only_in_cms_and_seed():
     assert cms.sweep.compute > nocms.sweep.compute  # the same tokens cost CMS more FLOPs
     assert cfgs[f"crossbert_{size}_s1"].seed == 1
   assert cc.cms_plan("d64L2") == (sweep_cms.batch_size, sweep_cms.optim.lr, sweep_cms.total_steps)
+  # ... which is what the archived experiment trained (results/cms_control), config and all
+  for name, c in cfgs.items():
+    with open(os.path.join(ROOT, "results", "cms_control", name, "config.json")) as f:
+      archived = json.load(f)["config"]
+    assert (c.batch_size, c.optim.lr, c.total_steps) == (
+      archived["batch_size"],
+      archived["optim"]["lr"],
+      archived["total_steps"],
+    ), name
+    assert c.sweep.laws == archived["sweep"]["laws"] == "shipped:cpu-{model}", name
   whole = cc.get_config()
   assert whole.mode == "sweep" and not whole.sweep.report
   # `:cpu` (the scale launch.sweep needs named) is the whole experiment too
@@ -167,9 +183,9 @@ def test_member_plan_arithmetic_follows_budget_and_laws():
   n = flops.param_counts("crossbert", model_cfg).non_embedding
   assert c.sweep.n_params == n and c.sweep.target_tokens == math.ceil(20 * n)
   per_token = flops.flops_per_token("crossbert", model_cfg, mask_cfg, 128)
-  # the cpu scale's laws: the cpu grid's CrossBERT fit, shipped in the package
-  assert c.sweep.laws == "shipped:cpu-{model}"
-  shipped = laws_lib.load("shipped:cpu-crossbert")
+  # the cpu scale's CrossBERT laws: the refit at its own 20 tokens per parameter, shipped
+  assert c.sweep.laws == "shipped:cpu20-{model}"
+  shipped = laws_lib.load("shipped:cpu20-crossbert")
   assert c.sweep.laws_source == shipped.source != laws_lib.DEFAULT.source
   lr, rows = laws_lib.suggest(shipped, per_token * c.sweep.target_tokens, 128)
   assert c.batch_size == rows and c.optim.lr == pytest.approx(lr)
