@@ -41,6 +41,7 @@ import sys
 from cbert_jax.errors import ConfigError
 from cbert_jax.report import grid as grid_lib
 from cbert_jax.report.grid_read import GridError, Member, read_grid
+from cbert_jax.scaling import laws as laws_lib
 
 LR_MATCH = 0.02  # relative: the grid point that is the sweep's point (grid LRs are factors 2 apart)
 CHECK = "check.json"
@@ -141,11 +142,17 @@ def judge(members: list[Member], centre: tuple[int, float] | None) -> dict:
   }
 
 
-def check(grid: str, experiment_spec: str, laws: str, metric: str = "val_full") -> dict:
-  """Every (family, size) group of the grid judged against the experiment's points under `laws`."""
-  from cbert_jax.scaling import laws as laws_lib  # pylint: disable=import-outside-toplevel
+def _family(arch: str) -> str:
+  """The family whose laws an arch reads ("crossbert-nocms" -> "crossbert")."""
+  return arch.split("-")[0]
 
-  members = read_grid(grid, metric)
+
+def check(
+  grid: str, experiment_spec: str, laws: str, metric: str = "val_full", members=None
+) -> dict:
+  """Every (family, size) group of the grid judged against the experiment's points under `laws`.
+  `members`: the grid as `read_grid(grid, metric)` returns it, when already read."""
+  members = read_grid(grid, metric) if members is None else members
   finished = [m for m in members if m.state in ("done", "diverged")]
   pending = sorted(m.name for m in members if m.state not in ("done", "diverged"))
   centres = sweep_points(experiment_spec, laws)
@@ -159,7 +166,7 @@ def check(grid: str, experiment_spec: str, laws: str, metric: str = "val_full") 
     )
   fitted = {}
   for arch in sorted({m.arch for m in finished}):
-    loaded = laws_lib.load(laws_lib.for_model(laws, arch.split("-")[0]))
+    loaded = laws_lib.load(laws_lib.for_model(laws, _family(arch)))
     fitted[arch] = loaded.tokens_per_param
   groups = []
   sizes = {(m.arch, m.size): m.n_params for m in finished}
@@ -236,12 +243,8 @@ def load(directory: str) -> dict:
 def for_spec(result: dict, spec: str) -> dict | None:
   """`result` with only the groups whose family read the laws file `spec` (as the members resolved
   it: "shipped:cpu-bert" for laws "shipped:cpu-{model}"); None when no group did."""
-  from cbert_jax.scaling import laws as laws_lib  # pylint: disable=import-outside-toplevel
-
   groups = [
-    g
-    for g in result["groups"]
-    if laws_lib.for_model(result["laws"], g["arch"].split("-")[0]) == spec
+    g for g in result["groups"] if laws_lib.for_model(result["laws"], _family(g["arch"])) == spec
   ]
   return result | {"groups": groups} if groups else None
 
@@ -315,11 +318,12 @@ def markdown(result: dict) -> str:
   return "\n".join(lines)
 
 
-def plot(grid: str, path: str, metric: str = "val_full") -> None:
-  """grid.png: seed 0's final loss against LR, one line per batch, one panel per (family, size)."""
+def plot(members: list[Member], path: str, metric: str = "val_full") -> None:
+  """grid.png: seed 0's final loss against LR, one line per batch, one panel per (family, size)
+  of the grid `members` (`read_grid`)."""
   from cbert_jax.report import grid_plot  # pylint: disable=import-outside-toplevel
 
-  seed0 = [m for m in read_grid(grid, metric) if m.seeds == (0,)]
+  seed0 = [m for m in members if m.seeds == (0,)]
   optima, _, _ = grid_lib.select(seed0, optimum="argmin")
   grid_plot.draw_curves(optima, path, metric)
 
@@ -352,7 +356,8 @@ def main(argv=None) -> int:
   ns = p.parse_args(argv)
   out = ns.out or ns.grid
   try:
-    result = check(ns.grid, ns.experiment, ns.laws)
+    members = read_grid(ns.grid)
+    result = check(ns.grid, ns.experiment, ns.laws, members=members)
     if ns.next:
       for g in result["groups"]:  # arch: bert | crossbert | crossbert-nocms (without CMS)
         if f"{g['arch']}:{g['size']}" not in ns.wait_for:
@@ -366,7 +371,7 @@ def main(argv=None) -> int:
     with open(os.path.join(out, "check.md"), "w") as f:
       f.write(text + "\n")
     if not ns.no_plot:
-      plot(ns.grid, os.path.join(out, "grid.png"))
+      plot(members, os.path.join(out, "grid.png"))
   except (GridError, ConfigError) as e:
     print(f"lawcheck error: {e}", file=sys.stderr)
     return 2

@@ -59,11 +59,16 @@ def _law(laws: laws_lib.HyperLaws, quantity: str, axis: str):
   return getattr(laws, quantity if axis == "compute" else f"{quantity}_n")
 
 
-def compare(specs: list[str]) -> dict:
-  """The numbers of the comparison (see the module docstring) for the laws files `specs`."""
+def load_all(specs: list[str]) -> dict[str, laws_lib.HyperLaws]:
+  """{spec: its laws} for the laws files to compare (two or more, each a grid fit)."""
   if len(specs) < 2:
     raise ConfigError(f"--laws: give two or more laws files to compare, got {len(specs)}")
-  loaded = {s: _laws_of(s) for s in specs}
+  return {s: _laws_of(s) for s in specs}
+
+
+def compare(loaded: dict[str, laws_lib.HyperLaws]) -> dict:
+  """The numbers of the comparison (see the module docstring) for the laws `load_all` read."""
+  specs = list(loaded)
   optima = {s: _optima(laws) for s, laws in loaded.items()}
   same_n = []
   for i, a in enumerate(specs):
@@ -138,13 +143,13 @@ def markdown(result: dict) -> str:
   return "\n".join(lines)
 
 
-def draw(specs: list[str], path: str) -> None:
+def draw(loaded: dict[str, laws_lib.HyperLaws], path: str) -> None:
   """The figure: lr* and B* against C (top row) and N (bottom row), one colour per laws file."""
   from cbert_jax.report import grid_plot  # pylint: disable=import-outside-toplevel
   from cbert_jax.run import plotting  # pylint: disable=import-outside-toplevel
 
   Figure, FigureCanvasAgg = plotting.matplotlib_classes(grid_plot.mpl_cache_dir())  # pylint: disable=invalid-name
-  loaded = {s: _laws_of(s) for s in specs}
+  specs = list(loaded)
   optima = {s: _optima(laws) for s, laws in loaded.items()}
   fig = Figure(figsize=(11, 8.5), layout="constrained")
   colours = [f"C{i}" for i in range(len(specs))]
@@ -186,12 +191,13 @@ def main(argv=None) -> int:
   p.add_argument("--out", required=True, help="writes <out>.md and <out>.png")
   ns = p.parse_args(argv)
   try:
-    result = compare(ns.laws)
+    loaded = load_all(ns.laws)
+    result = compare(loaded)
     text = markdown(result)
     os.makedirs(os.path.dirname(os.path.abspath(ns.out)), exist_ok=True)
     with open(f"{ns.out}.md", "w") as f:
       f.write(text + "\n")
-    draw(ns.laws, f"{ns.out}.png")
+    draw(loaded, f"{ns.out}.png")
   except ConfigError as e:
     print(f"laws_compare error: {e}", file=sys.stderr)
     return 2

@@ -45,7 +45,7 @@ def test_ratios_and_cross_factors_are_the_located_optima_and_the_laws_values(tmp
   at20 = {"d64L2": (3.9e-3, 1540.0), "d96L3": (2.75e-3, 2250.0), "d128L3": (2.26e-3, 4380.0)}
   a = _write(tmp_path / "a.json", 5.0, 0.0156, -0.059, 9e-6, 0.614, at5)
   b = _write(tmp_path / "b.json", 20.0, 1.235, -0.192, 0.0285, 0.361, at20)
-  result = laws_compare.compare([a, b])
+  result = laws_compare.compare(laws_compare.load_all([a, b]))
   assert [r["size"] for r in result["same_n"]] == [
     "crossbert d64L2",
     "crossbert d96L3",
