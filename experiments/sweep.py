@@ -33,11 +33,10 @@ Scales:
 
 LR and batch laws (`LAWS`, per scale and family; CrossBERT without CMS reads CrossBERT's), fits
 shipped in the package (cbert_jax/scaling/fitted/, with their provenance and plots):
-  cpu      CrossBERT: `shipped:cpu20-{model}` (cpu20-crossbert), refitted on a batch x LR grid
-           at the sweep's own 20 tokens per parameter (results/lawcheck20_cpu, issue 36), where
-           its optimum at d64L2 had moved from what the 5-tokens-per-parameter laws gave; BERT:
-           `shipped:cpu-{model}` until its own refit at 20 lands (its optimum had not moved at
-           d64L2 or d96L3).
+  cpu      `shipped:cpu20-{model}` (cpu20-bert, cpu20-crossbert): each family refitted on a
+           batch x LR grid at the sweep's own 20 tokens per parameter (results/lawcheck20_cpu,
+           issue 36), where CrossBERT's optimum at d64L2 had moved from what the
+           5-tokens-per-parameter laws gave (BERT's had not, within its seeds).
   quick    `shipped:cpu-{model}`: the cpu grid's fits (experiments/hparam_grid.py:cpu), trained at
            5 tokens per parameter, the quick scale's own budget. Their implausible-exponent check
            was overridden by a rule fixed before the final fit (docs/scaling.md).
@@ -86,9 +85,11 @@ HELDOUT_SIZES = ("d160L3",)
 # The cpu grid's fits at 5 tokens per parameter, per family ({model}): what results/sweep_cpu and
 # the held-out size were trained with
 CPU_LAWS = "shipped:cpu-{model}"
+# Their refits at the cpu sweep's own 20 tokens per parameter (results/lawcheck20_cpu, issue 36)
+CPU20_LAWS = "shipped:cpu20-{model}"
 # Each scale's LR and batch laws per family (docstring); paper: none (the published defaults)
 LAWS = {
-  "cpu": {"bert": CPU_LAWS, "crossbert": "shipped:cpu20-{model}"},
+  "cpu": {"bert": CPU20_LAWS, "crossbert": CPU20_LAWS},
   "heldout": {"bert": CPU_LAWS, "crossbert": CPU_LAWS},
   "quick": {"bert": CPU_LAWS, "crossbert": CPU_LAWS},
 }

@@ -46,7 +46,7 @@ the split (biased and batch-dependent; for grids from before val_full). Then:
   * writes the laws (`laws.HyperLaws`, `laws.save`) to `--out` (default `<grid>/laws.json`) with
     provenance -- the grid directory, the runs used (name, size, C, N, chosen B and lr, loss),
     the runs skipped and why, the models pooled, the checks and exponent bounds, when -- and
-    `source` "fit: <grid> (<n> sizes), <date>"; draws `<out dir>/laws.png` (`<stem>.png` for an
+    `source` "fit: <grid> ([<model>, ]<n> sizes), <date>"; draws `<out dir>/laws.png` (`<stem>.png` for an
     --out not named laws.json; log-log: lr* and B*
     against C and N, fitted lines with bootstrap bands, every grid point coloured by its loss
     above its size's best) and `grid.png` (per size, final validation loss against LR, one line
@@ -384,7 +384,8 @@ def fit_grid(
     "skipped": [{"name": m.name, "reason": m.reason} for m in skipped],
     "excluded": exclude,  # sizes left out by --exclude
   }
-  source = f"fit: {grid} ({len(optima)} sizes), {created[:10]}"
+  family = f"{model}, " if model != "all" else ""  # two families' fits of one grid differ here
+  source = f"fit: {grid} ({family}{len(optima)} sizes), {created[:10]}"
   if exclude:
     source += f"; excluded: {', '.join(exclude)}"
   if optimum != "vertex":

@@ -108,6 +108,10 @@ def test_fit_recovers_exponents_writes_laws_and_plot_the_sweep_reads(tmp_path, c
     == 0
   )
   assert {"bert.png", "crossbert.png", "crossbert_grid.png"} <= set(os.listdir(tmp_path / "fits"))
+  # one family's fit names it in its source, which a member records: the two fits stay apart
+  cross = laws_lib.load(cross_file)
+  assert bert.source.startswith(f"fit: {root} (bert, 4 sizes), 20")
+  assert cross.source.startswith(f"fit: {root} (crossbert, ") and cross.source != bert.source
   # experiments/sweep.py reads the file through sweep.laws: the member's LR and batch follow it.
   sweep = experiment.load_experiment(SWEEP)
   for axis in ("compute", "params"):

@@ -89,21 +89,23 @@ def test_the_shipped_cpu_laws_are_the_fit_of_the_archived_cpu_grid(model, tmp_pa
   )
 
 
-def test_the_shipped_crossbert_refit_at_20_is_the_fit_of_the_archived_check_grid(tmp_path):
-  # cpu20-crossbert (the cpu sweep's CrossBERT laws since 2026-12-07) was fitted on the check at
-  # 20 tokens per parameter, results/lawcheck20_cpu, by the command in its provenance, with every
-  # check passed (nothing overridden, nothing excluded): the archive must give it again.
-  shipped = laws_lib.load("shipped:cpu20-crossbert")
+@pytest.mark.parametrize("model", ["bert", "crossbert"])
+def test_the_shipped_refits_at_20_are_the_fits_of_the_archived_check_grid(model, tmp_path):
+  # cpu20-{bert,crossbert} (the cpu sweep's laws since 2026-12-07) were fitted on the check at 20
+  # tokens per parameter, results/lawcheck20_cpu, by the command in their provenance, with every
+  # check passed (nothing overridden, nothing excluded): the archive must give them again.
+  shipped = laws_lib.load(f"shipped:cpu20-{model}")
   prov = shipped.provenance
   assert prov["grid"] == "results/lawcheck20_cpu" and prov["tokens_per_param"] == 20.0
+  assert prov["model_filter"] == model
   assert shipped.overridden == () and not prov["excluded"]
   assert all(c["passed"] for c in prov["checks"].values())
   assert prov["optimum"] == "vertex" and prov["metric"] == "val_full"
   assert shipped.budget_mismatch(20.0) == "" and shipped.budget_mismatch(5.0)
   refit = grid_lib.fit_grid(
     os.path.join(ROOT, "results", "lawcheck20_cpu"),
-    str(tmp_path / "cpu20-crossbert.json"),
-    model="crossbert",
+    str(tmp_path / f"cpu20-{model}.json"),
+    model=model,
     n_boot=prov["n_bootstrap"],
     seed=prov["seed"],
     plot=False,

@@ -183,10 +183,12 @@ def test_member_plan_arithmetic_follows_budget_and_laws():
   n = flops.param_counts("crossbert", model_cfg).non_embedding
   assert c.sweep.n_params == n and c.sweep.target_tokens == math.ceil(20 * n)
   per_token = flops.flops_per_token("crossbert", model_cfg, mask_cfg, 128)
-  # the cpu scale's CrossBERT laws: the refit at its own 20 tokens per parameter, shipped
-  assert c.sweep.laws == "shipped:cpu20-{model}"
+  # the cpu scale's laws: each family's refit at its own 20 tokens per parameter, shipped
+  assert c.sweep.laws == exp.CPU20_LAWS == "shipped:cpu20-{model}"
   shipped = laws_lib.load("shipped:cpu20-crossbert")
   assert c.sweep.laws_source == shipped.source != laws_lib.DEFAULT.source
+  bert = config_lib.resolve(exp.get_config("model=bert,size=d96L3"))
+  assert bert.sweep.laws_source == laws_lib.load("shipped:cpu20-bert").source != shipped.source
   lr, rows = laws_lib.suggest(shipped, per_token * c.sweep.target_tokens, 128)
   assert c.batch_size == rows and c.optim.lr == pytest.approx(lr)
   assert c.total_steps == math.ceil(c.sweep.target_tokens / (rows * 128))
