@@ -46,10 +46,10 @@ the split (biased and batch-dependent; for grids from before val_full). Then:
   * writes the laws (`laws.HyperLaws`, `laws.save`) to `--out` (default `<grid>/laws.json`) with
     provenance -- the grid directory, the runs used (name, size, C, N, chosen B and lr, loss),
     the runs skipped and why, the models pooled, the checks and exponent bounds, when -- and
-    `source` "fit: <grid> ([<model>, ]<n> sizes), <date>"; draws `<out dir>/laws.png` (`<stem>.png` for an
-    --out not named laws.json; log-log: lr* and B*
-    against C and N, fitted lines with bootstrap bands, every grid point coloured by its loss
-    above its size's best) and `grid.png` (per size, final validation loss against LR, one line
+    `source` "fit: <grid> ([<model>, ]<n> sizes), <date>"; draws `<out dir>/laws.png`
+    (`<stem>.png` for an --out not named laws.json; log-log: lr* and B* against C and N, fitted
+    lines with bootstrap bands, every grid point coloured by its loss above its size's best) and
+    `grid.png` (per size, final validation loss against LR, one line
     per batch size; `<stem>_grid.png`); prints a table.
 
 Exponent bounds (`EXPONENT_BOUNDS`), fixed from the literature before looking at any grid:
