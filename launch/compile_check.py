@@ -1,47 +1,69 @@
-r"""Compile every sweep member's train step for its target devices and mesh, without the hardware.
+r"""Compile every sweep member's train step for its chips and mesh, without the hardware.
 
-  python -m launch.compile_check --config experiments/sweep.py            # the paper sweep
+  # every paper member by libtpu, for the TPU topology of its planned chip and chip count
+  python -m launch.compile_check --config experiments/sweep.py --tpu --archive results/tpu_aot/v5p
+  # the same members re-planned for another TPU generation (as much HBM in all: 8 v5p -> 32 v6e)
+  python -m launch.compile_check --config experiments/sweep.py --generation v6e
+  # one topology, typed: it also sets the chip the verdict and estimates are judged against
+  python -m launch.compile_check --config experiments/sweep.py --members bert_d384L6 \
+      --tpu_topology v6e:4x8 --override=--config.sweep.target_devices=32
+  # no libtpu: XLA:CPU on a fake mesh of the same device count (the fallback)
   python -m launch.compile_check --config experiments/sweep.py:quick \
-      --override=--config.sweep.target_devices=4 --override=--config.mesh.data=1 \
-      --override=--config.mesh.fsdp=-1 --override=--config.sweep.batch_size=16 \
-      --members bert_d32L2,crossbert_d32L2 --out check.json
+      --override=--config.sweep.target_devices=4 --members bert_d32L2 --out check.json
 
 For each member of `get_sweep(scale)` (default scale `paper`; an experiment file without
-`get_sweep` is one member, `FILE[:arg]`) this builds the trainer's own train step (the model's
-abstract parameters and their shardings from `state.setup` (as `train.run`), the optimizer, the fault
-guard, `steps.make_train_step`, jitted with the trainer's in/out shardings and donation) for
-`sweep.target_devices` devices (0 = this machine's) on the member's configured mesh, lowers it on
-abstract arrays (no parameter is allocated) and compiles it. One row per member: devices, mesh
-(data x fsdp x tensor), parameters, compile seconds, memory per device from XLA's
-`memory_analysis()` (arguments + outputs - aliased (donated) + temporaries, and the parts), and OK
-or the error in one line. Exit status 1 if any member failed, 2 for bad usage.
+`get_sweep` is one member, `FILE[:arg]`) this builds the trainer's own train step (`state.setup`'s
+abstract parameters and shardings, the optimizer, the fault guard, `steps.make_train_step`, jitted
+with the trainer's in/out shardings and donation) for `sweep.target_devices` devices on the
+member's configured mesh, lowers it on abstract arrays (nothing is allocated) and compiles it. One
+row per member (`cbert_jax/scaling/compiled.py` documents the fields): mesh, parameters, compile
+seconds, memory per device from XLA's `memory_analysis()` (arguments + outputs - aliased (donated)
++ temporaries) beside the analytic plan's prediction, the compiler's `cost_analysis()` FLOPs beside
+the analytic FLOPs of models/flops.py, and on TPU its `optimal_seconds`: the compiler's estimate of
+the step, never a measurement. OK or the error in one line. Exit status 1 if any member failed or
+does not fit, 2 for bad usage.
 
-Which compiler: ahead-of-time for a TPU topology needs libtpu (`jax[tpu]`), which builds the
-topology's compile-only devices; without it (a CPU-only jaxlib, as here) the step is compiled for a
-fake CPU mesh of the same shape: one child process per distinct device count, started with
-`XLA_FLAGS=--xla_force_host_platform_device_count=N` (the flag must be set before jax starts).
-The first output line says which path was used. On the fake CPU mesh, arguments, outputs and
-aliasing are exact per-device byte counts (parameters, AdamW state, batch: they follow the
-shardings), but temporaries are XLA:CPU's buffer assignment, whose fusion, scheduling and layouts
-differ from TPU's: a rough figure, not a TPU measurement (on this jaxlib it hardly moves with
-model.remat, for instance).
-`--tpu_topology v5p:2x2x4` asks for the TPU path; where libtpu is missing it stops with a message
-saying so (the path itself is untested here: this repo's environment has no libtpu).
+Which compiler (the first output line says):
+  TPU ahead of time  with libtpu installed (`pip install -e '.[tpu]'` works on a CPU-only machine:
+      it is the TPU compiler, and `jax.experimental.topologies` gives a topology's compile-only
+      devices). `--tpu` derives each member's topology from its planned chip and chip count
+      (`chips.topology`: 8 v5p chips = v5p:2x2x2); `--generation G` re-plans every member for TPU
+      generation G at the chip count with the same HBM in all (`chips.same_hbm_chips`) and compiles
+      it for that topology; `--tpu_topology` types one, and its generation becomes the chip the
+      verdict, plan and estimates are judged against. The child compiles with the chip's
+      LIBTPU_INIT_ARGS (the flags a launch exports, `chips.chip_env`), and with what libtpu needs on
+      a host without a TPU (`tpu_env`): no metadata-server query, the accelerator type and worker
+      of the compiled slice, JAX on its CPU backend (no TPU is opened), and
+      ALLOW_MULTIPLE_LIBTPU_LOAD=1 so that parallel checks and test workers do not collide on
+      libtpu's lock file. libtpu's start-up lines on stderr (e.g. "could not determine TPU
+      accelerator type", "Logging before InitGoogle()") are about the absent TPU host and
+      harmless; they are kept out of the output (the child's last stderr line is shown only when it
+      crashes).
+  fake CPU mesh  without libtpu, or for a GPU chip: one child process per distinct device count,
+      started with `XLA_FLAGS=--xla_force_host_platform_device_count=N`. Arguments, outputs and
+      aliasing are exact per-device byte counts; temporaries are XLA:CPU's buffer assignment, a
+      rough figure (1.6-1.75x the TPU compiler's without remat, close with remat dots: docs/
+      scaling.md), and XLA:CPU has no `optimal_seconds`.
+
+`--archive DIR` writes each member's row to DIR/<member>.json as soon as it is compiled and skips a
+member whose archived row was compiled for the same key (config, devices, chip, topology):
+a killed run resumes where it stopped (`--redo` compiles them again). DIR/table.md is rewritten at
+the end from every row in DIR. `--dump_hlo DIR` also writes each member's compiled HLO text.
 
 Errors are per member and do not stop the others: everything `config_lib.validate` checks (mesh
 against the device count, batch against the data-parallel size, model shape), every parameter
-dimension against the mesh axes it is sharded over (heads, vocabulary, FFN width against
-`tensor`; model width against `fsdp`), and any error from jax while lowering or compiling.
+dimension against the mesh axes it is sharded over, a topology whose devices are not the member's,
+and any error from jax while lowering or compiling.
 
 Data: validation must not need the corpus, so a member's `data.sources` (corpus=sources) or
-`data.corpus_files` (corpus=files) is replaced, for the check only, by a placeholder text file:
-`config_lib.validate` stays the single source of every other check (rather than a copy of its
-mesh, batch and model checks here), and nothing of the corpus is read or listed.
+`data.corpus_files` (corpus=files) is replaced, for the check only, by a placeholder text file.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.metadata
 import importlib.util
 import json
 import math
@@ -53,25 +75,21 @@ import tempfile
 import time
 from typing import Any
 
-import jax  # the parent never starts a jax backend: each child gets its XLA_FLAGS first
-from flax import nnx
-from jax.experimental import topologies
-
 from cbert_jax import config_lib
 from cbert_jax.errors import ConfigError
+from cbert_jax.scaling import chips as chips_lib
+from cbert_jax.scaling import compiled as compiled_lib
 from cbert_jax.scaling import memory as memory_lib
 from cbert_jax.scaling import plan
-from cbert_jax.step import sharding
-from cbert_jax.step import state as state_lib
 from cbert_jax.sweep import experiment as experiment_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD_PREFIX = "compile_check:"  # the child's progress lines on stderr, echoed by the parent
 FAKE_PATH = "fake CPU mesh (XLA --xla_force_host_platform_device_count=N, one process per N)"
 NEEDS_LIBTPU = (
-  "--tpu_topology {topology} needs libtpu (pip install 'jax[tpu]'): this jaxlib "
-  "cannot build a TPU topology. Rerun without --tpu_topology to compile on a fake CPU "
-  "mesh of the same shape."
+  "{flag} needs libtpu (pip install -e '.[tpu]', which installs on a CPU-only machine): this "
+  "jaxlib cannot build a TPU topology. Rerun without it to compile on a fake CPU mesh of the same "
+  "shape."
 )
 
 
@@ -123,11 +141,72 @@ def without_corpus(config, placeholder: str):
   return config
 
 
+@dataclasses.dataclass
+class Job:
+  """One member to compile: its get_config arg, the overrides it loads with (the command line's,
+  then what --generation / --tpu_topology set for it), and where: a TPU `topology` (libtpu) or
+  `devices` fake CPU devices (0 = the child's own)."""
+
+  arg: str
+  overrides: list[str]
+  topology: str = ""
+  devices: int = 0
+
+  @property
+  def group(self) -> tuple[str, int]:
+    """Members of one group share a child process (one topology, or one fake device count)."""
+    return (self.topology, 0 if self.topology else self.devices)
+
+
+def plan_job(ns, module, arg: str) -> tuple[str, Any, Job]:
+  """(member name, resolved config, Job) of one member under the command line's choice of compiler:
+  --generation re-plans it for that TPU generation (chip, chip count, batch multiple), --tpu
+  derives the topology of its planned chip and chip count, --tpu_topology sets its chip to the
+  typed topology's generation. Raises ConfigError / ValueError for a member that cannot be
+  planned so."""
+  overrides = list(ns.override)
+  name, config = load_member(ns.config, module, arg, overrides)
+  s = config.sweep
+  if ns.generation:
+    if not (s.chip and s.target_devices):
+      raise ConfigError("--generation needs a planned member (sweep.chip, sweep.target_devices)")
+    src = chips_lib.CHIPS[s.chip]
+    chips = chips_lib.same_hbm_chips(
+      s.chip, s.target_devices // src.devices_per_chip, ns.generation
+    )
+    devices = chips * chips_lib.CHIPS[ns.generation].devices_per_chip
+    overrides += [
+      f"--config.sweep.chip={ns.generation}",
+      f"--config.sweep.target_devices={devices}",
+      f"--config.sweep.batch_multiple={devices}",
+    ]
+    name, config = load_member(ns.config, module, arg, overrides)
+    s = config.sweep
+  if ns.tpu_topology:
+    generation, _ = chips_lib.parse_topology(ns.tpu_topology)
+    if s.target_devices and s.chip != generation:  # a planned member: judge it on that chip
+      overrides.append(f"--config.sweep.chip={generation}")
+      name, config = load_member(ns.config, module, arg, overrides)
+    return name, config, Job(arg, overrides, topology=ns.tpu_topology)
+  if ns.tpu or (ns.generation and chips_lib.CHIPS[ns.generation].accelerator):
+    chip = chips_lib.CHIPS.get(s.chip)
+    if chip is None or not chip.accelerator or not s.target_devices:
+      raise ConfigError(
+        f"--tpu needs a member planned for a TPU (sweep.chip={s.chip!r}, sweep.target_devices="
+        f"{s.target_devices}); type one with --tpu_topology"
+      )
+    topology = chips_lib.topology(s.chip, s.target_devices // chip.devices_per_chip)
+    return name, config, Job(arg, overrides, topology=topology)
+  return name, config, Job(arg, overrides, devices=s.target_devices)
+
+
 # ----------------------------------------------------------------- the compile ---
 
 
 def check_divisible(abs_params, shardings, mesh) -> None:
   """ConfigError naming the first parameter with a dimension its mesh axes do not divide."""
+  import jax  # pylint: disable=import-outside-toplevel
+
   flat, _ = jax.tree_util.tree_flatten_with_path(abs_params)
   for (path, leaf), sh in zip(flat, jax.tree.leaves(shardings)):
     for dim, (size, axes) in enumerate(zip(leaf.shape, sh.spec)):
@@ -141,13 +220,20 @@ def check_divisible(abs_params, shardings, mesh) -> None:
         )
 
 
-def compile_member(config, devices, placeholder: str, row: dict[str, Any]) -> None:
+def compile_member(config, devices, placeholder: str, row: dict[str, Any], hlo_path: str = ""):
   """Compiles `config`'s train step on `devices` (real, fake CPU or compile-only TPU ones).
 
-  The trainer's own `state.setup` and `state.jit_train_step`, lowered on abstract arrays. Fills `row`'s mesh, params, compile_s and memory as they become known
-  (a failure keeps what was known); raises ConfigError for a config that cannot fit the devices
-  and whatever jax raises while lowering or compiling.
+  The trainer's own `state.setup` and `state.jit_train_step`, lowered on abstract arrays. Fills
+  `row`'s mesh, params, compile_s, memory and cost as they become known (a failure keeps what was
+  known); raises ConfigError for a config that cannot fit the devices and whatever jax raises
+  while lowering or compiling. `hlo_path`: also write the compiled HLO text there.
   """
+  import jax  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+
+  from cbert_jax.step import sharding  # pylint: disable=import-outside-toplevel
+  from cbert_jax.step import state as state_lib  # pylint: disable=import-outside-toplevel
+
   ici, dcn = sharding.mesh_shape(config.mesh, len(devices), config.mesh_dcn)
   row["mesh"] = {a: i * j for a, i, j in zip(sharding.AXES, ici, dcn)}
   config_lib.validate(without_corpus(config, placeholder), len(devices))
@@ -162,6 +248,52 @@ def compile_member(config, devices, placeholder: str, row: dict[str, Any]) -> No
     compiled = train_step.lower(st.abs_params, st.abs_opt_state, *inputs).compile()
   row["compile_s"] = round(time.perf_counter() - start, 2)
   row["memory"] = memory(compiled)
+  row["cost"] = cost(compiled)
+  if hlo_path:
+    with open(hlo_path, "w", encoding="utf-8") as f:
+      f.write(compiled.as_text())
+
+
+def memory(compiled) -> dict[str, int] | None:
+  """Bytes per device from XLA's memory analysis; total = arguments + outputs - aliased + temps."""
+  stats = compiled.memory_analysis()
+  if stats is None:  # some backends do not report it
+    return None
+  out = {
+    k: int(getattr(stats, f"{k}_size_in_bytes", 0) or 0)
+    for k in ("argument", "output", "alias", "temp", "generated_code")
+  }
+  out["total"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+  return out
+
+
+def cost(compiled) -> dict[str, float] | None:
+  """The compiler's cost analysis per device: FLOPs, bytes accessed, transcendentals and (TPU)
+  `optimal_seconds`, its estimate of the step; None where the backend gives none."""
+  try:
+    analysis = compiled.cost_analysis()
+  except Exception:  # pylint: disable=broad-except (a backend without one)
+    return None
+  if isinstance(analysis, list | tuple):  # older jax: one dict per program
+    analysis = analysis[0] if analysis else None
+  if not analysis:
+    return None
+  keys = {
+    "flops": "flops",
+    "bytes_accessed": "bytes accessed",
+    "transcendentals": "transcendentals",
+    "optimal_seconds": "optimal_seconds",
+  }
+  return {k: float(analysis[v]) for k, v in keys.items() if v in analysis}
+
+
+def analytic(config, devices: int) -> dict[str, float]:
+  """The analytic FLOPs per device of one step (models/flops.py: the model's, and what the
+  member's remat policy recomputes, memory.step_flops), for the compiler's count beside them."""
+  shape = plan.memory_shape(config, devices)
+  model, recompute = memory_lib.step_flops(shape, plan.current_setting(config))
+  per_device = shape.data_parallel / devices  # the FLOPs of a data-parallel shard, split further
+  return {"model_flops": model * per_device, "recompute_flops": recompute * per_device}
 
 
 def memory_plan(config, num_devices: int) -> dict[str, Any] | None:
@@ -180,71 +312,102 @@ def memory_plan(config, num_devices: int) -> dict[str, Any] | None:
   }
 
 
-def memory(compiled) -> dict[str, int] | None:
-  """Bytes per device from XLA's memory analysis; total = arguments + outputs - aliased + temps."""
-  stats = compiled.memory_analysis()
-  if stats is None:  # some backends do not report it
-    return None
-  out = {
-    k: int(getattr(stats, f"{k}_size_in_bytes", 0) or 0)
-    for k in ("argument", "output", "alias", "temp", "generated_code")
-  }
-  out["total"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
-  return out
-
-
 def one_line(e: BaseException) -> str:
   """An exception as one line: ConfigError's message, else the type and first line."""
   text = " ".join(str(e).split("\n", 1)[0].split()) or type(e).__name__
   return f"config error: {text}" if isinstance(e, ConfigError) else f"{type(e).__name__}: {text}"
 
 
+def empty_row(arg: str, member: str | None = None, error: str | None = None) -> dict[str, Any]:
+  return {
+    "arg": arg,
+    "member": member or arg,
+    "path": None,
+    "topology": None,
+    "chip": None,
+    "devices": None,
+    "mesh": None,
+    "params": None,
+    "compile_s": None,
+    "memory": None,
+    "cost": None,
+    "analytic": None,
+    "plan": None,
+    "key": None,
+    "error": error,
+  }
+
+
+def versions() -> dict[str, str]:
+  """The compiler's versions, recorded with each row."""
+  out = {}
+  for package in ("jax", "jaxlib", "libtpu"):
+    try:
+      out[package] = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  return out
+
+
 def child(ns) -> int:
-  """The child: compile the given members on this process's devices, one JSON line each."""
+  """The child: compile the given members on this process's devices, one JSON line each (and one
+  archived row each with --archive)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
   module, _ = member_args(ns.config)
+  topology = ns.tpu_topology
+  if topology:
+    from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+
+    available = list(topologies.get_topology_desc(topology, "tpu").devices)
+    chip_key, chips = chips_lib.parse_topology(topology)
+  else:
+    available, chip_key, chips = jax.devices(), "", 0
   with (
     tempfile.NamedTemporaryFile("w", suffix=".txt") as placeholder,
     open(ns._results, "a", encoding="utf-8") as results,
   ):  # pylint: disable=protected-access
     placeholder.write("placeholder corpus: the compile check reads no data\n")
     placeholder.flush()
-    if ns.tpu_topology:
-      available = list(topologies.get_topology_desc(ns.tpu_topology, "tpu").devices)
-    else:
-      available = jax.devices()
-    for arg in json.loads(ns._member_args):  # pylint: disable=protected-access
-      row: dict[str, Any] = {
-        "arg": arg,
-        "member": arg,
-        "devices": None,
-        "mesh": None,
-        "params": None,
-        "compile_s": None,
-        "memory": None,
-        "error": None,
-        "plan": None,
-      }
+    for job in json.loads(ns._jobs):  # pylint: disable=protected-access
+      row = empty_row(job["arg"])
+      row["path"] = "tpu" if topology else "cpu"
+      row["topology"] = topology or None
       try:
-        row["member"], config = load_member(ns.config, module, arg, ns.override)
+        row["member"], config = load_member(ns.config, module, job["arg"], job["overrides"])
         # sweep.target_devices; 0 = this process's devices (the first num_devices if set)
         want = config.sweep.target_devices or config.num_devices or len(available)
         row["devices"] = want
+        row["chip"] = config.sweep.chip or chip_key or None
         print(
-          f"{CHILD_PREFIX} {row['member']}: compiling for {want} devices",
+          f"{CHILD_PREFIX} {row['member']}: compiling for {want} devices"
+          + (f" ({topology})" if topology else ""),
           file=sys.stderr,
           flush=True,
         )
-        if want > len(available):
+        if topology and want != len(available):
+          per_chip = len(available) // max(chips, 1)
           raise ConfigError(
-            f"planned for {want} devices, but the "
-            f"{'topology' if ns.tpu_topology else 'process'} has {len(available)}"
+            f"planned for {want} devices, but topology {topology} has {len(available)} "
+            f"({chips} chips, {per_chip} per chip): set sweep.target_devices={len(available)} "
+            "or use --tpu to derive the topology"
           )
+        if want > len(available):
+          raise ConfigError(f"planned for {want} devices, but the process has {len(available)}")
+        row["key"] = compiled_lib.key_of(config, want, row["chip"] or "", row["topology"])
         row["plan"] = memory_plan(config, want)
-        compile_member(config, available[:want], placeholder.name, row)
+        row["steps"] = int(config.total_steps)
+        row["analytic"] = analytic(config, want)
+        hlo = os.path.join(ns.dump_hlo, f"{row['member']}.hlo.txt") if ns.dump_hlo else ""
+        compile_member(config, available[:want], placeholder.name, row, hlo)
       except Exception as e:  # pylint: disable=broad-except (one member's failure is its row)
         row["error"] = one_line(e)
+      row["versions"] = versions()
+      row["date"] = compiled_lib.now()
       results.write(json.dumps(row) + "\n")
       results.flush()
+      if ns.archive and row["key"] is not None:
+        compiled_lib.write_row(ns.archive, row)
       print(f"{CHILD_PREFIX} {row['member']}: {row['error'] or 'OK'}", file=sys.stderr, flush=True)
   return 0
 
@@ -252,11 +415,37 @@ def child(ns) -> int:
 # ------------------------------------------------------------------ the parent ---
 
 
-def child_env(num_devices: int, tpu: bool) -> dict[str, str]:
-  """The environment of a child: N fake CPU devices (N > 0), else this machine's devices."""
+def tpu_env(topology: str) -> dict[str, str]:
+  """What libtpu needs to compile for `topology` on a host without a TPU, and the chip's own
+  LIBTPU_INIT_ARGS (what a launch on that chip exports): JAX stays on its CPU backend (no TPU is
+  opened: the topology's devices are compile-only), the metadata server is never asked
+  (TPU_SKIP_MDS_QUERY), the accelerator type and worker are the compiled slice's (without them
+  libtpu prints that it could not determine them), and several libtpu processes may load at once
+  (its lock file guards a real TPU, which none of them opens)."""
+  key, chips = chips_lib.parse_topology(topology)
+  chip = chips_lib.CHIPS[key]
+  env = {
+    "JAX_PLATFORMS": "cpu",
+    "TPU_SKIP_MDS_QUERY": "1",
+    "TPU_ACCELERATOR_TYPE": chips_lib.accelerator_type(key, chips),
+    "TPU_WORKER_ID": "0",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "2",  # libtpu's INFO/WARNING log lines
+  }
+  for name, value in chips_lib.chip_env(chip):
+    env[name] = f"{os.environ.get(name, '')} {value}".strip() if name == chip.flags_var else value
+  return env
+
+
+def child_env(num_devices: int, tpu: str | bool = "") -> dict[str, str]:
+  """The environment of a child: N fake CPU devices (N > 0), else this machine's devices; with a
+  TPU topology, `tpu_env`'s."""
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH", "")]))
-  if num_devices > 0 and not tpu:
+  if isinstance(tpu, str) and tpu:
+    env.update(tpu_env(tpu))
+  elif num_devices > 0 and not tpu:
     flags_ = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", ""))
     flags_ = flags_.replace(memory_lib.REMAT_XLA_FLAGS, "")
     env["XLA_FLAGS"] = (
@@ -267,9 +456,10 @@ def child_env(num_devices: int, tpu: bool) -> dict[str, str]:
   return env
 
 
-def run_child(ns, num_devices: int, args: list[str]) -> list[dict]:
-  """Runs one child for the members `args` sharing `num_devices`; their rows, in order. A member
-  the child did not reach (it crashed) gets the child's last stderr line as its error."""
+def run_child(ns, group: tuple[str, int], jobs: list[Job]) -> list[dict]:
+  """Runs one child for the members `jobs` sharing a topology or fake device count; their rows, in
+  order. A member the child did not reach (it crashed) gets the child's last stderr line."""
+  topology, num_devices = group
   with tempfile.NamedTemporaryFile("r", suffix=".jsonl", encoding="utf-8") as results:
     cmd = [
       sys.executable,
@@ -280,45 +470,34 @@ def run_child(ns, num_devices: int, args: list[str]) -> list[dict]:
       ns.config,
       "--_results",
       results.name,
-      "--_member_args",
-      json.dumps(args),
-      *(f"--override={o}" for o in ns.override),
+      "--_jobs",
+      json.dumps([{"arg": j.arg, "overrides": j.overrides} for j in jobs]),
     ]
-    if ns.tpu_topology:
-      cmd.append(f"--tpu_topology={ns.tpu_topology}")
+    if topology:
+      cmd.append(f"--tpu_topology={topology}")
+    if ns.archive:
+      cmd.append(f"--archive={ns.archive}")
+    if ns.dump_hlo:
+      cmd.append(f"--dump_hlo={ns.dump_hlo}")
     proc = subprocess.Popen(
       cmd,
-      env=child_env(num_devices, bool(ns.tpu_topology)),
+      env=child_env(num_devices, topology),
       stderr=subprocess.PIPE,
       stdout=subprocess.DEVNULL,
       text=True,
       errors="replace",
     )
     last = ""
+    where = topology or f"{num_devices or 'local'} devices"
     for line in proc.stderr:  # progress lines shown, the rest kept for errors
       if line.startswith(CHILD_PREFIX):
-        sys.stderr.write(
-          f"{CHILD_PREFIX} [{num_devices or 'local'} devices]{line[len(CHILD_PREFIX) :]}"
-        )
+        sys.stderr.write(f"{CHILD_PREFIX} [{where}]{line[len(CHILD_PREFIX) :]}")
       elif line.strip():
         last = line.strip()
     code = proc.wait()
     rows = {r["arg"]: r for r in map(json.loads, filter(None, results.read().splitlines()))}
   lost = f"the compile process exited with status {code} before this member ({last or 'no stderr'})"
-  return [
-    rows.get(a)
-    or {
-      "arg": a,
-      "member": a,
-      "devices": num_devices or None,
-      "mesh": None,
-      "params": None,
-      "compile_s": None,
-      "memory": None,
-      "error": lost,
-    }
-    for a in args
-  ]
+  return [rows.get(j.arg) or empty_row(j.arg, error=lost) for j in jobs]
 
 
 def libtpu_available() -> bool:
@@ -351,17 +530,18 @@ def _short(setting: str) -> str:
   return f"{v['remat']} ce{v['ce_chunk']} k{v['microbatches']}"
 
 
-def _margin(setting: str) -> float:
-  """The plan's margin for a setting string ('remat=dots, ce_chunk=0, microbatches=2')."""
+def _margin(setting: str, chip: str) -> float:
+  """The plan's margin for a setting string ('remat=dots, ce_chunk=0, microbatches=2') on `chip`."""
   remat = dict(part.split("=") for part in setting.split(", "))["remat"]
-  return memory_lib.margin(memory_lib.Setting(remat=remat))
+  return memory_lib.margin(memory_lib.Setting(remat=remat), memory_lib.platform_of(chip))
 
 
 def table(rows: list[dict]) -> str:
   """One line per member: devices, mesh, parameters, chip, the memory setting, the analytic
-  prediction next to XLA's compiled bytes per device, their ratio and the margin the plan adds
-  for that setting (memory.margin: the plan fits when predicted x margin <= usable), the chip's
-  usable bytes, compile time, the verdict and OK or the error."""
+  prediction next to the compiled bytes per device, their ratio and the margin the plan adds for
+  that setting on that chip (memory.margin: the plan fits when predicted x margin <= usable), the
+  chip's usable bytes, compile time, the compiler's FLOPs over the analytic ones, its step-time
+  estimate (TPU), the plan's verdict and OK or the error."""
   head = (
     "member",
     "devices",
@@ -375,6 +555,8 @@ def table(rows: list[dict]) -> str:
     "margin",
     "usable",
     "compile",
+    "flops/analytic",
+    "est. step",
     "verdict",
     "status",
   )
@@ -382,6 +564,13 @@ def table(rows: list[dict]) -> str:
   for r in rows:
     mem, p = r["memory"] or {}, r.get("plan") or {}
     mesh = "x".join(str(r["mesh"][a]) for a in ("data", "fsdp", "tensor")) if r["mesh"] else "-"
+    flops, an = (r.get("cost") or {}).get("flops"), r.get("analytic") or {}
+    hw = an.get("model_flops", 0) + an.get("recompute_flops", 0)
+    est = compiled_lib.estimate(r) if r.get("chip") in chips_lib.TABLE else None
+    verdict = p.get("verdict") or "-"
+    compiled_fits = compiled_lib.compiled_verdict(r) if r.get("chip") in chips_lib.CHIPS else None
+    if compiled_fits and r.get("path") == "tpu":
+      verdict = f"{verdict}; compiled {compiled_fits}"
     lines.append(
       (
         r["member"],
@@ -393,15 +582,20 @@ def table(rows: list[dict]) -> str:
         _size(p["predicted"]["total"]) if p else "-",
         _size(mem.get("total")),
         f"{mem['total'] / p['predicted']['total']:.3f}" if p and mem.get("total") else "-",
-        f"{_margin(p['setting']):.2f}" if p else "-",
+        f"{_margin(p['setting'], p['chip']):.2f}" if p else "-",
         _size(p.get("budget")) if p else "-",
         f"{r['compile_s']:.1f}s" if r["compile_s"] is not None else "-",
-        p.get("verdict") or "-",
+        f"{flops / hw:.3f}" if flops and hw else "-",
+        f"{est['step_s'] * 1e3:.1f}ms MFU {est['mfu']:.0%}" if est else "-",
+        verdict,
         "OK" if not r["error"] else f"FAILED {r['error']}",
       )
     )
   widths = [max(len(l[i]) for l in lines) for i in range(len(head) - 1)]
-  return "\n".join("  ".join(c.ljust(w) for c, w in zip(l, widths)) + "  " + l[-1] for l in lines)
+  text = "\n".join("  ".join(c.ljust(w) for c, w in zip(l, widths)) + "  " + l[-1] for l in lines)
+  if any(r.get("path") == "tpu" for r in rows):
+    text += "\n(est. step, MFU: the TPU compiler's own estimate of the step, not a measurement)"
+  return text
 
 
 def _name_without_overrides(config_spec: str, module, arg: str) -> str:
@@ -412,35 +606,55 @@ def _name_without_overrides(config_spec: str, module, arg: str) -> str:
     return arg
 
 
+def check_usage(ns) -> str:
+  """The one-line usage error of a command line ("" if none), before anything is loaded."""
+  flags = [f for f in ("tpu", "generation", "tpu_topology") if getattr(ns, f)]
+  if ns.tpu_topology:
+    try:
+      chips_lib.parse_topology(ns.tpu_topology)
+    except ValueError as e:
+      return f"--tpu_topology={ns.tpu_topology}: {e}"
+  if ns.tpu and ns.tpu_topology:
+    return "--tpu derives each member's topology; --tpu_topology types one: give one of them"
+  if ns.generation and ns.generation not in chips_lib.CHIPS:
+    return f"--generation={ns.generation}: expected one of {', '.join(chips_lib.CHIPS)}"
+  tpu = ns.tpu or ns.tpu_topology or (ns.generation and chips_lib.CHIPS[ns.generation].accelerator)
+  if tpu and not libtpu_available():
+    return NEEDS_LIBTPU.format(flag="--" + flags[0])
+  return ""
+
+
 def parent(ns) -> int:
-  """Loads the members, compiles them in one child per device count, prints the table."""
-  if ns.tpu_topology and not libtpu_available():
-    print(f"compile check: {NEEDS_LIBTPU.format(topology=ns.tpu_topology)}", file=sys.stderr)
+  """Loads the members, compiles them in one child per topology or device count, prints the table
+  (and writes the archive's table.md)."""
+  problem = check_usage(ns)
+  if problem:
+    print(f"compile check: {problem}", file=sys.stderr)
     return 2
   try:
     module, args = member_args(ns.config)
   except ConfigError as e:
     print(f"compile check: config error: {e}", file=sys.stderr)
     return 2
-  rows, groups = {}, {}  # arg -> row (members that failed to load); devices -> [arg]
-  names = {}
+  rows, jobs, names, archived = {}, {}, {}, []
   for arg in args:
     try:
-      name, config = load_member(ns.config, module, arg, ns.override)
-      names[arg] = name
-      groups.setdefault(0 if ns.tpu_topology else config.sweep.target_devices, []).append(arg)
+      names[arg], config, jobs[arg] = plan_job(ns, module, arg)
     except Exception as e:  # pylint: disable=broad-except (a member that does not load is its row)
       names[arg] = _name_without_overrides(ns.config, module, arg)
-      rows[arg] = {
-        "arg": arg,
-        "member": arg,
-        "devices": None,
-        "mesh": None,
-        "params": None,
-        "compile_s": None,
-        "memory": None,
-        "error": one_line(e),
-      }
+      rows[arg] = empty_row(arg, error=one_line(e))
+      continue
+    if ns.archive and not ns.redo:  # the same compile already archived: skip it
+      old = compiled_lib.load_one(ns.archive, names[arg])
+      chip = config.sweep.chip or (
+        chips_lib.parse_topology(ns.tpu_topology)[0] if ns.tpu_topology else ""
+      )
+      want = config.sweep.target_devices or config.num_devices
+      if old and not old.get("error") and want:
+        key = compiled_lib.key_of(config, want, chip, jobs[arg].topology or None)
+        if old.get("key") == key:
+          rows[arg] = old
+          archived.append(arg)
   if ns.members:
     want = [m.strip() for m in ns.members.split(",") if m.strip()]
     unknown = [m for m in want if m not in names.values()]
@@ -451,36 +665,41 @@ def parent(ns) -> int:
         file=sys.stderr,
       )
       return 2
-    keep = {a for a, n in names.items() if n in want}
-    args = [a for a in args if a in keep]
-    groups = {n: [a for a in g if a in keep] for n, g in groups.items()}
-  if ns.tpu_topology:
-    path = f"TPU ahead-of-time for topology {ns.tpu_topology} (compile-only devices from libtpu)"
+    args = [a for a in args if names[a] in want]
+  tpu = any(j.topology for a, j in jobs.items() if a in args)
+  if tpu:
+    path = "TPU ahead of time (libtpu's compile-only devices for each topology)"
   else:
     path = FAKE_PATH + (
-      "; TPU ahead-of-time: pass --tpu_topology"
+      "; TPU ahead of time: pass --tpu"
       if libtpu_available()
-      else "; TPU ahead-of-time unavailable: libtpu is not installed"
+      else "; TPU ahead of time unavailable: libtpu is not installed (pip install -e '.[tpu]')"
     )
-  print(f"compile check of {ns.config}: {len(args)} members; path: {path}", flush=True)
-  for num_devices, group in sorted(groups.items()):
-    if group:
-      rows |= {r["arg"]: r for r in run_child(ns, num_devices, group)}
+  todo = [a for a in args if a in jobs and a not in archived]
+  print(
+    f"compile check of {ns.config}: {len(args)} members"
+    + (f" ({len(args) - len(todo)} already in {ns.archive})" if len(todo) < len(args) else "")
+    + f"; path: {path}",
+    flush=True,
+  )
+  groups: dict[tuple[str, int], list[Job]] = {}
+  for a in todo:
+    groups.setdefault(jobs[a].group, []).append(jobs[a])
+  for group, members in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
+    rows |= {r["arg"]: r for r in run_child(ns, group, members)}
   ordered = [rows[a] | {"member": names[a]} for a in args]
   print(table(ordered), flush=True)
   failed = [r["member"] for r in ordered if r["error"]]
   too_big = [
-    r["member"] for r in ordered if (r.get("plan") or {}).get("verdict") == "needs more chips"
+    r["member"]
+    for r in ordered
+    if (r.get("plan") or {}).get("verdict") == "needs more chips"
+    or (r.get("path") == "tpu" and compiled_lib.compiled_verdict(r) == "does not fit")
   ]
   print(
     f"{len(ordered) - len(failed)} OK, {len(failed)} failed"
     + (f": {', '.join(failed)}" if failed else "")
-    + (
-      f"; {len(too_big)} do not fit their chips at any setting (needs more chips): "
-      f"{', '.join(too_big)}"
-      if too_big
-      else ""
-    ),
+    + (f"; {len(too_big)} do not fit their chips: {', '.join(too_big)}" if too_big else ""),
     flush=True,
   )
   if ns.out:
@@ -490,6 +709,10 @@ def parent(ns) -> int:
         f,
         indent=2,
       )
+  if ns.archive:
+    every = list(compiled_lib.load(ns.archive).values())
+    with open(os.path.join(ns.archive, "table.md"), "w", encoding="utf-8") as f:
+      f.write(compiled_lib.markdown(sorted(every, key=lambda r: r.get("params") or 0)))
   return 1 if failed or too_big else 0
 
 
@@ -509,14 +732,36 @@ def main(argv: list[str] | None = None) -> int:
   )
   p.add_argument("--out", default="", help="also write the rows (bytes, seconds) to this JSON file")
   p.add_argument(
+    "--tpu",
+    action="store_true",
+    help="compile each member with libtpu for the TPU topology of its planned chip and chip count",
+  )
+  p.add_argument(
+    "--generation",
+    default="",
+    help="re-plan every member for this chip (e.g. v6e) at the chip count with the same HBM in "
+    "all, and compile it (for its topology, if a TPU)",
+  )
+  p.add_argument(
     "--tpu_topology",
     default="",
-    help="compile ahead-of-time for this TPU topology (e.g. v5p:2x2x4); needs libtpu",
+    help="compile every member for this TPU topology (e.g. v5p:2x2x4); its generation is the chip "
+    "the verdict is judged against; needs libtpu",
   )
+  p.add_argument(
+    "--archive",
+    default="",
+    help="write each row to DIR/<member>.json as it is compiled; skip members archived with the "
+    "same key (resume); DIR/table.md at the end",
+  )
+  p.add_argument("--redo", action="store_true", help="with --archive: compile archived ones again")
+  p.add_argument("--dump_hlo", default="", help="write each member's compiled HLO text to DIR")
   p.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
   p.add_argument("--_results", default="", help=argparse.SUPPRESS)
-  p.add_argument("--_member_args", default="[]", help=argparse.SUPPRESS)
+  p.add_argument("--_jobs", default="[]", help=argparse.SUPPRESS)
   ns = p.parse_args(argv)
+  if ns.dump_hlo:
+    os.makedirs(ns.dump_hlo, exist_ok=True)
   return child(ns) if ns._child else parent(ns)  # pylint: disable=protected-access
 
 

@@ -180,7 +180,7 @@ def judge(config, num_devices: int, budget_: Budget) -> tuple[str, float, memory
   `num_devices` devices against `budget_` (`memory.judge`)."""
   shape = plan_lib.memory_shape(config, num_devices)
   setting = setting_on(config, budget_.platform)
-  verdict, est = memory_lib.judge(shape, setting, budget_.per_device)
+  verdict, est = memory_lib.judge(shape, setting, budget_.per_device, budget_.platform)
   return verdict, est["total"], setting
 
 
@@ -204,7 +204,7 @@ def check(config, devices, process_index: int = 0, budget_: Budget | None = None
   raise ConfigError(
     f"data.seq_len={config.data.seq_len} with batch_size={config.batch_size} does not fit in "
     f"memory: the memory plan (cbert_jax/scaling/memory.py; {setting.describe()}) needs "
-    f"{size(planned)} per device plus a {memory_lib.margin(setting) - 1:.0%} margin, but the budget is "
+    f"{size(planned)} per device plus a {memory_lib.margin(setting, budget_.platform) - 1:.0%} margin, but the budget is "
     f"{size(budget_.per_device)} per device ({budget_.source}); "
     f"{_advice(config, len(devices), budget_, verdict)}"
   )

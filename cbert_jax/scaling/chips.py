@@ -31,6 +31,7 @@ cbert_jax/run/hardware.py.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 GiB = 2**30
@@ -711,6 +712,61 @@ def accelerator_type(key: str, chips: int) -> str:
   """The Cloud TPU accelerator type of a slice of `chips` chips: v4/v5p count TensorCores (8 v5p
   chips -> v5p-16), v5e/v6e chips (8 v5e chips -> v5litepod-8). `parse` reads it back."""
   return f"{TPU_PREFIX[key]}-{chips * TPU_CORES_PER_CHIP[key]}"
+
+
+def topology(key: str, chips: int) -> str:
+  """libtpu's name of a slice of `chips` chips of TPU generation `key`, as
+  `jax.experimental.topologies.get_topology_desc` takes it: a 3D torus for the generations whose
+  slices are whole hosts (v4, v5p: 4 chips = 2x2x1, 8 = 2x2x2, 16 = 2x2x4, 32 = 2x4x4,
+  64 = 4x4x4, ...), a 2D one for v5e/v6e (1 = 1x1, 4 = 2x2, 8 = 2x4, 16 = 4x4, ..., 256 = 16x16):
+  the shapes of Cloud TPU's standard slices, from doubling the last of the smallest sides. ValueError
+  for a GPU, a count that is no slice of the generation, or one that is not a power of two (a
+  slice of another shape is typed: `launch.compile_check --tpu_topology`)."""
+  chip = CHIPS.get(key)
+  if chip is None or not chip.accelerator:
+    raise ValueError(f"{key!r} is no TPU generation (TPUs: {', '.join(TPU_PREFIX)})")
+  if not is_slice(chip, chips) or chips & (chips - 1):
+    raise ValueError(
+      f"{chips} {key} chips: no standard {key} topology (slices of a power-of-two chip count"
+      + (f" in {', '.join(map(str, chip.slices))}" if chip.slices else f", >= {chip.host_chips}")
+      + ")"
+    )
+  if chip.host_chips and chips == chip.host_chips:
+    return f"{key}:2x2x1"  # one host
+  sides = [1] * (3 if chip.host_chips else 2)
+  while math.prod(sides) < chips:
+    smallest = min(sides)
+    i = max(j for j, side in enumerate(sides) if side == smallest)
+    sides[i] *= 2
+  return f"{key}:{'x'.join(map(str, sides))}"
+
+
+def parse_topology(name: str) -> tuple[str, int]:
+  """`v5p:2x2x4` -> ("v5p", 16): the generation (a CHIPS key) and its chip count; ValueError with
+  the expected form otherwise."""
+  m = re.fullmatch(r"([a-z0-9]+):(\d+(?:x\d+){1,2})", name)
+  tpus = ", ".join(TPU_PREFIX)
+  if not m or m.group(1) not in TPU_PREFIX:
+    raise ValueError(f"expected <generation>:<AxB[xC]> with a generation of {tpus}, e.g. v5p:2x2x4")
+  sides = [int(x) for x in m.group(2).split("x")]
+  if len(sides) != (3 if CHIPS[m.group(1)].host_chips else 2) or min(sides) < 1:
+    want = "AxBxC" if CHIPS[m.group(1)].host_chips else "AxB"
+    raise ValueError(f"{name}: a {m.group(1)} topology is {want} (chips per side, each >= 1)")
+  return m.group(1), math.prod(sides)
+
+
+def same_hbm_chips(from_key: str, chips: int, to_key: str) -> int:
+  """The chips of generation `to_key` that hold as much HBM in all as `chips` chips of `from_key`:
+  the smallest standard slice of `to_key` with chips x HBM per chip >= the other's (8 v5p = 760
+  GiB -> 32 v6e = 1024 GiB). How a member planned for one TPU generation is re-planned for another
+  with the same memory for its state and activations (`launch.compile_check --generation`)."""
+  src, dst = CHIPS[from_key], CHIPS[to_key]
+  need = chips * src.devices_per_chip * src.hbm / (dst.hbm * dst.devices_per_chip)
+  sizes = dst.slices or tuple(dst.host_chips * 2**i for i in range(12))
+  fitting = [n for n in sizes if n >= need - 1e-9 and not n & (n - 1)]
+  if not fitting:
+    raise ValueError(f"{chips} {from_key} chips: no {to_key} slice holds {need:.0f} chips' HBM")
+  return min(fitting)
 
 
 @dataclasses.dataclass(frozen=True)

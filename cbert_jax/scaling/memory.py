@@ -69,11 +69,20 @@ MAX_MICROBATCHES = 64  # the planner gives up (needs more chips) beyond this
 # recomputes them from the committed measurements.
 MARGIN_FLOOR = 1.10
 MARGINS = {"none": 1.25, "dots": 1.10, "full": 1.10}
+# The same rule over the TPU compiler's figures (libtpu ahead of time, results/tpu_aot): the margins
+# of a TPU chip. XLA:CPU's stay for GPUs (and CPUs) until a GPU compile is measured.
+TPU_MARGINS = {"none": 1.25, "dots": 1.10, "full": 1.10}
 
 
-def margin(setting: Setting) -> float:
-  """The factor the estimate of `setting` is multiplied by before it is compared with a budget."""
-  return MARGINS[setting.remat]
+def margin(setting: Setting, platform: str = "") -> float:
+  """The factor the estimate of `setting` is multiplied by before it is compared with a budget on
+  `platform` ("tpu": the TPU compiler's calibration; anything else: XLA:CPU's)."""
+  return (TPU_MARGINS if platform == "tpu" else MARGINS)[setting.remat]
+
+
+def platform_of(chip_name: str) -> str:
+  """ "tpu" for a TPU chip of the table, "gpu" for the others: the margins they are planned with."""
+  return "tpu" if CHIPS[chip_name].accelerator else "gpu"
 
 
 # The chips the plan is made for, one record each in cbert_jax/scaling/chips.py (HBM, the fraction
@@ -248,21 +257,26 @@ def collective_bandwidth(s: Shape, chip_: Chip) -> float:
   return chip_.dcn_bytes_per_s if crosses_nodes(s, chip_) else chip_.link_bytes_per_s
 
 
-def compute_seconds(s: Shape, setting: Setting, chip_: Chip) -> float:
-  """The step's FLOPs on one device (the model's plus what the setting recomputes) at 50% of the
-  chip's peak."""
+def step_flops(s: Shape, setting: Setting) -> tuple[float, float]:
+  """(model, recompute): the step's analytic FLOPs on one data-parallel shard, the model's
+  (`flops.flops_per_token` x its tokens) and what the setting's remat policy recomputes in the
+  backward pass: "full" the blocks' whole forward (weight matmuls 2 (4 d^2 + 3 d F) per token,
+  attention 4 d per score), "dots" only attention's batched matmuls (elementwise work is not
+  counted, as in flops.py)."""
   m = s.model
   tokens = s.batch_size * s.seq_len / s.data_parallel
   per_token = flops_lib.flops_per_token(s.model_name, m, s.mask, s.seq_len)
-  base = per_token * tokens
-  stacks, targets = _stacks(s, s.batch_size / s.data_parallel)
-  # What the policy recomputes in the backward pass: "full" the blocks' whole forward (weight
-  # matmuls 2 (4 d^2 + 3 d F) per token, attention 4 d per score), "dots" only attention's
-  # batched matmuls (elementwise work is not counted, as in flops.py).
+  stacks, _ = _stacks(s, s.batch_size / s.data_parallel)
   attention = sum(st.layers * 4 * st.attn * st.d for st in stacks)
   weights = sum(st.layers * st.tokens * 2 * (4 * st.d * st.d + 3 * st.d * st.ffn) for st in stacks)
   recompute = {"none": 0.0, "dots": attention, "full": weights + attention}[setting.remat]
-  return (base + recompute) / (0.5 * chip_.bf16)
+  return per_token * tokens, recompute
+
+
+def compute_seconds(s: Shape, setting: Setting, chip_: Chip) -> float:
+  """The step's FLOPs on one device (the model's plus what the setting recomputes, `step_flops`)
+  at 50% of the chip's peak."""
+  return sum(step_flops(s, setting)) / (0.5 * chip_.bf16)
 
 
 def collective_seconds(s: Shape, setting: Setting, chip_: Chip) -> float:
@@ -333,14 +347,15 @@ def plan(s: Shape, chip_name: str, fixed: Setting | None = None) -> Plan:
     return per_device % k == 0
 
   if fixed is not None:
-    verdict, est = judge(s, fixed, budget)
+    verdict, est = judge(s, fixed, budget, platform_of(chip_name))
     if verdict == "fits":
       return Plan(chip_name, budget, fixed, est, verdict, step_cost(s, fixed, c))
     return Plan(chip_name, budget, None, est, verdict, 0.0)
   fitting = [
     (step_cost(s, st, c), i, st)
     for i, st in enumerate(candidates())
-    if divides(st.microbatches) and estimate(s, st)["total"] * margin(st) <= budget
+    if divides(st.microbatches)
+    and estimate(s, st)["total"] * margin(st, platform_of(chip_name)) <= budget
   ]
   if not fitting:
     leanest = Setting("full", CE_CHUNK, max(k for k in microbatch_counts() if divides(k)))
@@ -349,20 +364,23 @@ def plan(s: Shape, chip_name: str, fixed: Setting | None = None) -> Plan:
   return Plan(chip_name, budget, best, estimate(s, best), "fits", cost)
 
 
-def judge(s: Shape, setting: Setting, budget: float) -> tuple[str, dict[str, float]]:
-  """(verdict, estimate(s, setting)) of one setting against `budget` bytes per device: "fits"
-  when the estimate x margin(setting) is within it, else "needs microbatches=k" (the fewest micro-batches,
+def judge(
+  s: Shape, setting: Setting, budget: float, platform: str = ""
+) -> tuple[str, dict[str, float]]:
+  """(verdict, estimate(s, setting)) of one setting against `budget` bytes per device on
+  `platform` (its margins): "fits" when the estimate x margin(setting, platform) is within it, else "needs microbatches=k" (the fewest micro-batches,
   dividing the rows per device, that would fit), else "needs more chips". `plan(fixed=...)` on a
   chip's usable memory, and the trainer's check of any run on its own devices
   (cbert_jax/run/memory_fit.py), both judge with it."""
   est = estimate(s, setting)
-  if est["total"] * margin(setting) <= budget:
+  if est["total"] * margin(setting, platform) <= budget:
     return "fits", est
   per_device = s.batch_size // s.data_parallel
   for k in microbatch_counts():
     if k > setting.microbatches and per_device % k == 0:
       if (
-        estimate(s, dataclasses.replace(setting, microbatches=k))["total"] * margin(setting)
+        estimate(s, dataclasses.replace(setting, microbatches=k))["total"]
+        * margin(setting, platform)
         <= budget
       ):
         return f"needs microbatches={k}", est

@@ -1,0 +1,288 @@
+"""What a compiler said about a member's train step: the rows `launch.compile_check` archives, and
+their readers.
+
+One row (a JSON object) per member and compile: the member, the compiler (`path`: "tpu" = libtpu
+ahead of time for a TPU topology, "cpu" = XLA:CPU on a fake mesh of the same device count), the
+topology, the chip the verdict is judged against, the mesh, XLA's `memory_analysis()` per device
+(arguments, outputs, aliased, temporaries, their total), the compile seconds, the compiler's
+`cost_analysis()` (FLOPs, bytes accessed and, on TPU, `optimal_seconds`) beside the analytic FLOPs
+of `models/flops.py`, the analytic memory plan, and `key`: everything the compiled program depends
+on (model, batch, sequence, dtype, memory setting, mesh, devices, chip). A row answers for a config
+only while its key is the config's (`key_of`): a new batch law or memory setting makes it stale,
+and its readers say so instead of using it.
+
+Readers: the planner (`python -m cbert_jax.sweep.planner`) and `launch.sweep`'s dry run show a
+member's compiled HBM and the compiler's step-time estimate beside the analytic plan;
+`launch.sweep --execute` refuses a member whose latest TPU compile does not fit its chip
+(`refusal`); the memory calibration (`margins`) sets the TPU margins from these rows.
+
+The compiler's `optimal_seconds` is its own cost model's estimate of the step on one chip, not a
+measurement: every figure derived from it (step time, chip-hours, MFU) is labelled "compiler's
+estimate" wherever it is shown.
+
+JAX-free (the launcher's dry runs import it; tests/test_light_imports.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import tempfile
+from typing import Any
+
+from cbert_jax.scaling import chips as chips_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The committed TPU compiles: <ARCHIVE>/<chip>/<member>.json, one directory per generation.
+ARCHIVE = os.path.join(ROOT, "results", "tpu_aot")
+GiB = chips_lib.GiB
+
+
+def key_of(config, devices: int, chip: str, topology: str | None) -> dict[str, Any]:
+  """What the compiled step depends on, from a resolved member config: the row's `key`."""
+  return {
+    "model_name": config.model_name,
+    "size": config.model.size,
+    "cms": bool(config.masking.cms),
+    "batch_size": int(config.batch_size),
+    "seq_len": int(config.data.seq_len),
+    "vocab_size": int(config.model.vocab_size or config.data.vocab_size),
+    "compute_dtype": str(config.model.compute_dtype),
+    "remat": str(config.model.remat),
+    "ce_chunk": int(config.model.ce_chunk),
+    "microbatches": int(config.optim.microbatches),
+    "attention_impl": str(config.model.get("attention_impl", "xla")),
+    "mesh": {a: int(config.mesh[a]) for a in ("data", "fsdp", "tensor")},
+    "devices": int(devices),
+    "chip": chip,
+    "topology": topology,
+  }
+
+
+def differences(a: dict, b: dict) -> list[str]:
+  """The fields in which two keys differ, as 'field: a != b' (empty when they are the same)."""
+  return [f"{k}: {a.get(k)} != {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def estimate(row: dict) -> dict[str, float] | None:
+  """The compiler's estimate of the step (None without one): `step_s` = `optimal_seconds` (per
+  step, every chip in parallel), the analytic model FLOPs per device over it (`flops_per_s`) and
+  the MFU that implies against the chip's bf16 peak."""
+  cost, analytic = row.get("cost") or {}, row.get("analytic") or {}
+  step = cost.get("optimal_seconds")
+  if not step or not analytic.get("model_flops"):
+    return None
+  chip = chips_lib.TABLE[row["chip"]]
+  rate = analytic["model_flops"] / step
+  return {"step_s": step, "flops_per_s": rate, "mfu": rate / chip.bf16}
+
+
+def compiled_verdict(row: dict) -> str | None:
+  """The compiled bytes per device against the chip's usable HBM (`hbm x usable`, the budget the
+  plan fills): "fits" or "does not fit"; None without a compile."""
+  total = ((row.get("memory") or {}).get("total")) if not row.get("error") else None
+  if total is None:
+    return None
+  return "fits" if total <= usable_bytes(row["chip"]) else "does not fit"
+
+
+def usable_bytes(chip: str) -> float:
+  c = chips_lib.CHIPS[chip]
+  return c.hbm * c.usable
+
+
+# ------------------------------------------------------------------------------- archive ---
+
+
+def row_path(directory: str, member: str) -> str:
+  return os.path.join(directory, f"{member}.json")
+
+
+def write_row(directory: str, row: dict) -> str:
+  """Writes `row` to `<directory>/<member>.json` atomically (a rename: never half a row)."""
+  os.makedirs(directory, exist_ok=True)
+  path = row_path(directory, row["member"])
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".row-", suffix=".json")
+  with os.fdopen(fd, "w", encoding="utf-8") as f:
+    json.dump(row, f, indent=1, sort_keys=True)
+    f.write("\n")
+  os.replace(tmp, path)
+  return path
+
+
+def load(directory: str) -> dict[str, dict]:
+  """{member: row} of an archive directory ({} if there is none). A file that is not a row is an
+  error naming it."""
+  rows = {}
+  if not os.path.isdir(directory):
+    return rows
+  for name in sorted(os.listdir(directory)):
+    if not name.endswith(".json") or name.startswith("."):
+      continue
+    path = os.path.join(directory, name)
+    try:
+      with open(path, encoding="utf-8") as f:
+        row = json.load(f)
+      rows[row["member"]] = row
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      raise ValueError(f"{path}: not a compile row ({type(e).__name__}: {e})") from e
+  return rows
+
+
+def now() -> str:
+  return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ------------------------------------------------------------------------------- lookups ---
+
+
+class Lookup:
+  """A member's latest TPU compile as its readers see it: `row` (None: never compiled for this
+  chip) and `stale` (the key fields in which the row's compile differs from the config now)."""
+
+  def __init__(self, row: dict | None, stale: list[str]):
+    self.row, self.stale = row, stale
+
+  @property
+  def current(self) -> bool:
+    return self.row is not None and not self.stale and not self.row.get("error")
+
+  def describe(self) -> str:
+    """One line for the plan: the compiled HBM and the compiler's step-time estimate."""
+    if self.row is None:
+      return "no TPU compile"
+    if self.row.get("error"):
+      return f"TPU compile failed ({self.row['error']})"
+    mem, est = self.row["memory"], estimate(self.row)
+    text = (
+      f"TPU compile {self.row['topology']}: {mem['total'] / GiB:.2f} GiB per chip "
+      f"({compiled_verdict(self.row)})"
+    )
+    if est:
+      text += f", step {est['step_s'] * 1e3:.1f} ms and MFU {est['mfu']:.0%} (compiler's estimate)"
+    if self.stale:
+      text += f"; STALE, compiled for another config ({'; '.join(self.stale)})"
+    return text
+
+
+def lookup(member: str, key: dict, archive: str = ARCHIVE) -> Lookup:
+  """The archived TPU compile of `member` on `key["chip"]` (`<archive>/<chip>/<member>.json`),
+  compared with `key` (`key_of` the member's config now)."""
+  row = load_one(os.path.join(archive, key["chip"]), member)
+  if row is None:
+    return Lookup(None, [])
+  return Lookup(row, differences(row.get("key") or {}, key))
+
+
+def load_one(directory: str, member: str) -> dict | None:
+  path = row_path(directory, member)
+  if not os.path.isfile(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def refusal(member: str, found: Lookup) -> str:
+  """Why `launch.sweep --execute` refuses to start `member` ("" if it does not): its latest TPU
+  compile, for its config as it is now, needs more HBM per chip than the chip's usable memory."""
+  if not found.current or compiled_verdict(found.row) != "does not fit":
+    return ""
+  mem = found.row["memory"]["total"]
+  return (
+    f"{member}: its TPU compile ({found.row['topology']}, {found.row['date']}) needs "
+    f"{mem / GiB:.2f} GiB per chip, over {found.row['chip']}'s usable "
+    f"{usable_bytes(found.row['chip']) / GiB:.2f} GiB"
+  )
+
+
+def chip_hours(rows: list[dict], mfu: float) -> tuple[float, float | None]:
+  """(analytic, compiler's estimate) chip-hours of training the members of `rows` for their
+  planned steps: the analytic one at the stated `mfu` on the chip's bf16 peak, the compiler's one
+  at `optimal_seconds` per step (None if a row lacks it)."""
+  analytic, compiler = 0.0, 0.0
+  for r in rows:
+    chip = chips_lib.TABLE[r["chip"]]
+    chips = r["devices"] / chip.devices_per_chip
+    analytic += r["train_flops"] / (r["devices"] * chip.bf16 * mfu) * chips / 3600
+    est = estimate(r)
+    if est is None or compiler is None:
+      compiler = None
+      continue
+    compiler += est["step_s"] * r["steps"] * chips / 3600
+  return analytic, compiler
+
+
+def fmt_bytes(n: float | None) -> str:
+  return "-" if n is None else f"{n / GiB:.2f}"
+
+
+def markdown(rows: list[dict], cpu: dict[str, dict] | None = None) -> str:
+  """A Markdown table of compile rows: per member its topology, mesh, HBM per device by part, the
+  verdict against the chip's usable HBM, compile seconds, the compiler's FLOPs against the
+  analytic count, and the compiler's step-time and MFU estimates; `cpu`: rows of the fake-CPU
+  compile of the same members, whose total goes beside the TPU one."""
+  head = [
+    "member",
+    "topology",
+    "mesh d x f x t",
+    "setting",
+    "args GiB",
+    "out GiB",
+    "alias GiB",
+    "temp GiB",
+    "total GiB",
+    *(["CPU total GiB"] if cpu is not None else []),
+    "planned GiB",
+    "usable GiB",
+    "verdict",
+    "compile s",
+    "compiler / analytic FLOPs",
+    "est. step ms",
+    "est. MFU",
+  ]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for r in rows:
+    mem, key = r.get("memory") or {}, r.get("key") or {}
+    plan = r.get("plan") or {}
+    est = estimate(r)
+    mesh = "x".join(str(r["mesh"][a]) for a in ("data", "fsdp", "tensor")) if r.get("mesh") else "-"
+    flops = (r.get("cost") or {}).get("flops")
+    analytic = r.get("analytic") or {}
+    hw = analytic.get("model_flops", 0) + analytic.get("recompute_flops", 0)
+    cpu_total = ((cpu or {}).get(r["member"]) or {}).get("memory") or {}
+    cells = [
+      r["member"],
+      r.get("topology") or "-",
+      mesh,
+      f"{key.get('remat', '-')} ce{key.get('ce_chunk', '-')} k{key.get('microbatches', '-')}",
+      fmt_bytes(mem.get("argument")),
+      fmt_bytes(mem.get("output")),
+      fmt_bytes(mem.get("alias")),
+      fmt_bytes(mem.get("temp")),
+      fmt_bytes(mem.get("total")),
+      *([fmt_bytes(cpu_total.get("total"))] if cpu is not None else []),
+      fmt_bytes((plan.get("predicted") or {}).get("total")),
+      fmt_bytes(usable_bytes(r["chip"])) if r.get("chip") in chips_lib.CHIPS else "-",
+      (compiled_verdict(r) or f"FAILED: {r.get('error')}"),
+      f"{r['compile_s']:.0f}" if r.get("compile_s") is not None else "-",
+      f"{flops / hw:.3f}" if flops and hw else "-",
+      f"{est['step_s'] * 1e3:.1f}" if est else "-",
+      f"{est['mfu']:.1%}" if est else "-",
+    ]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def ratio(row: dict) -> float | None:
+  """compiled / predicted bytes per device of a row (None without both)."""
+  mem, plan = row.get("memory") or {}, row.get("plan") or {}
+  total, pred = mem.get("total"), (plan.get("predicted") or {}).get("total")
+  return total / pred if total and pred and not row.get("error") else None
+
+
+def margin_from(ratios: list[float], floor: float, step: float = 0.05) -> float:
+  """The margin a set of compiled/predicted ratios calls for: the largest, rounded up to the next
+  `step`, never below `floor` (how memory.MARGINS were set from the CPU data)."""
+  return max(floor, math.ceil(max(ratios) / step - 1e-9) * step) if ratios else floor
