@@ -155,7 +155,8 @@ def model() -> ml_collections.ConfigDict:
   # view).
   c.ce_chunk = 0
   # auto (= xla) | xla | cudnn (fused; GPU with bf16/fp16 only, opt-in: not yet verified with our
-  # masks on a GPU).
+  # masks on a GPU) | splash (Pallas' splash kernel with segment ids; TPU only, opt-in:
+  # models/splash.py, docs/performance.md).
   c.attention_impl = "auto"
   # One [d, 3HD] matmul for q, k, v and one [d, 2F] for SwiGLU's gate and up (weights
   # concatenated per step; the same parameters, the same maths).

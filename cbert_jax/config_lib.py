@@ -464,8 +464,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     raise ConfigError(f"model.ce_chunk must be >= 0 (0 = off), got {m.ce_chunk}")
   if m.remat not in ("none", "full", "dots"):
     raise ConfigError(f"model.remat must be none|full|dots, got {m.remat!r}")
-  if m.attention_impl not in ("auto", "xla", "cudnn"):
-    raise ConfigError(f"model.attention_impl must be auto|xla|cudnn, got {m.attention_impl!r}")
+  if m.attention_impl not in ("auto", "xla", "cudnn", "splash"):
+    raise ConfigError(
+      f"model.attention_impl must be auto|xla|cudnn|splash, got {m.attention_impl!r}"
+    )
   if m.depth_init not in ("none", "global", "current"):
     raise ConfigError(f"model.depth_init must be none|global|current, got {m.depth_init!r}")
   if config.model_name == "crossbert":

@@ -249,9 +249,11 @@ def compile_member(config, devices, placeholder: str, row: dict[str, Any], hlo_p
   row["compile_s"] = round(time.perf_counter() - start, 2)
   row["memory"] = memory(compiled)
   row["cost"] = cost(compiled)
+  text = compiled.as_text()
+  row["loops"] = loops(text)
   if hlo_path:
     with open(hlo_path, "w", encoding="utf-8") as f:
-      f.write(compiled.as_text())
+      f.write(text)
 
 
 def memory(compiled) -> dict[str, int] | None:
@@ -285,6 +287,23 @@ def cost(compiled) -> dict[str, float] | None:
     "optimal_seconds": "optimal_seconds",
   }
   return {k: float(analysis[v]) for k, v in keys.items() if v in analysis}
+
+
+def loops(hlo: str) -> dict[str, Any]:
+  """The while loops of a compiled module's HLO text, which XLA's cost analysis (FLOPs, bytes,
+  `optimal_seconds`) counts once whatever their trip count: how many, how many are windowed
+  einsums (XLA's collective matmul: an FSDP all-gather or reduce-scatter decomposed into a loop
+  over the shards, `windowed_dot_general`), and their trip counts where the loop condition compares
+  the counter with a constant (`{trip count: loops}`)."""
+  bodies = re.findall(r"= \(.*?\) while\(.*?condition=%([\w.-]+), body=%([\w.-]+)", hlo)
+  trips: dict[str, int] = {}
+  for cond, _ in bodies:
+    block = re.search(rf"^%{re.escape(cond)} .*?^}}", hlo, re.M | re.S)
+    limit = re.findall(r"constant\((\d+)\)", block.group(0)) if block else []
+    key = limit[0] if len(limit) == 1 and "direction=LT" in block.group(0) else "unknown"
+    trips[key] = trips.get(key, 0) + 1
+  windowed = sum("windowed_dot_general" in body for _, body in bodies)
+  return {"while": len(bodies), "windowed_einsum": windowed, "trip_counts": trips}
 
 
 def analytic(config, devices: int) -> dict[str, float]:
@@ -373,6 +392,7 @@ def child(ns) -> int:
       row = empty_row(job["arg"])
       row["path"] = "tpu" if topology else "cpu"
       row["topology"] = topology or None
+      row["xla_flags"] = os.environ.get("LIBTPU_INIT_ARGS", "") if topology else None
       try:
         row["member"], config = load_member(ns.config, module, job["arg"], job["overrides"])
         # sweep.target_devices; 0 = this process's devices (the first num_devices if set)
@@ -415,13 +435,14 @@ def child(ns) -> int:
 # ------------------------------------------------------------------ the parent ---
 
 
-def tpu_env(topology: str) -> dict[str, str]:
+def tpu_env(topology: str, xla_flags: str | None = None) -> dict[str, str]:
   """What libtpu needs to compile for `topology` on a host without a TPU, and the chip's own
   LIBTPU_INIT_ARGS (what a launch on that chip exports): JAX stays on its CPU backend (no TPU is
   opened: the topology's devices are compile-only), the metadata server is never asked
   (TPU_SKIP_MDS_QUERY), the accelerator type and worker are the compiled slice's (without them
   libtpu prints that it could not determine them), and several libtpu processes may load at once
-  (its lock file guards a real TPU, which none of them opens)."""
+  (its lock file guards a real TPU, which none of them opens). `xla_flags` replaces the chip's
+  flags (--xla_flags; "" for none)."""
   key, chips = chips_lib.parse_topology(topology)
   chip = chips_lib.CHIPS[key]
   env = {
@@ -434,17 +455,28 @@ def tpu_env(topology: str) -> dict[str, str]:
     "TF_CPP_MIN_LOG_LEVEL": "2",  # libtpu's INFO/WARNING log lines
   }
   for name, value in chips_lib.chip_env(chip):
-    env[name] = f"{os.environ.get(name, '')} {value}".strip() if name == chip.flags_var else value
+    if name == chip.flags_var:
+      value = f"{os.environ.get(name, '')} {value if xla_flags is None else xla_flags}".strip()
+    env[name] = value
+  if xla_flags is not None and chip.flags_var not in env:  # a chip without flags of its own
+    env[chip.flags_var] = f"{os.environ.get(chip.flags_var, '')} {xla_flags}".strip()
   return env
 
 
-def child_env(num_devices: int, tpu: str | bool = "") -> dict[str, str]:
+def libtpu_flags(topology: str, xla_flags: str | None) -> str:
+  """The LIBTPU_INIT_ARGS a child compiles `topology` with (`tpu_env`), as rows record them."""
+  return tpu_env(topology, xla_flags).get("LIBTPU_INIT_ARGS", "")
+
+
+def child_env(
+  num_devices: int, tpu: str | bool = "", xla_flags: str | None = None
+) -> dict[str, str]:
   """The environment of a child: N fake CPU devices (N > 0), else this machine's devices; with a
   TPU topology, `tpu_env`'s."""
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH", "")]))
   if isinstance(tpu, str) and tpu:
-    env.update(tpu_env(tpu))
+    env.update(tpu_env(tpu, xla_flags))
   elif num_devices > 0 and not tpu:
     flags_ = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", ""))
     flags_ = flags_.replace(memory_lib.REMAT_XLA_FLAGS, "")
@@ -479,9 +511,11 @@ def run_child(ns, group: tuple[str, int], jobs: list[Job]) -> list[dict]:
       cmd.append(f"--archive={ns.archive}")
     if ns.dump_hlo:
       cmd.append(f"--dump_hlo={ns.dump_hlo}")
+    if ns.xla_flags is not None:
+      cmd.append(f"--xla_flags={ns.xla_flags}")
     proc = subprocess.Popen(
       cmd,
-      env=child_env(num_devices, topology),
+      env=child_env(num_devices, topology, ns.xla_flags),
       stderr=subprocess.PIPE,
       stdout=subprocess.DEVNULL,
       text=True,
@@ -652,7 +686,8 @@ def parent(ns) -> int:
       want = config.sweep.target_devices or config.num_devices
       if old and not old.get("error") and want:
         key = compiled_lib.key_of(config, want, chip, jobs[arg].topology or None)
-        if old.get("key") == key:
+        flags = libtpu_flags(jobs[arg].topology, ns.xla_flags) if jobs[arg].topology else None
+        if old.get("key") == key and old.get("xla_flags", flags) == flags:
           rows[arg] = old
           archived.append(arg)
   if ns.members:
@@ -753,6 +788,12 @@ def main(argv: list[str] | None = None) -> int:
     default="",
     help="write each row to DIR/<member>.json as it is compiled; skip members archived with the "
     "same key (resume); DIR/table.md at the end",
+  )
+  p.add_argument(
+    "--xla_flags",
+    default=None,
+    help="replace the chip's compiler flags (LIBTPU_INIT_ARGS on a TPU: chips.py, as a launch "
+    "exports them) with these; '' for none",
   )
   p.add_argument("--redo", action="store_true", help="with --archive: compile archived ones again")
   p.add_argument("--dump_hlo", default="", help="write each member's compiled HLO text to DIR")

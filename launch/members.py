@@ -53,6 +53,9 @@ class Member:
   arg: str  # the experiment's config arg, e.g. scale=paper,model=bert,size=d384L6
   workdir: str  # <root>/<name>, absolute
   config: Any  # the resolved ml_collections.ConfigDict (overrides applied), or None
+  # its latest TPU compile (scaling/compiled.py Lookup; None: not planned for a TPU), set by
+  # launch.sweep
+  compiled: Any = None
 
   @property
   def target_devices(self) -> int:
@@ -83,6 +86,8 @@ class Member:
       if c.sweep.get("memory_verdict")  # a member planned for sweep.chip (plan.derive)
       else ""
     )
+    if self.compiled is not None:
+      memory += f"; {self.compiled.describe()}"
     if "n_params" not in c.sweep:  # not a sweep member: no token budget, no derived record
       return f"{c.total_steps} steps x {c.batch_size} rows, {devices}{memory}"
     return (

@@ -20,6 +20,13 @@ Every member exports its chip's XLA flags and variables (XLA_FLAGS on a GPU, LIB
 on a TPU: cbert_jax/scaling/chips.py, sources in docs/launch.md); the dry run shows them,
 `--xla_flags=V` replaces the flags and `--xla_flags=` sets none of them.
 
+A member planned for a TPU shows its latest TPU compile beside its analytic plan (the rows of
+`launch.compile_check --archive`, results/tpu_aot/<chip>/ by default, `--aot DIR`): the compiled
+HBM per chip and the compiler's step-time estimate, or STALE when the member's config changed since;
+the dry run also gives the sweep's chip-hours at a stated MFU and from the compiler's estimate.
+`--execute` refuses when a member's current TPU compile does not fit its chip
+(`--ignore_tpu_compile` overrides).
+
 Bad input (a flag, an override, a member that does not fit a backend, a value with a newline:
 every value ends up in a script line, an #SBATCH line or a remote command) is one `error:` line
 naming the flag, before anything is rendered; exit status 2.
@@ -34,6 +41,7 @@ import sys
 
 from cbert_jax.errors import ConfigError
 from cbert_jax.run import status as status_lib
+from cbert_jax.scaling import compiled as compiled_lib
 from cbert_jax.scaling.chips import GPU_CHIPS, TPU_PREFIX
 from launch import jobs as jobs_lib
 from launch.backends import (
@@ -126,6 +134,17 @@ def launch_parser() -> argparse.ArgumentParser:
     default="",
     help="slurm/tpu-vm/xpk: run from this checkout (default: slurm, tpu-vm use a "
     "snapshot under <root>/code/; xpk the image's working directory)",
+  )
+  p.add_argument(
+    "--aot",
+    default=compiled_lib.ARCHIVE,
+    help="the TPU compiles (launch.compile_check --archive: <DIR>/<chip>/<member>.json) shown "
+    "beside each member's plan and checked by --execute; default results/tpu_aot",
+  )
+  p.add_argument(
+    "--ignore_tpu_compile",
+    action="store_true",
+    help="--execute even where a member's latest TPU compile does not fit its chip",
   )
   p.add_argument(
     "--include_running",
@@ -351,6 +370,8 @@ def build(argv: list[str]) -> tuple[Launch, argparse.Namespace]:
         "character; member names and args go into scripts"
       )
     m.workdir = os.path.join(root, m.name)
+    if m.config is not None:  # its latest TPU compile, if planned for a TPU
+      m.compiled = compiled_lib.member_lookup(m.name, m.config, ns.aot)
   if not plain:
     check_root(root, scale)
   # slurm and tpu-vm run from a code snapshot unless --code_dir names a checkout on the hosts;
@@ -408,6 +429,9 @@ def show(
   )
   if laws:
     print(f"LR and batch size from: {'; '.join(laws)}")
+  hours = chip_hours_line([j.member for j in launch.jobs])
+  if hours:
+    print(hours)
   if launch.shared_root:
     cache = next(
       (
@@ -460,6 +484,47 @@ def show(
     for _, argv in job.steps:
       print(f"  {shell_join(argv)}")
   sys.stdout.flush()
+
+
+def chip_hours_line(members: list) -> str:
+  """The sweep's chip-hours at the stated MFU (compiled.ASSUMED_MFU) and from the TPU compiler's
+  estimate (`optimal_seconds` x steps x chips) of the members with a current compile; "" when no
+  member is planned for a TPU."""
+  planned = [  # members planned for a TPU, with a token budget (plan.derive's record)
+    m
+    for m in members
+    if m.config is not None and m.compiled is not None and m.config.sweep.get("compute")
+  ]
+  if not planned:
+    return ""
+  total, with_est, est_sum = 0.0, 0.0, 0.0
+  n = 0
+  for m in planned:
+    c = m.config
+    analytic, est = compiled_lib.chip_hours(
+      c.sweep.compute,
+      c.total_steps,
+      m.target_devices,
+      c.sweep.chip,
+      compiled_lib.ASSUMED_MFU,
+      m.compiled,
+    )
+    total += analytic
+    if est is not None:
+      n, with_est, est_sum = n + 1, with_est + analytic, est_sum + est
+  line = (
+    f"chip-hours: {total:.3g} for {len(planned)} members at a stated MFU of "
+    f"{compiled_lib.ASSUMED_MFU:.0%} (an assumption)"
+  )
+  if n:
+    line += (
+      f"; the TPU compiler's estimate for the {n} with a current compile: {est_sum:.3g} "
+      f"(vs {with_est:.3g} at {compiled_lib.ASSUMED_MFU:.0%} MFU; optimal_seconds x steps x "
+      "chips, an estimate, not a measurement)"
+    )
+  else:
+    line += "; no member has a current TPU compile (python -m launch.compile_check --tpu --archive)"
+  return line
 
 
 def env_line(launch: Launch) -> str:
@@ -552,6 +617,20 @@ def launch_main(argv: list[str]) -> int:
       print(f"error: {message}", file=sys.stderr)
       return 2
     print(f"warning: {message}; --execute refuses until then", file=sys.stderr)
+  refused = [r for m in resolved if (r := compiled_lib.refusal(m.name, m.compiled))]
+  if refused:  # the TPU compiler says it does not fit, whatever the analytic plan says
+    message = (
+      f"{len(refused)} member(s) do not fit their chips by their latest TPU compile: "
+      f"{'; '.join(refused)}; re-plan them (python -m launch.compile_check --tpu) or pass "
+      "--ignore_tpu_compile"
+    )
+    if ns.execute and not ns.ignore_tpu_compile:
+      print(f"error: {message}", file=sys.stderr)
+      return 2
+    print(
+      f"warning: {message}" + ("" if ns.execute else "; --execute refuses until then"),
+      file=sys.stderr,
+    )
   if launch.backend == "xpk" and launch.shared_root and not ns.xpk_storage:
     print(
       f"warning: --shared_root={launch.shared_root} without --xpk_storage: the pods see it "

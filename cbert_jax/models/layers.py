@@ -8,11 +8,15 @@ mapping to mesh axes lives in the config's `sharding_rules`, never here.
 Logical names: vocab, embed, heads, kv (per-head width), mlp; activations add batch, seq.
 """
 
+import dataclasses
+
 import flax.linen as nn  # only for with_logical_constraint (activations), which reads the same rules
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from cbert_jax.models import splash
 from cbert_jax.models.dense import dense
 from cbert_jax.models.model_config import ModelConfig
 
@@ -57,6 +61,40 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   return out.astype(x.dtype)
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AttnMask:
+  """An attention mask as the boolean [B, Sq, Sk] array *and* the ids it was built from.
+
+  XLA's attention reads `dense`; the splash kernel (models/splash.py) reads `splash_ids()`. Under
+  jit the one a step does not use is dead code. `np.asarray(mask)` gives `dense`.
+  """
+
+  dense: jax.Array  # [B, Sq, Sk] bool
+  seg_q: jax.Array  # [B, Sq] int, 0 = padding
+  seg_k: jax.Array  # [B, Sk] int, 0 = padding
+  view_q: jax.Array | None = None  # [B, Sq] in {0, 1} (in-place CMS) or None
+  view_k: jax.Array | None = None  # [B, Sk]
+  same_view: bool = dataclasses.field(default=True, metadata={"static": True})
+
+  def __array__(self, dtype=None, copy=None):
+    return np.asarray(self.dense, dtype=dtype)
+
+  def splash_ids(self) -> tuple[jax.Array, jax.Array]:
+    """(q_ids [B, Sq], kv_ids [B, Sk]) int32 with q_ids[i] == kv_ids[j] iff dense[i, j].
+
+    Padding keys get splash.PAD_KV (-1; query ids are >= 0). With views (0/1, as
+    masking.cms_split makes them), id = 2 * segment + view; a query of the predictor
+    (`same_view=False`) carries the view it may read, 1 - its own.
+    """
+    seg_q, seg_k = self.seg_q.astype(jnp.int32), self.seg_k.astype(jnp.int32)
+    if self.view_q is not None:
+      view_q, view_k = self.view_q.astype(jnp.int32), self.view_k.astype(jnp.int32)
+      seg_q = 2 * seg_q + (view_q if self.same_view else 1 - view_q)
+      seg_k = 2 * seg_k + view_k
+    return seg_q, jnp.where(self.seg_k != 0, seg_k, splash.PAD_KV)
+
+
 def attention_mask(
   seg_q: jax.Array,
   seg_k: jax.Array,
@@ -64,8 +102,8 @@ def attention_mask(
   view_k: jax.Array | None = None,
   *,
   same_view: bool = True,
-) -> jax.Array:
-  """Boolean [B, Sq, Sk]: query i may attend key j.
+) -> AttnMask:
+  """Query i may attend key j: an AttnMask whose `dense` is the boolean [B, Sq, Sk].
 
   Keys must be real tokens (segment id != 0) of the same packed document as the query. With view ids
   (complementary masking in place), keys must also be in the same view (`same_view=True`, the
@@ -75,15 +113,16 @@ def attention_mask(
   if view_q is not None:
     same = view_q[:, :, None] == view_k[:, None, :]
     m = m & (same if same_view else ~same)
-  return m
+  return AttnMask(m, seg_q, seg_k, view_q, view_k, same_view)
 
 
 def attention_implementation(impl: str, dtype) -> str | None:
-  """`implementation=` for jax.nn.dot_product_attention.
+  """`implementation=` for jax.nn.dot_product_attention (not called for `splash`).
 
   "auto" is XLA's on every backend for now: our masks (packed documents, CMS views) are arbitrary
   boolean [Sq, Sk] masks, and cuDNN's fused kernel (`cudnn`, opt-in, 16-bit inputs on NVIDIA GPUs
-  only) has not been verified with them on a GPU in this project yet.
+  only) has not been verified with them on a GPU in this project yet. `splash` (TPU, opt-in) is
+  Pallas's splash kernel, models/splash.py.
   """
   if impl == "auto":
     return "xla"
@@ -120,9 +159,15 @@ class Attention(nnx.Module):
     self.fused = cfg.fused_projections
 
   def __call__(
-    self, x_q: jax.Array, pos_q: jax.Array, x_kv: jax.Array, pos_kv: jax.Array, mask: jax.Array
+    self,
+    x_q: jax.Array,
+    pos_q: jax.Array,
+    x_kv: jax.Array,
+    pos_kv: jax.Array,
+    mask: "AttnMask | jax.Array",
   ) -> jax.Array:
-    """x_q: [B, Sq, d_q]; x_kv: [B, Sk, d_kv]; pos_*: [B, S*]; mask: [B, Sq, Sk] bool -> [B, Sq, d_q]."""
+    """x_q: [B, Sq, d_q]; x_kv: [B, Sk, d_kv]; pos_*: [B, S*]; mask: an AttnMask, or a plain
+    [B, Sq, Sk] bool (always XLA's attention: splash needs the ids) -> [B, Sq, d_q]."""
     dt, names = self.dtype, ("batch", "seq", "heads", "kv")
 
     def project(x, *ws):  # [B, S, d] x n [d, H, D] -> n [B, S, H, D], as one [d, n H D] matmul
@@ -141,10 +186,16 @@ class Attention(nnx.Module):
     # Logits and softmax in fp32 inside. A query with no allowed key (padding; a CMS query whose
     # document has no token in the other half) would get a uniform softmax over *all* keys, leaking
     # across documents and halves: its output is zeroed instead.
-    o = jax.nn.dot_product_attention(
-      q, k, v, mask=mask[:, None, :, :], implementation=attention_implementation(self.impl, q.dtype)
-    )  # [B, Sq, H, D]
-    o = constrain(o * jnp.any(mask, axis=-1)[:, :, None, None].astype(o.dtype), names)
+    if self.impl == "splash" and isinstance(mask, AttnMask):
+      ids_q, ids_k = mask.splash_ids()  # [B, Sq], [B, Sk]
+      o = splash.attention(q, k, v, ids_q, ids_k)  # [B, Sq, H, D]
+      has_key = jnp.any(ids_q[:, :, None] == ids_k[:, None, :], axis=-1)  # [B, Sq]
+    else:
+      allowed = mask.dense if isinstance(mask, AttnMask) else mask  # [B, Sq, Sk] bool
+      impl = attention_implementation("xla" if self.impl == "splash" else self.impl, q.dtype)
+      o = jax.nn.dot_product_attention(q, k, v, mask=allowed[:, None, :, :], implementation=impl)
+      has_key = jnp.any(allowed, axis=-1)  # [B, Sq]
+    o = constrain(o * has_key[:, :, None, None].astype(o.dtype), names)
     b, sq = o.shape[:2]
     return dense(o.reshape(b, sq, -1), self.wo[...].astype(dt).reshape(-1, self.wo.shape[-1]))
 

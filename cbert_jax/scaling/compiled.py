@@ -38,6 +38,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # The committed TPU compiles: <ARCHIVE>/<chip>/<member>.json, one directory per generation.
 ARCHIVE = os.path.join(ROOT, "results", "tpu_aot")
 GiB = chips_lib.GiB
+# The MFU an analytic wall time assumes (the planner's --mfu default): an assumption, stated.
+ASSUMED_MFU = 0.4
 
 
 def key_of(config, devices: int, chip: str, topology: str | None) -> dict[str, Any]:
@@ -62,7 +64,7 @@ def key_of(config, devices: int, chip: str, topology: str | None) -> dict[str, A
 
 
 def differences(a: dict, b: dict) -> list[str]:
-  """The fields in which two keys differ, as 'field: a != b' (empty when they are the same)."""
+  """The fields in which two keys differ, as 'field: compiled a != now b' (empty when the same)."""
   return [f"{k}: {a.get(k)} != {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
@@ -169,11 +171,27 @@ class Lookup:
 
 def lookup(member: str, key: dict, archive: str = ARCHIVE) -> Lookup:
   """The archived TPU compile of `member` on `key["chip"]` (`<archive>/<chip>/<member>.json`),
-  compared with `key` (`key_of` the member's config now)."""
+  compared with `key` on the fields `key` has (`key_of` a member's config now, or the fields the
+  planner knows of its plan)."""
   row = load_one(os.path.join(archive, key["chip"]), member)
   if row is None:
     return Lookup(None, [])
-  return Lookup(row, differences(row.get("key") or {}, key))
+  old = row.get("key") or {}
+  return Lookup(row, differences({k: old.get(k) for k in key}, key))
+
+
+def member_lookup(name: str, config, archive: str = ARCHIVE) -> Lookup | None:
+  """`lookup` of a resolved sweep member planned for a TPU (`sweep.chip`, `sweep.target_devices`)
+  on its standard topology; None for a member planned for no TPU."""
+  s = config.sweep
+  chip = chips_lib.CHIPS.get(s.get("chip", ""))
+  if chip is None or not chip.accelerator or not s.get("target_devices"):
+    return None
+  try:
+    topology = chips_lib.topology(s.chip, s.target_devices // chip.devices_per_chip)
+  except ValueError:
+    topology = None
+  return lookup(name, key_of(config, s.target_devices, s.chip, topology), archive)
 
 
 def load_one(directory: str, member: str) -> dict | None:
@@ -184,10 +202,10 @@ def load_one(directory: str, member: str) -> dict | None:
     return json.load(f)
 
 
-def refusal(member: str, found: Lookup) -> str:
+def refusal(member: str, found: Lookup | None) -> str:
   """Why `launch.sweep --execute` refuses to start `member` ("" if it does not): its latest TPU
   compile, for its config as it is now, needs more HBM per chip than the chip's usable memory."""
-  if not found.current or compiled_verdict(found.row) != "does not fit":
+  if found is None or not found.current or compiled_verdict(found.row) != "does not fit":
     return ""
   mem = found.row["memory"]["total"]
   return (
@@ -197,21 +215,17 @@ def refusal(member: str, found: Lookup) -> str:
   )
 
 
-def chip_hours(rows: list[dict], mfu: float) -> tuple[float, float | None]:
-  """(analytic, compiler's estimate) chip-hours of training the members of `rows` for their
-  planned steps: the analytic one at the stated `mfu` on the chip's bf16 peak, the compiler's one
-  at `optimal_seconds` per step (None if a row lacks it)."""
-  analytic, compiler = 0.0, 0.0
-  for r in rows:
-    chip = chips_lib.TABLE[r["chip"]]
-    chips = r["devices"] / chip.devices_per_chip
-    analytic += r["train_flops"] / (r["devices"] * chip.bf16 * mfu) * chips / 3600
-    est = estimate(r)
-    if est is None or compiler is None:
-      compiler = None
-      continue
-    compiler += est["step_s"] * r["steps"] * chips / 3600
-  return analytic, compiler
+def chip_hours(
+  compute: float, steps: int, devices: int, chip: str, mfu: float, found: Lookup | None
+) -> tuple[float, float | None]:
+  """(analytic, compiler's estimate) chip-hours of a run of `compute` training FLOPs in `steps`
+  steps on `devices` devices of `chip`: the analytic one at the stated `mfu` of the chip's bf16
+  peak, the compiler's one at its `optimal_seconds` per step (None without a current compile)."""
+  c = chips_lib.TABLE[chip]
+  chips = devices / c.devices_per_chip
+  analytic = compute / (devices * c.bf16 * mfu) * chips / 3600
+  est = estimate(found.row) if found is not None and found.current else None
+  return analytic, (est["step_s"] * steps * chips / 3600 if est else None)
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -285,4 +299,69 @@ def ratio(row: dict) -> float | None:
 def margin_from(ratios: list[float], floor: float, step: float = 0.05) -> float:
   """The margin a set of compiled/predicted ratios calls for: the largest, rounded up to the next
   `step`, never below `floor` (how memory.MARGINS were set from the CPU data)."""
-  return max(floor, math.ceil(max(ratios) / step - 1e-9) * step) if ratios else floor
+  return round(max(floor, math.ceil(max(ratios) / step - 1e-9) * step), 4) if ratios else floor
+
+
+# ---------------------------------------------------------------------------- calibration ---
+CPU_CALIBRATION = os.path.join(ROOT, "results", "memory_calibration")  # the XLA:CPU compiles
+
+
+def cpu_rows(directory: str = CPU_CALIBRATION) -> list[dict]:
+  """The fake-CPU-mesh compile rows (`launch.compile_check --out` files) with a plan."""
+  rows = []
+  for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+    if name.endswith(".json"):
+      with open(os.path.join(directory, name), encoding="utf-8") as f:
+        rows += [r for r in json.load(f)["members"] if not r["error"] and r.get("plan")]
+  return rows
+
+
+def tpu_rows(archive: str = ARCHIVE) -> list[dict]:
+  """Every archived TPU compile row with a plan and no error, from every directory of `archive`
+  (v5p/, v6e/, calibration/<remat>/, design/<variant>/)."""
+  rows = []
+  for parent, _, files in sorted(os.walk(archive)):
+    if any(f.endswith(".json") for f in files):
+      rows += [r for r in load(parent).values() if not r.get("error") and r.get("plan")]
+  return rows
+
+
+def remat_of(row: dict) -> str:
+  return dict(p.split("=") for p in row["plan"]["setting"].split(", "))["remat"]
+
+
+def ratios_by_remat(rows: list[dict]) -> dict[str, list[float]]:
+  """compiled / predicted bytes per device, per remat policy of the compiled setting."""
+  out: dict[str, list[float]] = {}
+  for r in rows:
+    value = ratio(r)
+    if value is not None:
+      out.setdefault(remat_of(r), []).append(value)
+  return out
+
+
+def calibration_markdown(tpu: list[dict], cpu: list[dict], floor: float, margins: dict) -> str:
+  """Per remat policy: the compiled / predicted ratios on TPU (libtpu) beside XLA:CPU's (fake
+  mesh), their range, the margin each calls for (`margin_from`) and the margin in force."""
+  t, c = ratios_by_remat(tpu), ratios_by_remat(cpu)
+  lines = [
+    "| remat | TPU compiles | TPU ratio min / median / max | TPU margin | CPU compiles | "
+    "CPU ratio min / median / max | CPU margin | TPU margin in force |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+
+  def span(xs: list[float]) -> str:
+    if not xs:
+      return "-"
+    xs = sorted(xs)
+    mid = xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+    return f"{xs[0]:.3f} / {mid:.3f} / {xs[-1]:.3f}"
+
+  for remat in ("none", "dots", "full"):
+    lines.append(
+      f"| {remat} | {len(t.get(remat, []))} | {span(t.get(remat, []))} | "
+      f"{margin_from(t.get(remat, []), floor):.2f} | {len(c.get(remat, []))} | "
+      f"{span(c.get(remat, []))} | {margin_from(c.get(remat, []), floor):.2f} | "
+      f"{margins[remat]:.2f} |"
+    )
+  return "\n".join(lines) + "\n"

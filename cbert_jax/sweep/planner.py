@@ -89,6 +89,7 @@ from cbert_jax.run.progress import format_duration
 from cbert_jax.scaling import budget as budget_lib
 from cbert_jax.scaling import chinchilla
 from cbert_jax.scaling import chips as chips_lib
+from cbert_jax.scaling import compiled as compiled_lib
 from cbert_jax.scaling import laws as laws_lib
 from cbert_jax.scaling import memory as memory_lib
 from cbert_jax.scaling import plan as plan_lib
@@ -434,7 +435,45 @@ def make_plan(
       "hours": seconds / 3600,
       "days": seconds / 86400,
     }
+    if chip.accelerator:
+      plan["compiled"] = compiled_plan(ns, rung, rows, seq_len, vocab, chips, mem, steps)
   return plan
+
+
+def compiled_plan(ns, rung: Rung, rows: int, seq_len: int, vocab: int, chips, mem, steps) -> dict:
+  """The rung's latest TPU compile on the plan's chip (`scaling/compiled.py`, --aot DIR), compared
+  with this plan on what the planner knows (batch, sequence, vocabulary, devices, memory setting):
+  its compiled HBM per chip and the compiler's step-time estimate, and the plan's chip-hours from
+  the stated MFU and from that estimate."""
+  key = {
+    "model_name": rung.model_name,
+    "size": rung.size,
+    "batch_size": rows,
+    "seq_len": seq_len,
+    "vocab_size": vocab,
+    "devices": chips.devices,
+    "chip": chips.chip,
+  }
+  if mem.setting is not None:
+    key |= {"remat": mem.setting.remat, "ce_chunk": mem.setting.ce_chunk}
+    key["microbatches"] = mem.setting.microbatches
+  found = compiled_lib.lookup(f"{rung.model_name}_{rung.size}", key, ns.aot)
+  analytic, estimated = compiled_lib.chip_hours(
+    rung.flops_per_token * steps * rows * seq_len,
+    steps,
+    chips.devices,
+    chips.chip,
+    ns.mfu,
+    compiled_lib.Lookup(found.row, []) if found.row and not found.row.get("error") else None,
+  )
+  return {
+    "archive": ns.aot,
+    "line": found.describe(),
+    "stale": found.stale,
+    "row": found.row,
+    "chip_hours": analytic,
+    "chip_hours_compiler": estimated,
+  }
 
 
 # ---------------------------------------------------------------------------------- output ---
@@ -552,6 +591,23 @@ def table(plan: dict) -> str:
         "measurement",
       )
     )
+  done = plan.get("compiled")
+  if done:
+    rows.append(("TPU compile", done["line"], f"scaling/compiled.py rows in {done['archive']}"))
+    est = done["chip_hours_compiler"]
+    rows.append(
+      (
+        "chip-hours",
+        f"{_g(done['chip_hours'])} at the stated MFU; "
+        + (
+          f"{_g(est)} from the compiler's estimate"
+          if est is not None
+          else "no compiler's estimate (no compile of this plan's config)"
+        ),
+        "C / (peak x MFU) x chips; optimal_seconds x steps x chips (the compiler's estimate, "
+        "not a measurement)",
+      )
+    )
   out = ["| quantity | value | source |", "|---|---|---|"]
   out += [f"| {q} | {v} | {s} |" for q, v, s in rows]
   out += [f"note: {n}" for n in plan["notes"]]
@@ -627,6 +683,12 @@ def parser() -> argparse.ArgumentParser:
     default="non_embedding",
     choices=tuple(budget_lib.N_DEFINITIONS),
     help="which parameters N counts (as sweep.n_definition; default non_embedding)",
+  )
+  p.add_argument(
+    "--aot",
+    default=compiled_lib.ARCHIVE,
+    help="the TPU compiles to show beside a TPU plan (launch.compile_check --archive; "
+    "<DIR>/<chip>/<member>.json); default results/tpu_aot",
   )
   p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
   return p

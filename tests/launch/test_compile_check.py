@@ -2,6 +2,7 @@
 memory XLA reports checked against parameter + AdamW bytes from the abstract shapes; divisibility
 errors are one line per member and the others still compile."""
 
+import argparse
 import json
 import math
 import os
@@ -120,14 +121,65 @@ def test_divisibility_errors_are_one_line_per_member(checked):
   assert proc.stdout.splitlines()[-1] == "2 OK, 3 failed: batch6, tensor4, tensor3"
 
 
-def test_members_filter_and_tpu_without_libtpu(capsys):
+def test_members_filter_and_tpu_usage_errors(capsys, monkeypatch):
   spec = os.path.join(ROOT, "experiments", "sweep.py") + ":quick"
   assert compile_check.main(["--config", spec, "--members", "bert_d32L2,bert_d999L9"]) == 2
   err = capsys.readouterr().err
   assert "bert_d999L9: not members of" in err and "crossbert_d96L3" in err
-  if not compile_check.libtpu_available():
-    assert compile_check.main(["--config", spec, "--tpu_topology", "v5p:2x2x4"]) == 2
-    assert "--tpu_topology v5p:2x2x4 needs libtpu" in capsys.readouterr().err
+  # Each TPU flag without libtpu: one line saying how to get it, before any member is loaded.
+  monkeypatch.setattr(compile_check, "libtpu_available", lambda: False)
+  for flag in ("--tpu", "--tpu_topology=v5p:2x2x4", "--generation=v6e"):
+    assert compile_check.main(["--config", spec, flag]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"compile check: {flag.split('=')[0]} needs libtpu (pip install"), line
+  monkeypatch.setattr(compile_check, "libtpu_available", lambda: True)
+  bad = {
+    "--tpu_topology=v5p:2x4": "--tpu_topology=v5p:2x4: v5p:2x4: a v5p topology is AxBxC",
+    "--tpu_topology=h100:8": "expected <generation>:<AxB[xC]> with a generation of",
+    "--generation=h300": "--generation=h300: expected one of v4, v5e, v5p, v6e, a100",
+  }
+  for flag, text in bad.items():
+    assert compile_check.main(["--config", spec, flag]) == 2
+    assert text in capsys.readouterr().err
+  assert compile_check.main(["--config", spec, "--tpu", "--tpu_topology=v5p:2x2x1"]) == 2
+  assert "give one of them" in capsys.readouterr().err
+
+
+def test_tpu_needs_a_member_planned_for_a_tpu(tmp_path, monkeypatch):
+  """--tpu on members without a TPU plan: each row says what is missing (no compile starts)."""
+  spec = os.path.join(ROOT, "experiments", "sweep.py") + ":quick"
+  monkeypatch.setattr(compile_check, "libtpu_available", lambda: True)
+  out = tmp_path / "o.json"
+  argv = ["--config", spec, "--members", "bert_d32L2", "--tpu", f"--out={out}"]
+  assert (
+    compile_check.main(
+      [*argv, "--override=--config.sweep.chip=h100", "--override=--config.sweep.target_devices=4"]
+    )
+    == 1
+  )
+  (row,) = json.loads(out.read_text())["members"]
+  assert row["error"] == (
+    "config error: --tpu needs a member planned for a TPU (sweep.chip='h100', "
+    "sweep.target_devices=4); type one with --tpu_topology"
+  )
+
+
+def test_generation_replans_at_the_same_hbm_in_all(monkeypatch):
+  """--generation v6e: a member planned for 8 v5p chips (760 GiB) compiles for 32 v6e chips
+  (1024 GiB, v6e:4x8), with its chip, devices and batch multiple set for them."""
+  spec = os.path.join(ROOT, "experiments", "sweep.py")
+  module, _ = compile_check.member_args(spec)
+  ns = argparse.Namespace(config=spec, override=[], generation="v6e", tpu=False, tpu_topology="")
+  arg = "scale=paper,model=bert,size=d384L6"
+  name, config, job = compile_check.plan_job(ns, module, arg)
+  assert (name, job.topology) == ("bert_d384L6", "v6e:4x8")
+  assert (config.sweep.chip, config.sweep.target_devices) == ("v6e", 32)
+  assert config.batch_size % 32 == 0 and config.sweep.memory_verdict
+  ns.generation, ns.tpu = "", True  # the member as planned: v5p, 8 chips
+  assert compile_check.plan_job(ns, module, arg)[2].topology == "v5p:2x2x2"
+  ns.tpu, ns.tpu_topology = False, "v6e:2x4"  # typed: the chip judged against follows it
+  _, config, job = compile_check.plan_job(ns, module, arg)
+  assert (config.sweep.chip, job.topology) == ("v6e", "v6e:2x4")
 
 
 def test_child_env_replaces_the_device_count(monkeypatch):

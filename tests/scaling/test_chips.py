@@ -154,3 +154,40 @@ def test_the_table_imports_without_jax():
     [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
   )
   assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
+
+
+@pytest.mark.parametrize("key", ["v4", "v5p", "v5e", "v6e"])
+def test_standard_topologies_round_trip_and_are_cloud_tpus_slices(key):
+  """`chips.topology` names a slice as libtpu takes it, `parse_topology` reads it back; the shapes
+  are Cloud TPU's standard ones (a 3D torus for v4/v5p, 2D for v5e/v6e)."""
+  chip = chips_lib.CHIPS[key]
+  sizes = chip.slices or (4, 8, 16, 32, 64, 128, 256)
+  for chips in sizes:
+    name = chips_lib.topology(key, chips)
+    assert chips_lib.parse_topology(name) == (key, chips)
+    assert chips_lib.is_slice(chip, chips)
+  if chip.host_chips:
+    expect = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8"}
+  else:
+    expect = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 256: "16x16"}
+  assert {n: chips_lib.topology(key, n).split(":")[1] for n in expect} == expect
+  with pytest.raises(ValueError, match="no standard"):
+    chips_lib.topology(key, 12)
+
+
+def test_topology_errors_name_the_form():
+  with pytest.raises(ValueError, match="is no TPU generation"):
+    chips_lib.topology("h100", 8)
+  for bad in ("v5p", "v5p:2x2", "v6e:2x2x2", "h100:8", "v5p:0x2x2"):
+    with pytest.raises(ValueError, match="topology is|expected <generation>"):
+      chips_lib.parse_topology(bad)
+
+
+def test_same_hbm_chips_holds_at_least_the_memory_of_the_planned_slice():
+  """v5p -> v6e at the same HBM in all: 95 GiB / 32 GiB per chip, rounded up to a v6e slice."""
+  for v5p, v6e in ((8, 32), (16, 64), (32, 128), (64, 256)):
+    got = chips_lib.same_hbm_chips("v5p", v5p, "v6e")
+    assert got == v6e and got * 32 >= v5p * 95 and chips_lib.is_slice(chips_lib.CHIPS["v6e"], got)
+  assert chips_lib.same_hbm_chips("v6e", 32, "v5p") == 16  # 1024 GiB -> 11 chips -> 16
+  with pytest.raises(ValueError, match="no v6e slice"):
+    chips_lib.same_hbm_chips("v5p", 128, "v6e")  # 380 v6e chips: more than v6e's 256
