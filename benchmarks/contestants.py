@@ -14,6 +14,8 @@ the masking ids, benchmarks/profile_step.py and accelerator_step.py the steps.
                       clipping, with its executed FLOPs and the memory its backward pass holds
   hf_config           a Hugging Face peer's transformers config at a shape (embed.py's peers too)
   model_config        cbert_jax's ModelConfig at a shape (embed.py's encoders too)
+  step_configs        a cbert_jax contestant's ModelConfig and MaskConfig (JaxStep's, and what
+                      accelerator_step.py asks the memory plan about)
   CONTESTANTS/build   the named contestants and how each is built at a shape
 FLOPs conventions and what each contestant measures: benchmarks/train_step.py's docstring.
 """
@@ -115,6 +117,16 @@ def model_config(s: Shape, **model_kw):
   )
 
 
+def step_configs(shape: Shape, mask_ratio: float, cms: bool, **model_kw):
+  """(ModelConfig, MaskConfig) of a cbert_jax contestant at `shape`: what `JaxStep` builds and
+  trains, and what the memory plan is asked about (benchmarks/accelerator_step.py checks a shape
+  against a chip with it before building anything)."""
+  from cbert_jax.models.model_config import MaskConfig
+
+  mask = MaskConfig(mask_ratio=mask_ratio, mask_id=MASK_ID, special_ids=SPECIAL, cms=cms)
+  return model_config(shape, **model_kw), mask
+
+
 # Custom-call targets of fused attention kernels in compiled HLO: cuDNN's flash attention
 # (jax.nn.dot_product_attention(implementation="cudnn")) and, should one appear, a Pallas/Mosaic
 # kernel on TPU. Without one, attention is XLA's own dot + softmax fusions.
@@ -142,12 +154,10 @@ class JaxStep:
     from cbert_jax import config_lib
     from cbert_jax.models import FAMILIES
     from cbert_jax.models import flops as flops_lib
-    from cbert_jax.models.model_config import MaskConfig
     from cbert_jax.step import optim, steps
 
     s = shape
-    cfg = model_config(s, **model_kw)
-    mask = MaskConfig(mask_ratio=mask_ratio, mask_id=MASK_ID, special_ids=SPECIAL, cms=cms)
+    cfg, mask = step_configs(s, mask_ratio, cms, **model_kw)
     with nnx.use_eager_sharding(False):
       model = FAMILIES[family](cfg, mask, nnx.Rngs(0))
     graphdef, params = nnx.split(model, nnx.Param)
