@@ -253,6 +253,7 @@ def markdown(rows: list[dict], cpu: dict[str, dict] | None = None) -> str:
     "verdict",
     "compile s",
     "compiler / analytic FLOPs",
+    "windowed-einsum loops",
     "est. step ms",
     "est. MFU",
   ]
@@ -282,11 +283,24 @@ def markdown(rows: list[dict], cpu: dict[str, dict] | None = None) -> str:
       (compiled_verdict(r) or f"FAILED: {r.get('error')}"),
       f"{r['compile_s']:.0f}" if r.get("compile_s") is not None else "-",
       f"{flops / hw:.3f}" if flops and hw else "-",
+      str((r.get("loops") or {}).get("windowed_einsum", "-")),
       f"{est['step_s'] * 1e3:.1f}" if est else "-",
       f"{est['mfu']:.1%}" if est else "-",
     ]
     lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines) + "\n"
+  return "\n".join(lines) + "\n" + MARKDOWN_NOTE
+
+
+# What the table's compiler columns are (docs/performance.md, "What the TPU compiler says").
+MARKDOWN_NOTE = (
+  "\nGiB per device from XLA's memory_analysis(); total = args + out - alias + temp. Verdict: the "
+  "compiled total against the chip's usable HBM (hbm x usable, what the plan fills). Compiler / "
+  "analytic FLOPs: cost_analysis() flops over models/flops.py's (+ the remat recompute); a "
+  "compile with windowed-einsum loops (XLA's collective matmul for FSDP) reads low, as the cost "
+  "analysis counts a loop's body once (- = not recorded). est. step and MFU: the compiler's "
+  "optimal_seconds and the analytic model FLOPs over it: the compiler's estimate, not a "
+  "measurement.\n"
+)
 
 
 def ratio(row: dict) -> float | None:

@@ -52,6 +52,14 @@ Where every number comes from:
   wall time      with --chips: C / (devices x the chip's bf16 peak per device
                  (`chips.CHIPS[chip].bf16`, the MFU denominator's figure) x MFU), at a *stated*
                  MFU (--mfu, default 0.4): an assumption, not a measurement.
+  TPU compile    with --chips on a TPU: the rung's latest TPU compile (`launch.compile_check
+                 --archive`, rows in --aot DIR/<chip>/<member>.json, default results/tpu_aot),
+                 compared with the plan on batch, sequence, vocabulary, devices and memory
+                 setting (STALE, with the fields that differ, when it was compiled for another
+                 config): its HBM per chip, and the compiler's `optimal_seconds` step estimate; the
+                 plan's chip-hours from the stated MFU and from that estimate (optimal_seconds x
+                 steps x chips; none from a stale compile). The compiler's figures are its own
+                 estimate, not a measurement (scaling/compiled.py).
 
 --chips: `<tpu>-<N>` names a Cloud TPU slice the way its accelerator type does: v4 and v5p count
 TensorCores (2 per chip, one JAX device per chip: v5p-64 = 32 chips = 32 devices; slices are
@@ -464,7 +472,7 @@ def compiled_plan(ns, rung: Rung, rows: int, seq_len: int, vocab: int, chips, me
     chips.devices,
     chips.chip,
     ns.mfu,
-    compiled_lib.Lookup(found.row, []) if found.row and not found.row.get("error") else None,
+    found,
   )
   return {
     "archive": ns.aot,

@@ -315,3 +315,48 @@ def test_the_planner_runs_without_jax():
   )
   assert r.returncode == 0, r.stderr
   assert "| wall time |" in r.stdout and r.stdout.splitlines()[-1] == "heavy: []"
+
+
+def test_a_tpu_plan_shows_its_rungs_compile_and_chip_hours_from_both(tmp_path, capsys):
+  """The planned rung's TPU compile (a row written here for the plan's own batch, devices and
+  setting) beside the plan: its bytes and step estimate, and the plan's chip-hours from the stated
+  MFU and from the compiler's optimal_seconds x steps x chips; a compile of another batch is
+  shown as stale and gives no compiler's chip-hours."""
+  from cbert_jax.scaling import compiled as compiled_lib
+
+  argv = ["--flops", "3e19", "--model", "bert", "--chips", "v5p-16", f"--aot={tmp_path}"]
+  got = plan_json(capsys, *argv)
+  assert got["compiled"]["row"] is None and got["compiled"]["line"] == "no TPU compile"
+  assert got["compiled"]["chip_hours"] == pytest.approx(3e19 / (V5P_PEAK * 0.4) / 3600, rel=1e-3)
+  assert got["compiled"]["chip_hours_compiler"] is None
+  size, rows, setting = got["rung"]["size"], got["laws"]["rows"], got["memory"]["setting"]
+  key = {
+    "model_name": "bert",
+    "size": size,
+    "batch_size": rows,
+    "seq_len": 512,
+    "vocab_size": 32768,
+    "devices": 8,
+    "chip": "v5p",
+    **setting,
+  }
+  row = {
+    "member": f"bert_{size}",
+    "chip": "v5p",
+    "topology": "v5p:2x2x2",
+    "key": key,
+    "memory": {"total": 40 * 2**30},
+    "cost": {"optimal_seconds": 0.25},
+    "analytic": {"model_flops": 1e14},
+    "error": None,
+  }
+  compiled_lib.write_row(str(tmp_path / "v5p"), row)
+  got = plan_json(capsys, *argv)
+  assert got["compiled"]["stale"] == []
+  assert got["compiled"]["line"].startswith("TPU compile v5p:2x2x2: 40.00 GiB per chip (fits)")
+  assert got["compiled"]["chip_hours_compiler"] == pytest.approx(0.25 * got["steps"] * 8 / 3600)
+  compiled_lib.write_row(str(tmp_path / "v5p"), row | {"key": key | {"batch_size": rows + 8}})
+  got = plan_json(capsys, *argv)
+  assert got["compiled"]["stale"] == [f"batch_size: {rows + 8} != {rows}"]
+  assert got["compiled"]["chip_hours_compiler"] is None
+  assert run([*argv]) == 0 and "| chip-hours |" in capsys.readouterr().out
