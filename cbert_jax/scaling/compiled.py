@@ -320,11 +320,12 @@ def margin_from(ratios: list[float], floor: float, step: float = 0.05) -> float:
 CPU_CALIBRATION = os.path.join(ROOT, "results", "memory_calibration")  # the XLA:CPU compiles
 
 
-def cpu_rows(directory: str = CPU_CALIBRATION) -> list[dict]:
-  """The fake-CPU-mesh compile rows (`launch.compile_check --out` files) with a plan."""
+def cpu_rows(directory: str = CPU_CALIBRATION, only: str = "") -> list[dict]:
+  """The fake-CPU-mesh compile rows (`launch.compile_check --out` files) with a plan; `only`: of
+  that one file."""
   rows = []
   for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
-    if name.endswith(".json"):
+    if name.endswith(".json") and name == (only or name):
       with open(os.path.join(directory, name), encoding="utf-8") as f:
         rows += [r for r in json.load(f)["members"] if not r["error"] and r.get("plan")]
   return rows
@@ -379,3 +380,41 @@ def calibration_markdown(tpu: list[dict], cpu: list[dict], floor: float, margins
       f"{margins[remat]:.2f} |"
     )
   return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+  """`python -m cbert_jax.scaling.compiled [--archive DIR]`: the memory plan's TPU calibration
+  (compiled / predicted per remat policy on TPU beside XLA:CPU's, the margins they call for and
+  those in force) and each archive directory's table, as Markdown."""
+  import argparse  # pylint: disable=import-outside-toplevel
+
+  from cbert_jax.scaling import memory  # pylint: disable=import-outside-toplevel
+
+  p = argparse.ArgumentParser(description=main.__doc__)
+  p.add_argument(
+    "--archive", default=ARCHIVE, help="the TPU compile rows (default results/tpu_aot)"
+  )
+  ns = p.parse_args(argv)
+  print(
+    calibration_markdown(tpu_rows(ns.archive), cpu_rows(), memory.MARGIN_FLOOR, memory.TPU_MARGINS)
+  )
+  for parent, _, files in sorted(os.walk(ns.archive)):
+    if any(f.endswith(".json") for f in files):
+      rows = sorted(load(parent).values(), key=lambda r: r.get("params") or 0)
+      where = os.path.relpath(parent, ns.archive)
+      cpu = CPU_TWIN.get(where)
+      cpu = {r["member"]: r for r in cpu_rows(only=cpu)} if cpu else None
+      print(f"### {where}\n\n{markdown(rows, cpu)}")
+  return 0
+
+
+# The XLA:CPU compiles of the same members and settings as an archive directory (the CPU column).
+CPU_TWIN = {
+  "v5p": "paper_v5p.json",
+  "calibration/dots": "compile_dots.json",
+  "calibration/full": "compile_full.json",
+}
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -227,3 +227,25 @@ def test_crossbert_d1024l16_replanned_on_h100_fits_as_compiled():
   ]
   assert row["plan"]["setting"] == setting.describe()
   assert row["memory"]["total"] <= s.memory_budget
+
+
+def test_the_tpu_margins_are_the_tpu_compilers_worst_ratio_of_each_policy():
+  """memory.TPU_MARGINS from the committed TPU compiles (results/tpu_aot: libtpu, every member and
+  setting compiled so far) by MARGINS' rule; a policy with no TPU compile yet keeps XLA:CPU's
+  margin. Every TPU compile fits under its prediction x its policy's TPU margin."""
+  from cbert_jax.scaling import compiled as compiled_lib
+
+  rows = compiled_lib.tpu_rows()
+  ratios = compiled_lib.ratios_by_remat(rows)
+  assert ratios.get("none"), "no TPU compile at remat=none is committed"
+  for remat in memory.REMAT_POLICIES:
+    want = (
+      compiled_lib.margin_from(ratios[remat], memory.MARGIN_FLOOR)
+      if remat in ratios
+      else (memory.MARGINS[remat])
+    )
+    assert memory.TPU_MARGINS[remat] == pytest.approx(want), (remat, ratios.get(remat))
+    assert all(x <= memory.TPU_MARGINS[remat] for x in ratios.get(remat, []))
+  # A TPU chip is planned with them, a GPU with XLA:CPU's.
+  assert memory.margin(memory.Setting("none"), "tpu") == memory.TPU_MARGINS["none"]
+  assert memory.margin(memory.Setting("none"), "gpu") == memory.MARGINS["none"]
