@@ -149,7 +149,7 @@ class Job:
 
   arg: str
   overrides: list[str]
-  topology: str = ""
+  topology: str = ""  # a TPU topology (libtpu), or "<chip>@<PxHxD>" for a GPU (deviceless XLA:GPU)
   devices: int = 0
 
   @property
@@ -188,6 +188,19 @@ def plan_job(ns, module, arg: str) -> tuple[str, Any, Job]:
       overrides.append(f"--config.sweep.chip={generation}")
       name, config = load_member(ns.config, module, arg, overrides)
     return name, config, Job(arg, overrides, topology=ns.tpu_topology)
+  if ns.gpu:
+    chip = chips_lib.CHIPS.get(s.chip)
+    if chip is None or chip.accelerator or not s.target_devices:
+      raise ConfigError(
+        f"--gpu needs a member planned for a GPU (sweep.chip={s.chip!r}, sweep.target_devices="
+        f"{s.target_devices}); e.g. --override=--config.sweep.chip=h100"
+      )
+    if not chip.aot_target:
+      raise ConfigError(
+        f"--gpu: no target description of {s.chip} for XLA:GPU yet (cbert_jax/scaling/"
+        f"gpu_targets/; chips with one: {', '.join(k for k, c in chips_lib.CHIPS.items() if c.aot_target)})"
+      )
+    return name, config, Job(arg, overrides, topology=gpu_topology(s.chip, s.target_devices))
   if ns.tpu or (ns.generation and chips_lib.CHIPS[ns.generation].accelerator):
     chip = chips_lib.CHIPS.get(s.chip)
     if chip is None or not chip.accelerator or not s.target_devices:
@@ -198,6 +211,35 @@ def plan_job(ns, module, arg: str) -> tuple[str, Any, Job]:
     topology = chips_lib.topology(s.chip, s.target_devices // chip.devices_per_chip)
     return name, config, Job(arg, overrides, topology=topology)
   return name, config, Job(arg, overrides, devices=s.target_devices)
+
+
+def gpu_topology(chip: str, devices: int) -> str:
+  """The deviceless GPU compile target of `devices` GPUs of `chip`: "<chip>@1x<hosts>x<per host>",
+  XLA:GPU's topology option (partitions x hosts x devices per host) with nodes of the chip's
+  `node_devices`."""
+  per_host = min(devices, chips_lib.CHIPS[chip].node_devices or devices)
+  if devices % per_host:
+    raise ConfigError(f"{devices} {chip} GPUs are no whole number of {per_host}-GPU nodes")
+  return f"{chip}@1x{devices // per_host}x{per_host}"
+
+
+def gpu_devices(target: str) -> list:
+  """The compile-only devices of a GPU target (`gpu_topology`), from jax's CUDA plugin with the
+  chip's description (cbert_jax/scaling/gpu_targets/): no GPU needed."""
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+
+  chip, shape = target.split("@")
+  path = os.path.join(ROOT, "cbert_jax", "scaling", "gpu_targets", chips_lib.CHIPS[chip].aot_target)
+  with open(path, encoding="utf-8") as f:
+    config = f.read()
+  return list(
+    topologies.get_topology_desc("", "cuda", target_config=config, topology=shape).devices
+  )
+
+
+def cuda_plugin_available() -> bool:
+  """Whether jax's CUDA plugin is installed (`pip install 'jax[cuda12]'`, any machine)."""
+  return any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
 
 
 # ----------------------------------------------------------------- the compile ---
@@ -375,7 +417,11 @@ def child(ns) -> int:
 
   module, _ = member_args(ns.config)
   topology = ns.tpu_topology
-  if topology:
+  gpu = "@" in topology
+  if gpu:
+    available = gpu_devices(topology)
+    chip_key, chips = topology.split("@")[0], len(available)
+  elif topology:
     from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
 
     available = list(topologies.get_topology_desc(topology, "tpu").devices)
@@ -390,9 +436,10 @@ def child(ns) -> int:
     placeholder.flush()
     for job in json.loads(ns._jobs):  # pylint: disable=protected-access
       row = empty_row(job["arg"])
-      row["path"] = "tpu" if topology else "cpu"
+      row["path"] = "gpu" if gpu else "tpu" if topology else "cpu"
       row["topology"] = topology or None
-      row["xla_flags"] = os.environ.get("LIBTPU_INIT_ARGS", "") if topology else None
+      flags_var = "XLA_FLAGS" if gpu else "LIBTPU_INIT_ARGS"
+      row["xla_flags"] = os.environ.get(flags_var, "") if topology else None
       try:
         row["member"], config = load_member(ns.config, module, job["arg"], job["overrides"])
         # sweep.target_devices; 0 = this process's devices (the first num_devices if set)
@@ -463,8 +510,24 @@ def tpu_env(topology: str, xla_flags: str | None = None) -> dict[str, str]:
   return env
 
 
+def gpu_env(target: str, xla_flags: str | None = None) -> dict[str, str]:
+  """What a deviceless GPU compile of `target` needs: JAX on its CPU backend (the CUDA plugin then
+  makes compile-only devices instead of looking for a GPU) and the chip's launch environment
+  (its XLA_FLAGS, which `xla_flags` replaces, and JAX_OPTIMIZATION_LEVEL)."""
+  chip = chips_lib.CHIPS[target.split("@")[0]]
+  env = {"JAX_PLATFORMS": "cpu"}
+  for name, value in chips_lib.chip_env(chip):
+    if name == "XLA_FLAGS":
+      value = f"{os.environ.get(name, '')} {value if xla_flags is None else xla_flags}".strip()
+    env[name] = value
+  return env
+
+
 def libtpu_flags(topology: str, xla_flags: str | None) -> str:
-  """The LIBTPU_INIT_ARGS a child compiles `topology` with (`tpu_env`), as rows record them."""
+  """The compiler flags a child compiles `topology` with (`tpu_env`, `gpu_env`), as rows record
+  them."""
+  if "@" in topology:
+    return gpu_env(topology, xla_flags).get("XLA_FLAGS", "")
   return tpu_env(topology, xla_flags).get("LIBTPU_INIT_ARGS", "")
 
 
@@ -475,7 +538,9 @@ def child_env(
   TPU topology, `tpu_env`'s."""
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH", "")]))
-  if isinstance(tpu, str) and tpu:
+  if isinstance(tpu, str) and "@" in tpu:
+    env.update(gpu_env(tpu, xla_flags))
+  elif isinstance(tpu, str) and tpu:
     env.update(tpu_env(tpu, xla_flags))
   elif num_devices > 0 and not tpu:
     flags_ = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", ""))
@@ -603,7 +668,7 @@ def table(rows: list[dict]) -> str:
     est = compiled_lib.estimate(r) if r.get("chip") in chips_lib.TABLE else None
     verdict = p.get("verdict") or "-"
     compiled_fits = compiled_lib.compiled_verdict(r) if r.get("chip") in chips_lib.CHIPS else None
-    if compiled_fits and r.get("path") == "tpu":
+    if compiled_fits and r.get("path") in ("tpu", "gpu"):
       verdict = f"{verdict}; compiled {compiled_fits}"
     lines.append(
       (
@@ -643,6 +708,13 @@ def _name_without_overrides(config_spec: str, module, arg: str) -> str:
 def check_usage(ns) -> str:
   """The one-line usage error of a command line ("" if none), before anything is loaded."""
   flags = [f for f in ("tpu", "generation", "tpu_topology") if getattr(ns, f)]
+  if ns.gpu and flags:
+    return f"--gpu compiles members planned for a GPU; --{flags[0]} a TPU: give one of them"
+  if ns.gpu and not cuda_plugin_available():
+    return (
+      "--gpu needs jax's CUDA plugin (pip install 'jax[cuda12]==0.10.2': 5.5 GB, installs and "
+      "compiles on a machine without a GPU)"
+    )
   if ns.tpu_topology:
     try:
       chips_lib.parse_topology(ns.tpu_topology)
@@ -702,7 +774,9 @@ def parent(ns) -> int:
       return 2
     args = [a for a in args if names[a] in want]
   tpu = any(j.topology for a, j in jobs.items() if a in args)
-  if tpu:
+  if ns.gpu:
+    path = "GPU ahead of time (XLA:GPU's compile-only devices for each chip's description)"
+  elif tpu:
     path = "TPU ahead of time (libtpu's compile-only devices for each topology)"
   else:
     path = FAKE_PATH + (
@@ -729,7 +803,7 @@ def parent(ns) -> int:
     r["member"]
     for r in ordered
     if (r.get("plan") or {}).get("verdict") == "needs more chips"
-    or (r.get("path") == "tpu" and compiled_lib.compiled_verdict(r) == "does not fit")
+    or (r.get("path") in ("tpu", "gpu") and compiled_lib.compiled_verdict(r) == "does not fit")
   ]
   print(
     f"{len(ordered) - len(failed)} OK, {len(failed)} failed"
@@ -770,6 +844,12 @@ def main(argv: list[str] | None = None) -> int:
     "--tpu",
     action="store_true",
     help="compile each member with libtpu for the TPU topology of its planned chip and chip count",
+  )
+  p.add_argument(
+    "--gpu",
+    action="store_true",
+    help="compile each member planned for a GPU deviceless for its chip and GPU count (needs "
+    "jax[cuda12]; no GPU); a chip needs a description in cbert_jax/scaling/gpu_targets/",
   )
   p.add_argument(
     "--generation",

@@ -267,6 +267,9 @@ class Chip:
     xla_flags: The XLA flags a launch sets for a dense transformer's training step, each with its
       source (`Flag`): XLA_FLAGS on a GPU, LIBTPU_INIT_ARGS on a TPU (`flags_var`).
     env: Further environment variables (`Flag("NAME=value", source)`) a launch sets.
+    aot_target: For a GPU, the file in cbert_jax/scaling/gpu_targets/ describing it to XLA:GPU
+      (a GpuTargetConfigProto), so a step compiles for it on a machine without one
+      (`launch.compile_check --gpu`); "" where none is written yet.
   """
 
   key: str
@@ -291,6 +294,7 @@ class Chip:
   dcn_source: str = ""
   xla_flags: tuple[Flag, ...] = ()
   env: tuple[Flag, ...] = ()
+  aot_target: str = ""
 
   @property
   def planned(self) -> bool:
@@ -477,6 +481,7 @@ TABLE: dict[str, Chip] = {
       dcn_source=_DGX_IB,
       xla_flags=_GPU_FLAGS,
       env=_HOPPER_ENV,
+      aot_target="h100.txtpb",
     ),
     # H200 SXM: the H100 SXM's compute, BF16 1979 / TF32 989 sparse; 141 GB HBM3e, NVLink
     # 900 GB/s (NVIDIA H200 datasheet).

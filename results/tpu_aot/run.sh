@@ -12,6 +12,7 @@
 #                   plan's TPU calibration (issue 51, item 3)
 #   design/...      crossbert_d768L12 as the compiler sees other choices (item 4, docs/performance.md)
 #   v6e/            the 17 paper members re-planned for v6e at the same HBM in all (8 v5p -> 32 v6e)
+#   calibration/none_large/  the 4 dots members that might fit without remat, at remat none
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-results/tpu_aot}
@@ -45,4 +46,12 @@ $CHECK --tpu --members $D768 --archive "$OUT/design/chips16" \
   --override=--config.sweep.target_devices=16 >> "$OUT/run.log" 2>&1
 log "v6e: every paper member at the same HBM in all"
 $CHECK --generation v6e --archive "$OUT/v6e" >> "$OUT/run.log" 2>&1
+# The members planned with remat dots whose remat=none plan, at the TPU's 0.67-0.73 compiled /
+# predicted, may fit v5p's 85.5 GiB without remat (predicted 82-121 GiB): does the TPU compiler
+# say they pay for remat they do not need? (issue 51, item 3)
+log "remat none for the dots members that may not need it"
+$CHECK --tpu --members bert_d1280L20,bert_d1536L24,bert_d2048L24,crossbert_d2048L24 \
+  --archive "$OUT/calibration/none_large" --override=--config.sweep.memory=check \
+  --override=--config.model.remat=none --override=--config.model.ce_chunk=0 \
+  --override=--config.optim.microbatches=1 >> "$OUT/run.log" 2>&1
 log "done"

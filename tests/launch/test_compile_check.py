@@ -13,6 +13,7 @@ import jax
 import pytest
 from flax import nnx
 
+from cbert_jax.errors import ConfigError
 from cbert_jax.models import FAMILIES
 from cbert_jax.scaling import plan
 from launch import compile_check
@@ -143,6 +144,13 @@ def test_members_filter_and_tpu_usage_errors(capsys, monkeypatch):
     assert text in capsys.readouterr().err
   assert compile_check.main(["--config", spec, "--tpu", "--tpu_topology=v5p:2x2x1"]) == 2
   assert "give one of them" in capsys.readouterr().err
+  assert compile_check.main(["--config", spec, "--gpu", "--tpu"]) == 2
+  assert "--gpu compiles members planned for a GPU; --tpu a TPU" in capsys.readouterr().err
+  monkeypatch.setattr(compile_check, "cuda_plugin_available", lambda: False)
+  assert compile_check.main(["--config", spec, "--gpu"]) == 2
+  assert (
+    "--gpu needs jax's CUDA plugin (pip install 'jax[cuda12]==0.10.2'" in capsys.readouterr().err
+  )
 
 
 def test_tpu_needs_a_member_planned_for_a_tpu(tmp_path, monkeypatch):
@@ -169,7 +177,9 @@ def test_generation_replans_at_the_same_hbm_in_all(monkeypatch):
   (1024 GiB, v6e:4x8), with its chip, devices and batch multiple set for them."""
   spec = os.path.join(ROOT, "experiments", "sweep.py")
   module, _ = compile_check.member_args(spec)
-  ns = argparse.Namespace(config=spec, override=[], generation="v6e", tpu=False, tpu_topology="")
+  ns = argparse.Namespace(
+    config=spec, override=[], generation="v6e", tpu=False, tpu_topology="", gpu=False
+  )
   arg = "scale=paper,model=bert,size=d384L6"
   name, config, job = compile_check.plan_job(ns, module, arg)
   assert (name, job.topology) == ("bert_d384L6", "v6e:4x8")
@@ -180,6 +190,20 @@ def test_generation_replans_at_the_same_hbm_in_all(monkeypatch):
   ns.tpu, ns.tpu_topology = False, "v6e:2x4"  # typed: the chip judged against follows it
   _, config, job = compile_check.plan_job(ns, module, arg)
   assert (config.sweep.chip, job.topology) == ("v6e", "v6e:2x4")
+  # --gpu: the member re-planned for 16 H100s compiles for 2 nodes of 8 (XLA:GPU's 1x2x8)
+  ns.tpu_topology, ns.gpu = "", True
+  ns.override = ["--config.sweep.chip=h100", "--config.sweep.target_devices=16"]
+  _, config, job = compile_check.plan_job(ns, module, arg)
+  assert (config.sweep.chip, job.topology, job.group) == ("h100", "h100@1x2x8", ("h100@1x2x8", 0))
+  env = compile_check.gpu_env(job.topology)
+  assert env["JAX_PLATFORMS"] == "cpu" and env["JAX_OPTIMIZATION_LEVEL"] == "O1"
+  assert "--xla_gpu_enable_latency_hiding_scheduler=true" in env["XLA_FLAGS"]
+  ns.override = ["--config.sweep.chip=a100", "--config.sweep.target_devices=8"]
+  with pytest.raises(ConfigError, match="no target description of a100 for XLA:GPU yet"):
+    compile_check.plan_job(ns, module, arg)
+  ns.override = []  # planned for v5p: not a GPU member
+  with pytest.raises(ConfigError, match="--gpu needs a member planned for a GPU"):
+    compile_check.plan_job(ns, module, arg)
 
 
 def test_child_env_replaces_the_device_count(monkeypatch):
