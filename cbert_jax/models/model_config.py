@@ -45,9 +45,9 @@ class ModelConfig:
     "none"  # recompute block activations in backward: none | full | dots (save matmul outputs)
   )
   ce_chunk: int = 0  # vocab head + CE over this many target positions at a time (0 = all at once)
-  attention_impl: str = (
-    "auto"  # jax.nn.dot_product_attention implementation: auto (xla) | xla | cudnn
-  )
+  # attention: auto (xla) | xla | cudnn (jax.nn.dot_product_attention's) | splash (Pallas' TPU
+  # splash kernel, models/splash.py; opt-in: estimated slower for the paper members, docs/performance.md)
+  attention_impl: str = "auto"
   param_dtype: str = "float32"  # storage dtype of parameters and optimizer state
   # q/k/v (k/v in cross-attention) and SwiGLU's w1/w3 as one matmul each, the weights concatenated
   # at compute time: the parameters and checkpoints are the same either way

@@ -467,12 +467,7 @@ def compiled_plan(ns, rung: Rung, rows: int, seq_len: int, vocab: int, chips, me
     key["microbatches"] = mem.setting.microbatches
   found = compiled_lib.lookup(f"{rung.model_name}_{rung.size}", key, ns.aot)
   analytic, estimated = compiled_lib.chip_hours(
-    rung.flops_per_token * steps * rows * seq_len,
-    steps,
-    chips.devices,
-    chips.chip,
-    ns.mfu,
-    found,
+    rung.flops_per_token * steps * rows * seq_len, steps, chips.devices, chips.chip, ns.mfu, found
   )
   return {
     "archive": ns.aot,
