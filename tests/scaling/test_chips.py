@@ -43,6 +43,8 @@ PLAN_FIELDS = ("hbm", "usable", "link_bytes_per_s", "memory_source")
 TPU_FIELDS = ("accelerator", "slices", "host_chips", "runtime")
 # A planned chip's inter-node link (the step cost) and launch environment (the launchers).
 NODE_FIELDS = ("node_devices", "dcn_bytes_per_s", "dcn_source", "xla_flags", "env")
+# A GPU's description for deviceless compiles (launch.compile_check --gpu), where one is written.
+AOT_FIELDS = ("aot_target",)
 
 
 def test_every_record_has_the_fields_its_readers_need():
@@ -50,7 +52,16 @@ def test_every_record_has_the_fields_its_readers_need():
   kinds = [kind for c in chips_lib.TABLE.values() for kind in c.device_kinds]
   assert len(kinds) == len(set(kinds)) == len(chips_lib.DEVICE_KINDS)  # no kind in two records
   every = {f.name for f in dataclasses.fields(chips_lib.Chip)}
-  assert every == {*MFU_FIELDS, *PLAN_FIELDS, *TPU_FIELDS, *NODE_FIELDS}  # sort a new one in
+  assert every == {
+    *MFU_FIELDS,
+    *PLAN_FIELDS,
+    *TPU_FIELDS,
+    *NODE_FIELDS,
+    *AOT_FIELDS,
+  }  # sort new ones
+  targets = os.path.join(ROOT, "cbert_jax", "scaling", "gpu_targets")
+  for key, c in chips_lib.CHIPS.items():  # a GPU's description file exists; a TPU has none
+    assert not c.aot_target or (not c.accelerator and os.path.isfile(f"{targets}/{c.aot_target}"))
   for key, c in chips_lib.TABLE.items():
     assert c.key == key and all(getattr(c, f) for f in MFU_FIELDS), key
     # MFU: dense peaks, bf16 never below the float32 path, none near a sparse 3 PFLOP/s figure.

@@ -210,42 +210,52 @@ def test_the_margins_are_the_worst_compiled_to_predicted_ratio_of_each_policy():
     assert all(x <= memory.MARGINS[remat] for x in rs)
 
 
-def test_crossbert_d1024l16_replanned_on_h100_fits_as_compiled():
-  """The member the old 10% margin let through on H100 (plan 56.9 GiB, compiled 67.6 GiB): its
-  plan now, and XLA's compiled bytes of that very setting, are within the H100's usable memory."""
-  module = experiment_lib.load_experiment(SWEEP)
-  c = module.get_config("scale=paper,model=crossbert,size=d1024L16")
-  c.sweep.chip, c.data.sources = "h100", "unused"
-  c = config_lib.resolve(c)
-  s = c.sweep
-  setting = plan_lib.current_setting(c)
-  assert s.memory_verdict == "fits" and s.memory_bytes * memory.margin(setting) <= s.memory_budget
-  [row] = [
-    r
-    for r in _calibration_rows()
-    if r["member"] == "crossbert_d1024L16" and r["plan"]["chip"] == "h100"
-  ]
-  assert row["plan"]["setting"] == setting.describe()
-  assert row["memory"]["total"] <= s.memory_budget
-
-
-def test_the_tpu_margins_are_the_tpu_compilers_worst_ratio_of_each_policy():
-  """memory.TPU_MARGINS from the committed TPU compiles (results/tpu_aot: libtpu, every member and
-  setting compiled so far) by MARGINS' rule; a policy with no TPU compile yet keeps XLA:CPU's
-  margin. Every TPU compile fits under its prediction x its policy's TPU margin."""
+def test_every_paper_member_planned_for_h100_fits_as_xla_gpu_compiled_it():
+  """The paper members re-planned for H100 (sweep.chip=h100, GPU margins): each one's plan now is
+  the setting XLA:GPU compiled deviceless (results/gpu_aot/h100), and the compiled bytes are within
+  the H100's usable memory. Among them the member the old 10% margin let through on H100 (plan
+  56.9 GiB, XLA:CPU 67.6 GiB): XLA:GPU needs 0.65x its plan."""
   from cbert_jax.scaling import compiled as compiled_lib
 
-  rows = compiled_lib.tpu_rows()
-  ratios = compiled_lib.ratios_by_remat(rows)
-  assert ratios.get("none"), "no TPU compile at remat=none is committed"
+  module = experiment_lib.load_experiment(SWEEP)
+  rows = compiled_lib.load(os.path.join(compiled_lib.GPU_ARCHIVE, "h100"))
+  assert len(rows) == 17
+  for member in module.get_sweep("paper"):
+    c = module.get_config(member)
+    c.sweep.chip, c.data.sources = "h100", "unused"
+    c = config_lib.resolve(c)
+    s, setting = c.sweep, plan_lib.current_setting(c)
+    name = experiment_lib.config_member_name(c)
+    assert s.memory_verdict == "fits"
+    assert s.memory_bytes * memory.margin(setting, "gpu") <= s.memory_budget
+    row = rows[name]
+    assert row["plan"]["setting"] == setting.describe(), name
+    assert row["key"]["batch_size"] == c.batch_size and row["path"] == "gpu"
+    assert row["memory"]["total"] <= s.memory_budget, name
+
+
+@pytest.mark.parametrize("platform", ["tpu", "gpu"])
+def test_the_tpu_and_gpu_margins_are_their_compilers_worst_ratio_of_each_policy(platform):
+  """memory.TPU_MARGINS / GPU_MARGINS from the committed compiles of that platform
+  (results/tpu_aot: libtpu; results/gpu_aot: XLA:GPU deviceless for an H100) by MARGINS' rule; a
+  policy with no compile on the platform yet keeps XLA:CPU's margin. Every compile fits under its
+  prediction x its policy's margin on its platform."""
+  from cbert_jax.scaling import compiled as compiled_lib
+
+  archive = {"tpu": compiled_lib.ARCHIVE, "gpu": compiled_lib.GPU_ARCHIVE}[platform]
+  margins = {"tpu": memory.TPU_MARGINS, "gpu": memory.GPU_MARGINS}[platform]
+  ratios = compiled_lib.ratios_by_remat(compiled_lib.archived_rows(archive))
+  assert ratios.get("none"), f"no {platform} compile at remat=none is committed in {archive}"
   for remat in memory.REMAT_POLICIES:
     want = (
       compiled_lib.margin_from(ratios[remat], memory.MARGIN_FLOOR)
       if remat in ratios
-      else (memory.MARGINS[remat])
+      else memory.MARGINS[remat]
     )
-    assert memory.TPU_MARGINS[remat] == pytest.approx(want), (remat, ratios.get(remat))
-    assert all(x <= memory.TPU_MARGINS[remat] for x in ratios.get(remat, []))
-  # A TPU chip is planned with them, a GPU with XLA:CPU's.
-  assert memory.margin(memory.Setting("none"), "tpu") == memory.TPU_MARGINS["none"]
-  assert memory.margin(memory.Setting("none"), "gpu") == memory.MARGINS["none"]
+    assert margins[remat] == pytest.approx(want), (remat, ratios.get(remat))
+    assert all(x <= margins[remat] for x in ratios.get(remat, []))
+  # A chip of the platform is planned with them; a CPU run with XLA:CPU's.
+  chip = {"tpu": "v5p", "gpu": "h100"}[platform]
+  assert memory.platform_of(chip) == platform
+  assert memory.margin(memory.Setting("none"), platform) == margins["none"]
+  assert memory.margin(memory.Setting("none"), "cpu") == memory.MARGINS["none"]
