@@ -37,6 +37,8 @@ from cbert_jax.scaling import chips as chips_lib
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The committed TPU compiles: <ARCHIVE>/<chip>/<member>.json, one directory per generation.
 ARCHIVE = os.path.join(ROOT, "results", "tpu_aot")
+# The committed deviceless GPU compiles (XLA:GPU, `launch.compile_check --gpu`): <chip>/<member>.json.
+GPU_ARCHIVE = os.path.join(ROOT, "results", "gpu_aot")
 GiB = chips_lib.GiB
 # The MFU an analytic wall time assumes (the planner's --mfu default): an assumption, stated.
 ASSUMED_MFU = 0.4
@@ -331,9 +333,9 @@ def cpu_rows(directory: str = CPU_CALIBRATION, only: str = "") -> list[dict]:
   return rows
 
 
-def tpu_rows(archive: str = ARCHIVE) -> list[dict]:
-  """Every archived TPU compile row with a plan and no error, from every directory of `archive`
-  (v5p/, v6e/, calibration/<remat>/, design/<variant>/)."""
+def archived_rows(archive: str = ARCHIVE) -> list[dict]:
+  """Every archived compile row with a plan and no error, from every directory of `archive`
+  (results/tpu_aot: v5p/, v6e/, calibration/<remat>/, design/<variant>/; results/gpu_aot: h100/)."""
   rows = []
   for parent, _, files in sorted(os.walk(archive)):
     if any(f.endswith(".json") for f in files):
@@ -355,13 +357,16 @@ def ratios_by_remat(rows: list[dict]) -> dict[str, list[float]]:
   return out
 
 
-def calibration_markdown(tpu: list[dict], cpu: list[dict], floor: float, margins: dict) -> str:
-  """Per remat policy: the compiled / predicted ratios on TPU (libtpu) beside XLA:CPU's (fake
-  mesh), their range, the margin each calls for (`margin_from`) and the margin in force."""
+def calibration_markdown(
+  tpu: list[dict], cpu: list[dict], floor: float, margins: dict, name: str = "TPU"
+) -> str:
+  """Per remat policy: the compiled / predicted ratios on TPU (libtpu) or GPU (XLA:GPU, `name`)
+  beside XLA:CPU's (fake mesh), their range, the margin each calls for (`margin_from`) and the
+  margin in force."""
   t, c = ratios_by_remat(tpu), ratios_by_remat(cpu)
   lines = [
-    "| remat | TPU compiles | TPU ratio min / median / max | TPU margin | CPU compiles | "
-    "CPU ratio min / median / max | CPU margin | TPU margin in force |",
+    f"| remat | {name} compiles | {name} ratio min / median / max | {name} margin | CPU compiles | "
+    f"CPU ratio min / median / max | CPU margin | {name} margin in force |",
     "|---|---|---|---|---|---|---|---|",
   ]
 
@@ -394,14 +399,19 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument(
     "--archive", default=ARCHIVE, help="the TPU compile rows (default results/tpu_aot)"
   )
-  ns = p.parse_args(argv)
-  print(
-    calibration_markdown(tpu_rows(ns.archive), cpu_rows(), memory.MARGIN_FLOOR, memory.TPU_MARGINS)
+  p.add_argument(
+    "--gpu_archive", default=GPU_ARCHIVE, help="the GPU compile rows (default results/gpu_aot)"
   )
-  for parent, _, files in sorted(os.walk(ns.archive)):
+  ns = p.parse_args(argv)
+  floor = memory.MARGIN_FLOOR
+  print(calibration_markdown(archived_rows(ns.archive), cpu_rows(), floor, memory.TPU_MARGINS))
+  gpu = archived_rows(ns.gpu_archive)
+  if gpu:
+    print(calibration_markdown(gpu, cpu_rows(), floor, memory.GPU_MARGINS, name="GPU"))
+  for parent, _, files in [*sorted(os.walk(ns.archive)), *sorted(os.walk(ns.gpu_archive))]:
     if any(f.endswith(".json") for f in files):
       rows = sorted(load(parent).values(), key=lambda r: r.get("params") or 0)
-      where = os.path.relpath(parent, ns.archive)
+      where = os.path.relpath(parent, os.path.dirname(os.path.normpath(ns.archive)))
       cpu = CPU_TWIN.get(where)
       cpu = {r["member"]: r for r in cpu_rows(only=cpu)} if cpu else None
       print(f"### {where}\n\n{markdown(rows, cpu)}")
@@ -410,9 +420,10 @@ def main(argv: list[str] | None = None) -> int:
 
 # The XLA:CPU compiles of the same members and settings as an archive directory (the CPU column).
 CPU_TWIN = {
-  "v5p": "paper_v5p.json",
-  "calibration/dots": "compile_dots.json",
-  "calibration/full": "compile_full.json",
+  "tpu_aot/v5p": "paper_v5p.json",
+  "tpu_aot/calibration/dots": "compile_dots.json",
+  "tpu_aot/calibration/full": "compile_full.json",
+  "gpu_aot/h100": "replan_h100.json",
 }
 
 
