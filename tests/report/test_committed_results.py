@@ -34,7 +34,9 @@ MEMBER_KEYS = ("seed", "n_params", "compute", "tokens", "steps", "batch_size", "
 
 
 def _close(got, want, where="") -> None:
-  """Nested JSON values equal, floats to 1e-9 relative."""
+  """Nested JSON values equal, floats to 1e-6 relative: the fits are iterative (L-BFGS-B, least
+  squares), and their last digits move with numpy/scipy/BLAS releases (a rel. 3e-9 change with
+  scipy 1.17.1); every committed figure is reported to 4 digits or fewer."""
   if isinstance(want, dict):
     assert isinstance(got, dict) and sorted(got) == sorted(want), where
     for k in want:
@@ -44,7 +46,7 @@ def _close(got, want, where="") -> None:
     for i, (g, w) in enumerate(zip(got, want)):
       _close(g, w, f"{where}[{i}]")
   elif isinstance(want, float):
-    assert got == pytest.approx(want, rel=1e-9), where
+    assert got == pytest.approx(want, rel=1e-6), where
   else:
     assert got == want, where
 
