@@ -39,6 +39,11 @@ Which compiler (the first output line says):
       accelerator type", "Logging before InitGoogle()") are about the absent TPU host and
       harmless; they are kept out of the output (the child's last stderr line is shown only when it
       crashes).
+  GPU ahead of time  with jax's CUDA plugin installed (`pip install 'jax[cuda12]==0.10.2'`, no GPU
+      needed): `--gpu` compiles each member planned for a GPU chip with a description in
+      cbert_jax/scaling/gpu_targets/ (H100) for its GPU count on 8-GPU nodes (XLA:GPU's topology
+      `1x<nodes>x<per node>`), deviceless (`gpu_env`: JAX on its CPU backend, the chip's XLA
+      flags). XLA:GPU gives memory, no cost analysis; nothing is autotuned without a GPU.
   fake CPU mesh  without libtpu, or for a GPU chip: one child process per distinct device count,
       started with `XLA_FLAGS=--xla_force_host_platform_device_count=N`. Arguments, outputs and
       aliasing are exact per-device byte counts; temporaries are XLA:CPU's buffer assignment, a
