@@ -195,15 +195,7 @@ def launch_env(chip: str, xla_flags: str | None = None) -> list[tuple[str, str]]
   the chip's XLA flags (XLA_FLAGS on a GPU, LIBTPU_INIT_ARGS on a TPU) and its other variables,
   from the chip table (`chips.chip_env`, sources in docs/launch.md). `--xla_flags` replaces the
   flags (the other variables stay); an empty `--xla_flags=` sets none of them."""
-  if not chip:
-    return []
-  env = chip_env(CHIPS[chip])
-  if xla_flags is None:
-    return env
-  if not xla_flags.strip():
-    return []
-  var = CHIPS[chip].flags_var
-  return [(var, " ".join(xla_flags.split())), *[(k, v) for k, v in env if k != var]]
+  return chip_env(CHIPS[chip], xla_flags) if chip else []
 
 
 def export_words(env: list[tuple[str, str]]) -> list[str]:

@@ -496,7 +496,6 @@ def tpu_env(topology: str, xla_flags: str | None = None) -> dict[str, str]:
   (its lock file guards a real TPU, which none of them opens). `xla_flags` replaces the chip's
   flags (--xla_flags; "" for none)."""
   key, chips = chips_lib.parse_topology(topology)
-  chip = chips_lib.CHIPS[key]
   env = {
     "JAX_PLATFORMS": "cpu",
     "TPU_SKIP_MDS_QUERY": "1",
@@ -506,34 +505,31 @@ def tpu_env(topology: str, xla_flags: str | None = None) -> dict[str, str]:
     "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
     "TF_CPP_MIN_LOG_LEVEL": "2",  # libtpu's INFO/WARNING log lines
   }
-  for name, value in chips_lib.chip_env(chip):
-    if name == chip.flags_var:
-      value = f"{os.environ.get(name, '')} {value if xla_flags is None else xla_flags}".strip()
-    env[name] = value
-  if xla_flags is not None and chip.flags_var not in env:  # a chip without flags of its own
-    env[chip.flags_var] = f"{os.environ.get(chip.flags_var, '')} {xla_flags}".strip()
+  return env | flags_env(key, xla_flags)
+
+
+def flags_env(chip: str, xla_flags: str | None) -> dict[str, str]:
+  """What a launch on `chip` exports (`chips.chip_env`: its compiler flags, which `xla_flags`
+  replaces, and its other variables), the flags after those this process already has."""
+  env = dict(chips_lib.chip_env(chips_lib.CHIPS[chip], xla_flags))
+  var = chips_lib.CHIPS[chip].flags_var
+  if var in env:
+    env[var] = f"{os.environ.get(var, '')} {env[var]}".strip()
   return env
 
 
 def gpu_env(target: str, xla_flags: str | None = None) -> dict[str, str]:
   """What a deviceless GPU compile of `target` needs: JAX on its CPU backend (the CUDA plugin then
   makes compile-only devices instead of looking for a GPU) and the chip's launch environment
-  (its XLA_FLAGS, which `xla_flags` replaces, and JAX_OPTIMIZATION_LEVEL)."""
-  chip = chips_lib.CHIPS[target.split("@")[0]]
-  env = {"JAX_PLATFORMS": "cpu"}
-  for name, value in chips_lib.chip_env(chip):
-    if name == "XLA_FLAGS":
-      value = f"{os.environ.get(name, '')} {value if xla_flags is None else xla_flags}".strip()
-    env[name] = value
-  return env
+  (`flags_env`: its XLA_FLAGS, which `xla_flags` replaces, and JAX_OPTIMIZATION_LEVEL)."""
+  return {"JAX_PLATFORMS": "cpu"} | flags_env(target.split("@")[0], xla_flags)
 
 
 def libtpu_flags(topology: str, xla_flags: str | None) -> str:
-  """The compiler flags a child compiles `topology` with (`tpu_env`, `gpu_env`), as rows record
-  them."""
-  if "@" in topology:
-    return gpu_env(topology, xla_flags).get("XLA_FLAGS", "")
-  return tpu_env(topology, xla_flags).get("LIBTPU_INIT_ARGS", "")
+  """The compiler flags a child compiles `topology` with (the variable `child_env` leaves it), as
+  rows record them."""
+  var = "XLA_FLAGS" if "@" in topology else "LIBTPU_INIT_ARGS"
+  return child_env(0, topology, xla_flags).get(var, "")
 
 
 def child_env(
@@ -668,8 +664,7 @@ def table(rows: list[dict]) -> str:
   for r in rows:
     mem, p = r["memory"] or {}, r.get("plan") or {}
     mesh = "x".join(str(r["mesh"][a]) for a in ("data", "fsdp", "tensor")) if r["mesh"] else "-"
-    flops, an = (r.get("cost") or {}).get("flops"), r.get("analytic") or {}
-    hw = an.get("model_flops", 0) + an.get("recompute_flops", 0)
+    flops = compiled_lib.flops_ratio(r)
     est = compiled_lib.estimate(r) if r.get("chip") in chips_lib.TABLE else None
     verdict = p.get("verdict") or "-"
     compiled_fits = compiled_lib.compiled_verdict(r) if r.get("chip") in chips_lib.CHIPS else None
@@ -689,7 +684,7 @@ def table(rows: list[dict]) -> str:
         f"{_margin(p['setting'], p['chip']):.2f}" if p else "-",
         _size(p.get("budget")) if p else "-",
         f"{r['compile_s']:.1f}s" if r["compile_s"] is not None else "-",
-        f"{flops / hw:.3f}" if flops and hw else "-",
+        f"{flops:.3f}" if flops else "-",
         f"{est['step_s'] * 1e3:.1f}ms MFU {est['mfu']:.0%}" if est else "-",
         verdict,
         "OK" if not r["error"] else f"FAILED {r['error']}",

@@ -216,12 +216,21 @@ LEFT_OUT: dict[str, str] = {
 }
 
 
-def chip_env(chip: Chip) -> list[tuple[str, str]]:
+def chip_env(chip: Chip, xla_flags: str | None = None) -> list[tuple[str, str]]:
   """What a launch exports for `chip`, in order: its XLA flags in `flags_var` (none when it has
-  none), then its `env`. launch/backends.py renders these (and `--xla_flags` replaces the
-  flags)."""
+  none), then its `env`. `xla_flags` (a launch's or compile check's --xla_flags) replaces the flags
+  and the other variables stay; a blank one sets none of them. launch/backends.py renders these,
+  launch/compile_check.py compiles with them."""
   out = [(chip.flags_var, " ".join(f.text for f in chip.xla_flags))] if chip.xla_flags else []
-  return out + [(f.name, f.value) for f in chip.env]
+  env = out + [(f.name, f.value) for f in chip.env]
+  if xla_flags is None:
+    return env
+  if not xla_flags.strip():
+    return []
+  return [
+    (chip.flags_var, " ".join(xla_flags.split())),
+    *[(k, v) for k, v in env if k != chip.flags_var],
+  ]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -83,6 +83,14 @@ def estimate(row: dict) -> dict[str, float] | None:
   return {"step_s": step, "flops_per_s": rate, "mfu": rate / chip.bf16}
 
 
+def flops_ratio(row: dict) -> float | None:
+  """The compiler's FLOPs per device over the analytic ones (the model's + the remat recompute);
+  None without both."""
+  flops, analytic = (row.get("cost") or {}).get("flops"), row.get("analytic") or {}
+  hw = analytic.get("model_flops", 0) + analytic.get("recompute_flops", 0)
+  return flops / hw if flops and hw else None
+
+
 def compiled_verdict(row: dict) -> str | None:
   """The compiled bytes per device against the chip's usable HBM (`hbm x usable`, the budget the
   plan fills): "fits" or "does not fit"; None without a compile."""
@@ -265,9 +273,7 @@ def markdown(rows: list[dict], cpu: dict[str, dict] | None = None) -> str:
     plan = r.get("plan") or {}
     est = estimate(r)
     mesh = "x".join(str(r["mesh"][a]) for a in ("data", "fsdp", "tensor")) if r.get("mesh") else "-"
-    flops = (r.get("cost") or {}).get("flops")
-    analytic = r.get("analytic") or {}
-    hw = analytic.get("model_flops", 0) + analytic.get("recompute_flops", 0)
+    flops = flops_ratio(r)
     cpu_total = ((cpu or {}).get(r["member"]) or {}).get("memory") or {}
     cells = [
       r["member"],
@@ -284,7 +290,7 @@ def markdown(rows: list[dict], cpu: dict[str, dict] | None = None) -> str:
       fmt_bytes(usable_bytes(r["chip"])) if r.get("chip") in chips_lib.CHIPS else "-",
       (compiled_verdict(r) or f"FAILED: {r.get('error')}"),
       f"{r['compile_s']:.0f}" if r.get("compile_s") is not None else "-",
-      f"{flops / hw:.3f}" if flops and hw else "-",
+      f"{flops:.3f}" if flops else "-",
       str((r.get("loops") or {}).get("windowed_einsum", "-")),
       f"{est['step_s'] * 1e3:.1f}" if est else "-",
       f"{est['mfu']:.1%}" if est else "-",
